@@ -1,0 +1,36 @@
+"""pycollect: collective communications for Python programs.
+
+    import pycollect as pc
+    ctx = pc.init()                  # rank, size and store from PYCOLLECT_* variables
+    ctx.allreduce(array, op=pc.SUM)  # in place
+"""
+
+from .errors import (Aborted, Error, InvalidArgument, MismatchError, PeerError,
+                     PluginError, StoreError, Timeout)
+from .types import ReduceOp
+from .context import Context
+from .plugins.store import PrefixStore, Store
+from .plugins.hash_store import HashStore
+from .plugins.file_store import FileStore
+from .plugins.tcp_store import TCPStore, TCPStoreServer
+from . import plugins
+from .rendezvous import DEFAULT_TIMEOUT, init
+
+SUM = ReduceOp.SUM
+PRODUCT = ReduceOp.PRODUCT
+MIN = ReduceOp.MIN
+MAX = ReduceOp.MAX
+AVG = ReduceOp.AVG
+BAND = ReduceOp.BAND
+BOR = ReduceOp.BOR
+BXOR = ReduceOp.BXOR
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "Context", "DEFAULT_TIMEOUT",
+    "ReduceOp", "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
+    "Store", "PrefixStore", "HashStore", "FileStore", "TCPStore", "TCPStoreServer", "plugins",
+    "Error", "InvalidArgument", "PeerError", "Timeout", "MismatchError", "Aborted",
+    "StoreError", "PluginError",
+]

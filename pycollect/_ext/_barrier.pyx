@@ -1,0 +1,41 @@
+"""Barrier: dissemination.
+
+In round k (distance d = 2^k, while d < size) rank r sends an empty message to
+r+d and waits for one from r-d.  After ceil(log2(size)) rounds every rank has
+heard, directly or through others, from every rank, so none leaves before all
+have arrived.  Works for any size, no root.
+"""
+
+from pycollect._ext._algo cimport wrap
+from pycollect._ext._transport cimport *
+
+
+cdef int dissemination_barrier(Transport t) noexcept nogil:
+    cdef int P = t.size, r = t.rank, d = 1
+    cdef char token = 0
+    while d < P:
+        if t.post_send(wrap(r + d, P), &token, 0) < 0:
+            return -1
+        if t.wait(t.post_recv(wrap(r - d, P), &token, 0)) < 0:
+            return -1
+        d <<= 1
+    return t.wait_all()
+
+
+def barrier(Transport t, unsigned int seq, double timeout):
+    """Return once every rank of ``t`` has entered the barrier; one nogil call."""
+    cdef OpDesc d
+    d.seq = seq
+    d.coll = COLL_BARRIER
+    d.dtype = 0
+    d.redop = 0
+    d.algo = ALGO_DISSEMINATION
+    d.root = 0
+    d.count = 0
+    cdef int rc
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0 and t.size > 1:
+            rc = dissemination_barrier(t)
+    if rc < 0:
+        raise_error(t)

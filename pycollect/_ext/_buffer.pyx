@@ -1,0 +1,161 @@
+"""The one gatekeeper between user objects and the compiled layers.
+
+``as_buffer`` turns a NumPy array, bytearray, memoryview or any other
+C-contiguous buffer-protocol object into pointer, byte count, element count
+and dtype code, or raises ``InvalidArgument`` naming the operation, the
+argument and the reason.
+"""
+
+from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
+                             PyBuffer_Release, PyObject_GetBuffer)
+cimport numpy as cnp
+
+from pycollect._ext._dtypes cimport *
+
+import numpy as np
+
+from pycollect.errors import InvalidArgument
+from pycollect.types import DTYPES
+
+cnp.import_array()
+
+cdef enum:
+    MAX_TYPENUM = 64
+
+# NumPy type number -> wire code (-1 where unsupported), filled at import.
+cdef int _typenum_code[MAX_TYPENUM]
+cdef object _bfloat16 = None     # the ml_dtypes dtype, when installed
+
+_CODE_BY_KIND = {
+    ("b", 1): DT_BOOL,
+    ("i", 1): DT_INT8, ("i", 2): DT_INT16, ("i", 4): DT_INT32, ("i", 8): DT_INT64,
+    ("u", 1): DT_UINT8, ("u", 2): DT_UINT16, ("u", 4): DT_UINT32, ("u", 8): DT_UINT64,
+    ("f", 2): DT_FLOAT16, ("f", 4): DT_FLOAT32, ("f", 8): DT_FLOAT64,
+    ("c", 8): DT_COMPLEX64, ("c", 16): DT_COMPLEX128,
+}
+
+# PEP 3118 format characters (native size) -> NumPy kind.
+_KIND_BY_FORMAT = {
+    "?": "b", "b": "i", "h": "i", "i": "i", "l": "i", "q": "i", "n": "i",
+    "B": "u", "H": "u", "I": "u", "L": "u", "Q": "u", "N": "u", "c": "u",
+    "e": "f", "f": "f", "d": "f", "Zf": "c", "Zd": "c",
+}
+
+
+def _init_tables():
+    global _bfloat16
+    for i in range(MAX_TYPENUM):
+        _typenum_code[i] = -1
+    for ch in np.typecodes["AllInteger"] + np.typecodes["Float"] + np.typecodes["Complex"] + "?":
+        dt = np.dtype(ch)
+        code = _CODE_BY_KIND.get((dt.kind, dt.itemsize), -1)
+        if dt.num < MAX_TYPENUM:
+            _typenum_code[dt.num] = code
+    try:
+        import ml_dtypes
+        _bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    except ImportError:
+        _bfloat16 = None
+
+
+_init_tables()
+
+
+cdef inline object _reject(str op, str arg, str reason):
+    return InvalidArgument("%s: argument '%s' %s" % (op, arg, reason))
+
+
+cdef class Buffer:
+    def __dealloc__(self):
+        if self.has_view:
+            PyBuffer_Release(&self.view)
+            self.has_view = False
+
+    def __repr__(self):
+        return "<Buffer %s x %d, %d bytes%s>" % (
+            DTYPES.get(self.dtype), self.count, self.nbytes, ", read-only" if self.readonly else "")
+
+
+cdef int _ndarray_code(cnp.ndarray arr, str op, str arg) except -2:
+    cdef int num = cnp.PyArray_TYPE(arr)
+    if 0 <= num < MAX_TYPENUM and _typenum_code[num] >= 0:
+        if not cnp.PyArray_ISNOTSWAPPED(arr):
+            raise _reject(op, arg, "has non-native byte order (%s); convert it with "
+                          "arr.astype(arr.dtype.newbyteorder('='))" % arr.dtype.str)
+        return _typenum_code[num]
+    if _bfloat16 is not None and arr.dtype == _bfloat16:
+        return DT_BFLOAT16
+    if arr.dtype.name == "bfloat16":
+        return DT_BFLOAT16
+    raise _reject(op, arg, "has unsupported dtype %s (supported: %s)"
+                  % (arr.dtype, ", ".join(DTYPES.values())))
+
+
+cdef Buffer _from_ndarray(cnp.ndarray arr, str op, str arg, bint writable):
+    cdef Buffer b = Buffer.__new__(Buffer)
+    b.dtype = _ndarray_code(arr, op, arg)
+    if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+        raise _reject(op, arg, "is not C-contiguous (shape %s, strides %s); pass "
+                      "np.ascontiguousarray(...) and copy the result back"
+                      % ((<object>arr).shape, (<object>arr).strides))
+    b.readonly = not cnp.PyArray_ISWRITEABLE(arr)
+    if writable and b.readonly:
+        raise _reject(op, arg, "is read-only but receives the result")
+    b.obj = arr
+    b.ptr = <char*>cnp.PyArray_DATA(arr)
+    b.itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
+    b.count = cnp.PyArray_SIZE(arr)
+    b.nbytes = b.count * b.itemsize
+    return b
+
+
+cdef int _format_code(str fmt, Py_ssize_t itemsize, str op, str arg) except -2:
+    cdef str f = fmt
+    if f and f[0] in "@=<>!":
+        order = f[0]
+        f = f[1:]
+        little = np.little_endian
+        if (order == ">" or order == "!") and little or order == "<" and not little:
+            raise _reject(op, arg, "has non-native byte order (format %r)" % fmt)
+    kind = _KIND_BY_FORMAT.get(f)
+    code = _CODE_BY_KIND.get((kind, itemsize), -1) if kind else -1
+    if code < 0:
+        raise _reject(op, arg, "has unsupported element format %r (itemsize %d)" % (fmt, itemsize))
+    return code
+
+
+cdef Buffer as_buffer(object obj, str op, str arg, bint writable):
+    """Pin ``obj`` for one operation and describe it, or raise InvalidArgument."""
+    if isinstance(obj, cnp.ndarray):
+        return _from_ndarray(<cnp.ndarray>obj, op, arg, writable)
+    if obj is None:
+        raise _reject(op, arg, "is None; pass a NumPy array or another C-contiguous buffer")
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise _reject(op, arg, "is a GPU array; the tcp transport works on host memory "
+                      "(copy it to the host with cupy.asnumpy first)")
+    cdef Buffer b = Buffer.__new__(Buffer)
+    try:
+        PyObject_GetBuffer(obj, &b.view, PyBUF_RECORDS_RO | PyBUF_FORMAT)
+    except (TypeError, BufferError) as exc:
+        raise _reject(op, arg, "does not support the buffer protocol (%s: %s)"
+                      % (type(obj).__name__, exc)) from None
+    b.has_view = True
+    fmt = b.view.format.decode("ascii") if b.view.format != NULL else "B"
+    b.dtype = _format_code(fmt, b.view.itemsize, op, arg)
+    if not PyBuffer_IsContiguous(&b.view, b'C'):
+        raise _reject(op, arg, "is not C-contiguous")
+    b.readonly = b.view.readonly
+    if writable and b.readonly:
+        raise _reject(op, arg, "is read-only (%s) but receives the result" % type(obj).__name__)
+    b.obj = obj
+    b.ptr = <char*>b.view.buf
+    b.itemsize = <int>b.view.itemsize
+    b.nbytes = b.view.len
+    b.count = b.nbytes // b.itemsize if b.itemsize else 0
+    return b
+
+
+def describe(obj, bint writable=False):
+    """Return (dtype code, element count, byte count) as the gatekeeper sees ``obj``."""
+    cdef Buffer b = as_buffer(obj, "describe", "obj", writable)
+    return b.dtype, b.count, b.nbytes

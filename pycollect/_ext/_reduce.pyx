@@ -1,0 +1,245 @@
+"""Reduction kernels, written once with fused types.
+
+``reduce_into(out, a, b, n, dtype, op)`` computes ``out[i] = a[i] op b[i]``;
+``out`` may alias ``a`` or ``b``.  The loops are plain pointer loops over one
+C type each, which GCC vectorises at -O3.  Integer arithmetic wraps like
+NumPy's (the extension is built with -fwrapv).  MIN and MAX propagate NaN like
+``np.minimum``/``np.maximum``.  float16 and bfloat16 are computed in float32
+and rounded to nearest even, as NumPy does.  AVG reduces like SUM; the
+division by the number of ranks happens once, at the end, in ``divide_by``.
+"""
+
+from libc.stdint cimport (int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t,
+                          uint32_t, uint64_t)
+
+from pycollect._ext._dtypes cimport *
+from pycollect._ext._buffer cimport Buffer, as_buffer
+
+from pycollect.errors import InvalidArgument
+from pycollect.types import DTYPES, ReduceOp
+
+cdef extern from "_half.h":
+    float pc_half_to_float(uint16_t h) noexcept nogil
+    uint16_t pc_float_to_half(float f) noexcept nogil
+    float pc_bf16_to_float(uint16_t b) noexcept nogil
+    uint16_t pc_float_to_bf16(float f) noexcept nogil
+
+ctypedef fused int_t:
+    int8_t
+    uint8_t
+    int16_t
+    uint16_t
+    int32_t
+    uint32_t
+    int64_t
+    uint64_t
+
+ctypedef fused real_t:
+    float
+    double
+
+ctypedef fused cplx_t:
+    float complex
+    double complex
+
+
+cdef int _ITEMSIZE[DT_COUNT]
+_ITEMSIZE[:] = [1, 1, 2, 2, 4, 4, 8, 8, 1, 2, 2, 4, 8, 8, 16]
+
+
+cdef int dtype_itemsize(int dtype) noexcept nogil:
+    return _ITEMSIZE[dtype] if 0 <= dtype < DT_COUNT else 0
+
+
+cdef void _int_kernel(int_t* out, const int_t* a, const int_t* b, size_t n,
+                      int op) noexcept nogil:
+    cdef size_t i
+    if op == OP_SUM:
+        for i in range(n):
+            out[i] = a[i] + b[i]
+    elif op == OP_PRODUCT:
+        for i in range(n):
+            out[i] = a[i] * b[i]
+    elif op == OP_MIN:
+        for i in range(n):
+            out[i] = a[i] if a[i] <= b[i] else b[i]
+    elif op == OP_MAX:
+        for i in range(n):
+            out[i] = a[i] if a[i] >= b[i] else b[i]
+    elif op == OP_BAND:
+        for i in range(n):
+            out[i] = a[i] & b[i]
+    elif op == OP_BOR:
+        for i in range(n):
+            out[i] = a[i] | b[i]
+    elif op == OP_BXOR:
+        for i in range(n):
+            out[i] = a[i] ^ b[i]
+
+
+cdef void _real_kernel(real_t* out, const real_t* a, const real_t* b, size_t n,
+                       int op) noexcept nogil:
+    cdef size_t i
+    if op == OP_SUM or op == OP_AVG:
+        for i in range(n):
+            out[i] = a[i] + b[i]
+    elif op == OP_PRODUCT:
+        for i in range(n):
+            out[i] = a[i] * b[i]
+    elif op == OP_MIN:
+        for i in range(n):
+            out[i] = a[i] if (a[i] <= b[i] or a[i] != a[i]) else b[i]
+    elif op == OP_MAX:
+        for i in range(n):
+            out[i] = a[i] if (a[i] >= b[i] or a[i] != a[i]) else b[i]
+
+
+cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
+                       int op) noexcept nogil:
+    cdef size_t i
+    if op == OP_SUM or op == OP_AVG:
+        for i in range(n):
+            out[i] = a[i] + b[i]
+    elif op == OP_PRODUCT:
+        for i in range(n):
+            out[i] = a[i] * b[i]
+
+
+cdef inline float _widen(uint16_t x, bint brain) noexcept nogil:
+    return pc_bf16_to_float(x) if brain else pc_half_to_float(x)
+
+
+cdef inline uint16_t _narrow(float x, bint brain) noexcept nogil:
+    return pc_float_to_bf16(x) if brain else pc_float_to_half(x)
+
+
+cdef void _half_kernel(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
+                       int op, bint brain) noexcept nogil:
+    cdef size_t i
+    cdef float x, y
+    for i in range(n):
+        x = _widen(a[i], brain)
+        y = _widen(b[i], brain)
+        if op == OP_SUM or op == OP_AVG:
+            out[i] = _narrow(x + y, brain)
+        elif op == OP_PRODUCT:
+            out[i] = _narrow(x * y, brain)
+        elif op == OP_MIN:
+            out[i] = a[i] if (x <= y or x != x) else b[i]
+        elif op == OP_MAX:
+            out[i] = a[i] if (x >= y or x != x) else b[i]
+
+
+cdef void _bool_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n,
+                       int op) noexcept nogil:
+    # NumPy's bool arithmetic: + is OR, * is AND, min is AND, max is OR.
+    if op == OP_SUM or op == OP_MAX or op == OP_BOR:
+        _int_kernel(out, a, b, n, OP_BOR)
+    elif op == OP_PRODUCT or op == OP_MIN or op == OP_BAND:
+        _int_kernel(out, a, b, n, OP_BAND)
+    elif op == OP_BXOR:
+        _int_kernel(out, a, b, n, OP_BXOR)
+
+
+cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
+                     int dtype, int op) noexcept nogil:
+    """out = a op b over n elements of ``dtype``; -1 for a pair check_op rejects."""
+    if dtype == DT_INT8:
+        _int_kernel(<int8_t*>out, <const int8_t*>a, <const int8_t*>b, n, op)
+    elif dtype == DT_UINT8:
+        _int_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
+    elif dtype == DT_INT16:
+        _int_kernel(<int16_t*>out, <const int16_t*>a, <const int16_t*>b, n, op)
+    elif dtype == DT_UINT16:
+        _int_kernel(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, op)
+    elif dtype == DT_INT32:
+        _int_kernel(<int32_t*>out, <const int32_t*>a, <const int32_t*>b, n, op)
+    elif dtype == DT_UINT32:
+        _int_kernel(<uint32_t*>out, <const uint32_t*>a, <const uint32_t*>b, n, op)
+    elif dtype == DT_INT64:
+        _int_kernel(<int64_t*>out, <const int64_t*>a, <const int64_t*>b, n, op)
+    elif dtype == DT_UINT64:
+        _int_kernel(<uint64_t*>out, <const uint64_t*>a, <const uint64_t*>b, n, op)
+    elif dtype == DT_BOOL:
+        _bool_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
+    elif dtype == DT_FLOAT32:
+        _real_kernel(<float*>out, <const float*>a, <const float*>b, n, op)
+    elif dtype == DT_FLOAT64:
+        _real_kernel(<double*>out, <const double*>a, <const double*>b, n, op)
+    elif dtype == DT_FLOAT16 or dtype == DT_BFLOAT16:
+        _half_kernel(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, op,
+                     dtype == DT_BFLOAT16)
+    elif dtype == DT_COMPLEX64:
+        _cplx_kernel(<float complex*>out, <const float complex*>a,
+                     <const float complex*>b, n, op)
+    elif dtype == DT_COMPLEX128:
+        _cplx_kernel(<double complex*>out, <const double complex*>a,
+                     <const double complex*>b, n, op)
+    else:
+        return -1
+    return 0
+
+
+cdef void divide_by(void* buf, size_t n, int dtype, double divisor) noexcept nogil:
+    """buf[i] /= divisor, for the floating and complex types (the tail of AVG)."""
+    cdef size_t i
+    cdef float fd = <float>divisor
+    cdef bint brain = dtype == DT_BFLOAT16
+    if dtype == DT_FLOAT32:
+        for i in range(n):
+            (<float*>buf)[i] /= fd
+    elif dtype == DT_FLOAT64:
+        for i in range(n):
+            (<double*>buf)[i] /= divisor
+    elif dtype == DT_COMPLEX64:
+        for i in range(n):
+            (<float complex*>buf)[i] = (<float complex*>buf)[i] / fd
+    elif dtype == DT_COMPLEX128:
+        for i in range(n):
+            (<double complex*>buf)[i] = (<double complex*>buf)[i] / divisor
+    elif dtype == DT_FLOAT16 or dtype == DT_BFLOAT16:
+        for i in range(n):
+            (<uint16_t*>buf)[i] = _narrow(_widen((<uint16_t*>buf)[i], brain) / fd, brain)
+
+
+cdef int check_op(int dtype, int op, str where) except -1:
+    """Raise InvalidArgument unless ``op`` is defined on ``dtype``."""
+    if not 0 <= op < OP_COUNT:
+        raise InvalidArgument("%s: unknown reduction op %r" % (where, op))
+    cdef bint is_int = DT_UINT8 <= dtype <= DT_UINT64
+    cdef bint is_float = DT_FLOAT16 <= dtype <= DT_FLOAT64
+    cdef bint is_complex = dtype == DT_COMPLEX64 or dtype == DT_COMPLEX128
+    name = ReduceOp(op).name
+    reason = None
+    if op == OP_AVG and not (is_float or is_complex):
+        reason = "AVG is defined for floating and complex types only; use SUM and divide"
+    elif op in (OP_BAND, OP_BOR, OP_BXOR) and not (is_int or dtype == DT_BOOL):
+        reason = "bitwise ops need an integer or bool dtype"
+    elif op in (OP_MIN, OP_MAX) and is_complex:
+        reason = "complex numbers have no order"
+    if reason is not None:
+        raise InvalidArgument("%s: op %s is not defined on %s: %s"
+                              % (where, name, DTYPES.get(dtype), reason))
+    return 0
+
+
+def reduce(out, a, b, op):
+    """out = a op b element-wise, in compiled code (a test and debugging aid)."""
+    cdef Buffer bo = as_buffer(out, "reduce", "out", True)
+    cdef Buffer ba = as_buffer(a, "reduce", "a", False)
+    cdef Buffer bb = as_buffer(b, "reduce", "b", False)
+    if not (bo.dtype == ba.dtype == bb.dtype and bo.count == ba.count == bb.count):
+        raise InvalidArgument("reduce: out, a and b must share dtype and size")
+    check_op(bo.dtype, int(op), "reduce")
+    cdef int code = int(op)
+    with nogil:
+        reduce_into(bo.ptr, ba.ptr, bb.ptr, <size_t>bo.count, bo.dtype, code)
+    return out
+
+
+def divide(buf, double divisor):
+    """buf /= divisor in place, as AVG finishes (a test aid)."""
+    cdef Buffer b = as_buffer(buf, "divide", "buf", True)
+    with nogil:
+        divide_by(b.ptr, <size_t>b.count, b.dtype, divisor)
+    return buf

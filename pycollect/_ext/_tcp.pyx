@@ -1,0 +1,654 @@
+"""The TCP transport: a full mesh of non-blocking sockets and a nogil progress engine.
+
+The rendezvous (listener, connect, handshake) happens in Python, in
+``pycollect/plugins/tcp.py``; it hands this class one connected socket per
+peer.  From then on everything runs here without the GIL.
+
+Progress is driven by the calling thread.  ``wait`` loops over the pairs that
+have work queued, writing and reading as much as the sockets take without
+blocking, so sends and receives to several peers advance together.  When a
+pass makes no progress the engine spins for ``spin_us`` microseconds (a polled
+round trip on loopback is several times faster than a woken one), yielding the
+core between passes when this host runs more ranks than it has cores, and then
+blocks in ``poll`` until a socket is ready, the deadline passes or
+``abort()`` writes to the wake-up eventfd.
+
+Wire format: every message is a 40-byte header followed by the payload.  The
+header carries the operation descriptor, so a receiver checks that the sender
+runs the same collective, count, dtype, op, root and algorithm before it
+accepts a byte.  Receives are matched to messages in posting order per pair;
+a receive reads header and payload with one ``readv`` straight into the
+caller's buffer.  A failing rank sends an abort frame (a header with the
+ABORT magic and its error kind) to every peer whose stream is at a message
+boundary, then shuts its sockets down, so the failure spreads in
+milliseconds instead of waiting for every rank's timeout.
+"""
+
+from libc.errno cimport EAGAIN, EINTR, errno
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdio cimport snprintf
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcpy, memset
+from posix.unistd cimport close as c_close, read as c_read, write as c_write
+from posix.uio cimport iovec, readv
+
+from pycollect._ext._transport cimport *
+
+import os
+
+cdef extern from "_sys.h" nogil:
+    int64_t pc_now_ns()
+    int pc_atomic_load(int* p)
+    void pc_atomic_store(int* p, int v)
+
+cdef extern from "<sys/socket.h>" nogil:
+    ctypedef unsigned int socklen_t
+    struct msghdr:
+        void* msg_name
+        socklen_t msg_namelen
+        iovec* msg_iov
+        size_t msg_iovlen
+        void* msg_control
+        size_t msg_controllen
+        int msg_flags
+    ssize_t sendmsg(int fd, const msghdr* msg, int flags)
+    ssize_t recv(int fd, void* buf, size_t n, int flags)
+    ssize_t send(int fd, const void* buf, size_t n, int flags)
+    int shutdown(int fd, int how)
+    enum:
+        MSG_NOSIGNAL
+        MSG_DONTWAIT
+        MSG_PEEK
+        SHUT_WR
+        SHUT_RDWR
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd* fds, unsigned long nfds, int timeout)
+    enum:
+        POLLIN
+        POLLOUT
+        POLLERR
+        POLLHUP
+
+cdef extern from "<sys/eventfd.h>" nogil:
+    int eventfd(unsigned int initval, int flags)
+    enum:
+        EFD_NONBLOCK
+        EFD_CLOEXEC
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef extern from "<fcntl.h>" nogil:
+    int fcntl(int fd, int cmd, ...)
+    enum:
+        F_GETFL
+        F_SETFL
+        O_NONBLOCK
+
+cdef enum:
+    MAGIC_DATA = 0x314d4350     # "PCM1" little-endian
+    MAGIC_ABORT = 0x414d4350    # "PCMA"
+    HDR_BYTES = 40
+
+cdef packed struct MsgHeader:
+    uint32_t magic
+    uint32_t msgno      # per pair and direction, counts every message
+    uint32_t seq
+    uint8_t coll
+    uint8_t dtype
+    uint8_t redop
+    uint8_t algo
+    int32_t root
+    uint32_t kind       # abort frames: the sender's error kind
+    uint64_t count
+    uint64_t nbytes
+
+cdef struct Req:
+    char* buf
+    size_t nbytes
+    size_t done
+    int peer
+    int is_send
+    int complete
+    int next
+    uint32_t hdr_done
+    MsgHeader hdr
+
+cdef struct Pair:
+    int fd
+    int send_head
+    int send_tail
+    int recv_head
+    int recv_tail
+    uint32_t sent_msgs
+    uint32_t recv_msgs
+    int eof             # the peer shut its side down (or reset)
+    int data_waiting    # a message is queued that no receive is posted for yet
+
+
+cdef inline int _would_block(int e) noexcept nogil:
+    return e == EAGAIN  # EWOULDBLOCK == EAGAIN on Linux
+
+
+cdef class TcpTransport(Transport):
+    """A connected full mesh of TCP sockets, one per peer."""
+
+    cdef Pair* pairs
+    cdef Req* reqs
+    cdef int nreqs
+    cdef int cap_reqs
+    cdef int wake_fd
+    cdef int abort_flag
+    cdef int closed
+    cdef int64_t spin_ns
+    cdef int yield_spin
+    cdef pollfd* pfds
+    cdef int* pfd_peer
+    cdef list addrs
+
+    def __cinit__(self):
+        self.pairs = NULL
+        self.reqs = NULL
+        self.pfds = NULL
+        self.pfd_peer = NULL
+        self.wake_fd = -1
+        self.closed = 0
+
+    def __init__(self, int rank, int size, fds, addrs, double spin_us=50.0,
+                 bint yield_spin=False):
+        """Take ownership of ``fds`` (one connected socket per peer, -1 for self)."""
+        if size < 1 or not 0 <= rank < size or len(fds) != size or len(addrs) != size:
+            raise ValueError("TcpTransport: inconsistent rank, size, fds or addrs")
+        self.rank = rank
+        self.size = size
+        self.addrs = [str(a) for a in addrs]
+        self.spin_ns = <int64_t>(spin_us * 1000.0)
+        self.yield_spin = yield_spin
+        self.timeout_s = 0
+        self.pairs = <Pair*>calloc(size, sizeof(Pair))
+        self.pfds = <pollfd*>calloc(size + 1, sizeof(pollfd))
+        self.pfd_peer = <int*>calloc(size + 1, sizeof(int))
+        self.cap_reqs = 64
+        self.reqs = <Req*>calloc(self.cap_reqs, sizeof(Req))
+        if not (self.pairs and self.pfds and self.pfd_peer and self.reqs):
+            raise MemoryError()
+        cdef int p, fd, flags
+        for p in range(size):
+            fd = int(fds[p])
+            self.pairs[p].fd = fd
+            self.pairs[p].send_head = self.pairs[p].send_tail = -1
+            self.pairs[p].recv_head = self.pairs[p].recv_tail = -1
+            if p != rank:
+                if fd < 0:
+                    raise ValueError("TcpTransport: no socket for peer %d" % p)
+                flags = fcntl(fd, F_GETFL, 0)
+                fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+        self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if self.wake_fd < 0:
+            raise OSError(errno, os.strerror(errno), "eventfd")
+
+    def __dealloc__(self):
+        self._close_fds()
+        free(self.pairs)
+        free(self.reqs)
+        free(self.pfds)
+        free(self.pfd_peer)
+
+    cdef void _close_fds(self) noexcept:
+        cdef int p
+        if self.pairs != NULL:
+            for p in range(self.size):
+                if self.pairs[p].fd >= 0:
+                    c_close(self.pairs[p].fd)
+                    self.pairs[p].fd = -1
+        if self.wake_fd >= 0:
+            c_close(self.wake_fd)
+            self.wake_fd = -1
+
+    def close(self):
+        """Close every socket; later operations fail."""
+        if not self.closed:
+            self.closed = 1
+            # A graceful close: no abort frames, the peers just see end of stream.
+            with nogil:
+                Transport.set_error(self, ERR_INTERNAL, -1, "", 0, "the transport is closed")
+            self._close_fds()
+
+    def abort(self):
+        """End the operation in progress (from any thread) with ERR_ABORTED."""
+        cdef uint64_t one = 1
+        pc_atomic_store(&self.abort_flag, 1)
+        if self.wake_fd >= 0:
+            c_write(self.wake_fd, &one, 8)
+
+    def peer_address(self, int peer):
+        return self.addrs[peer] if 0 <= peer < self.size else "?"
+
+    # -- the interface --------------------------------------------------
+
+    cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
+        self.op = op[0]
+        if self.failed:
+            return -1
+        if pc_atomic_load(&self.abort_flag):
+            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+        self.nreqs = 0
+        self.timeout_s = timeout_s
+        self.deadline_ns = pc_now_ns() + <int64_t>(timeout_s * 1e9)
+        return 0
+
+    cdef int _new_req(self, int peer, int is_send, void* buf, size_t nbytes) noexcept nogil:
+        cdef Req* grown
+        cdef Req* r
+        if self.failed:
+            return -1
+        if peer < 0 or peer >= self.size or peer == self.rank:
+            return self.set_error(ERR_INTERNAL, peer, "", 0, "message to an invalid peer")
+        if self.nreqs == self.cap_reqs:
+            grown = <Req*>realloc(self.reqs, 2 * self.cap_reqs * sizeof(Req))
+            if grown == NULL:
+                return self.set_error(ERR_INTERNAL, peer, "realloc", 0, "out of memory")
+            self.reqs = grown
+            self.cap_reqs *= 2
+        r = &self.reqs[self.nreqs]
+        memset(r, 0, sizeof(Req))
+        r.buf = <char*>buf
+        r.nbytes = nbytes
+        r.peer = peer
+        r.is_send = is_send
+        r.next = -1
+        self.nreqs += 1
+        return self.nreqs - 1
+
+    cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        cdef int idx = self._new_req(peer, 1, <void*>buf, nbytes)
+        if idx < 0:
+            return -1
+        cdef Req* r = &self.reqs[idx]
+        cdef Pair* pr = &self.pairs[peer]
+        r.hdr.magic = MAGIC_DATA
+        r.hdr.msgno = pr.sent_msgs
+        pr.sent_msgs += 1
+        self._fill_desc(&r.hdr)
+        r.hdr.nbytes = nbytes
+        if pr.send_tail >= 0:
+            self.reqs[pr.send_tail].next = idx
+        else:
+            pr.send_head = idx
+        pr.send_tail = idx
+        # Push eagerly: a message the socket takes now is on the wire while
+        # the caller posts the rest.
+        if pr.send_head == idx and self._do_send(peer) < 0:
+            return -1
+        return idx
+
+    cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil:
+        cdef int idx = self._new_req(peer, 0, buf, nbytes)
+        if idx < 0:
+            return -1
+        cdef Pair* pr = &self.pairs[peer]
+        if pr.recv_tail >= 0:
+            self.reqs[pr.recv_tail].next = idx
+        else:
+            pr.recv_head = idx
+        pr.recv_tail = idx
+        pr.data_waiting = 0
+        return idx
+
+    cdef int wait(self, int req) noexcept nogil:
+        if req < 0 or req >= self.nreqs:
+            return self.set_error(ERR_INTERNAL, -1, "", 0, "wait on an invalid request")
+        return self._progress(req)
+
+    cdef int wait_all(self) noexcept nogil:
+        return self._progress(-1)
+
+    cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
+                       const char* detail) noexcept nogil:
+        if self.failed:
+            return -1
+        Transport.set_error(self, kind, peer, syscall, errnum, detail)
+        self._spread_failure()
+        return -1
+
+    # -- the engine -----------------------------------------------------
+
+    cdef inline void _fill_desc(self, MsgHeader* h) noexcept nogil:
+        h.seq = self.op.seq
+        h.coll = self.op.coll
+        h.dtype = self.op.dtype
+        h.redop = self.op.redop
+        h.algo = self.op.algo
+        h.root = self.op.root
+        h.count = self.op.count
+
+    cdef void _spread_failure(self) noexcept nogil:
+        """Tell every peer we failed (abort frame where possible), then shut down."""
+        cdef MsgHeader h
+        cdef Pair* pr
+        cdef int p, head
+        if self.pairs == NULL:
+            return
+        memset(&h, 0, sizeof(h))
+        h.magic = MAGIC_ABORT
+        self._fill_desc(&h)
+        h.kind = self.err.kind
+        h.root = self.err.blamed if self.err.blamed >= 0 else self.err.peer
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if p == self.rank or pr.fd < 0:
+                continue
+            head = pr.send_head
+            if head < 0 or (self.reqs[head].hdr_done == 0):
+                send(pr.fd, &h, HDR_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT)
+            shutdown(pr.fd, SHUT_WR)
+
+    cdef int _do_send(self, int peer) noexcept nogil:
+        """Write queued messages to ``peer`` until the socket is full; 1 if progress."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Req* r
+        cdef iovec iov[2]
+        cdef msghdr msg
+        cdef ssize_t n
+        cdef size_t hrem
+        cdef int progressed = 0
+        memset(&msg, 0, sizeof(msg))
+        msg.msg_iov = iov
+        while pr.send_head >= 0:
+            r = &self.reqs[pr.send_head]
+            msg.msg_iovlen = 0
+            hrem = HDR_BYTES - r.hdr_done
+            if hrem:
+                iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
+                iov[0].iov_len = hrem
+                msg.msg_iovlen = 1
+            if r.done < r.nbytes:
+                iov[msg.msg_iovlen].iov_base = r.buf + r.done
+                iov[msg.msg_iovlen].iov_len = r.nbytes - r.done
+                msg.msg_iovlen += 1
+            n = sendmsg(pr.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+            if n < 0:
+                if errno == EINTR:
+                    continue
+                if _would_block(errno):
+                    return progressed
+                return self.set_error(ERR_PEER, peer, "sendmsg", errno,
+                                      "connection lost while sending")
+            progressed = 1
+            if <size_t>n >= hrem:
+                r.hdr_done = HDR_BYTES
+                r.done += <size_t>n - hrem
+            else:
+                r.hdr_done += <uint32_t>n
+            if r.hdr_done == HDR_BYTES and r.done == r.nbytes:
+                r.complete = 1
+                pr.send_head = r.next
+                if pr.send_head < 0:
+                    pr.send_tail = -1
+            else:
+                return progressed
+        return progressed
+
+    cdef int _check_header(self, int peer, Req* r) noexcept nogil:
+        """Validate a complete header against the posted receive."""
+        cdef MsgHeader* h = &r.hdr
+        cdef Pair* pr = &self.pairs[peer]
+        cdef char detail[200]
+        if h.magic == MAGIC_ABORT:
+            self._note_theirs(h)
+            self.err.blamed = h.root
+            if h.kind == ERR_MISMATCH:
+                return self.set_error(ERR_MISMATCH, peer, "", 0, "it reported that ranks disagree")
+            if h.root >= 0 and h.root != peer:
+                snprintf(detail, sizeof(detail), "failed (%s error involving rank %d) and "
+                         "left the group", _kind_name(h.kind), h.root)
+            else:
+                snprintf(detail, sizeof(detail), "failed (%s error) and left the group",
+                         _kind_name(h.kind))
+            return self.set_error(ERR_PEER, peer, "", 0, detail)
+        if h.magic != MAGIC_DATA:
+            snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
+                     "(magic 0x%08x)", h.magic)
+            return self.set_error(ERR_PEER, peer, "", 0, detail)
+        if (h.seq != self.op.seq or h.coll != self.op.coll or h.dtype != self.op.dtype
+                or h.redop != self.op.redop or h.algo != self.op.algo
+                or h.root != self.op.root or h.count != self.op.count):
+            self._note_theirs(h)
+            return self.set_error(ERR_MISMATCH, peer, "", 0, "")
+        if h.msgno != pr.recv_msgs:
+            snprintf(detail, sizeof(detail), "message %u arrived where %u was expected",
+                     h.msgno, pr.recv_msgs)
+            return self.set_error(ERR_PEER, peer, "", 0, detail)
+        if h.nbytes != r.nbytes:
+            snprintf(detail, sizeof(detail), "a message of %llu bytes arrived where %llu "
+                     "were expected", <unsigned long long>h.nbytes,
+                     <unsigned long long>r.nbytes)
+            return self.set_error(ERR_MISMATCH, peer, "", 0, detail)
+        pr.recv_msgs += 1
+        return 0
+
+    cdef void _note_theirs(self, const MsgHeader* h) noexcept nogil:
+        if self.failed:
+            return
+        self.err.theirs.seq = h.seq
+        self.err.theirs.coll = h.coll
+        self.err.theirs.dtype = h.dtype
+        self.err.theirs.redop = h.redop
+        self.err.theirs.algo = h.algo
+        self.err.theirs.root = h.root
+        self.err.theirs.count = h.count
+        self.err.has_theirs = 1
+
+    cdef int _do_recv(self, int peer) noexcept nogil:
+        """Read into posted receives from ``peer`` until the socket is empty; 1 if progress."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Req* r
+        cdef iovec iov[2]
+        cdef int cnt
+        cdef ssize_t n
+        cdef size_t hrem
+        cdef int progressed = 0
+        cdef char detail[200]
+        while pr.recv_head >= 0:
+            r = &self.reqs[pr.recv_head]
+            hrem = HDR_BYTES - r.hdr_done
+            cnt = 0
+            if hrem:
+                iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
+                iov[0].iov_len = hrem
+                cnt = 1
+            if r.done < r.nbytes:
+                iov[cnt].iov_base = r.buf + r.done
+                iov[cnt].iov_len = r.nbytes - r.done
+                cnt += 1
+            n = readv(pr.fd, iov, cnt)
+            if n < 0:
+                if errno == EINTR:
+                    continue
+                if _would_block(errno):
+                    return progressed
+                return self.set_error(ERR_PEER, peer, "readv", errno,
+                                      "connection lost while receiving")
+            if n == 0:
+                pr.eof = 1
+                if r.hdr_done == 0:
+                    return self.set_error(ERR_PEER, peer, "", 0,
+                                          "closed its connection (the process exited or "
+                                          "closed its context)")
+                snprintf(detail, sizeof(detail), "closed its connection in the middle of a "
+                         "message (%llu of %llu bytes received)",
+                         <unsigned long long>r.done, <unsigned long long>r.nbytes)
+                return self.set_error(ERR_PEER, peer, "", 0, detail)
+            progressed = 1
+            if hrem:
+                if <size_t>n >= hrem:
+                    r.hdr_done = HDR_BYTES
+                    r.done += <size_t>n - hrem
+                    if self._check_header(peer, r) < 0:
+                        return -1
+                else:
+                    r.hdr_done += <uint32_t>n
+                    return progressed
+            else:
+                r.done += <size_t>n
+            if r.done == r.nbytes:
+                r.complete = 1
+                pr.recv_head = r.next
+                if pr.recv_head < 0:
+                    pr.recv_tail = -1
+            else:
+                return progressed
+        return progressed
+
+    cdef int _peek_idle(self, int peer) noexcept nogil:
+        """A peer we expect nothing from became readable: an abort frame, EOF or early data."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef MsgHeader h
+        cdef ssize_t n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+        if n == 0:
+            pr.eof = 1
+            return 0
+        if n < 0:
+            if not _would_block(errno) and errno != EINTR:
+                pr.eof = 1
+            return 0
+        if n < 4:
+            return 0
+        if h.magic == MAGIC_DATA:
+            pr.data_waiting = 1
+            return 0
+        if h.magic == MAGIC_ABORT and n < HDR_BYTES:
+            return 0
+        n = recv(pr.fd, &h, HDR_BYTES, MSG_DONTWAIT)
+        cdef Req fake
+        memset(&fake, 0, sizeof(Req))
+        fake.hdr = h
+        return self._check_header(peer, &fake)
+
+    cdef int _all_done(self, int target) noexcept nogil:
+        cdef int p
+        if target >= 0:
+            return self.reqs[target].complete
+        for p in range(self.size):
+            if self.pairs[p].send_head >= 0 or self.pairs[p].recv_head >= 0:
+                return 0
+        return 1
+
+    cdef int _timeout(self) noexcept nogil:
+        """Fail with ERR_TIMEOUT, naming the peers still owed data."""
+        cdef char detail[200]
+        cdef int p, off = 0
+        cdef Pair* pr
+        off = snprintf(detail, sizeof(detail), "waiting for")
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if p == self.rank or (pr.recv_head < 0 and pr.send_head < 0):
+                continue
+            if off < <int>sizeof(detail) - 40:
+                off += snprintf(detail + off, sizeof(detail) - off, " rank %d (%s)", p,
+                                "to send" if pr.recv_head >= 0 else "to receive")
+        self.err.blamed = -1
+        cdef int first = -1
+        for p in range(self.size):
+            if p != self.rank and (self.pairs[p].recv_head >= 0 or self.pairs[p].send_head >= 0):
+                first = p
+                break
+        return self.set_error(ERR_TIMEOUT, first, "", 0, detail)
+
+    cdef int _block(self, int64_t now) noexcept nogil:
+        """Sleep in poll() until some pair can move, the deadline, or abort()."""
+        cdef int n = 0, p, i, rc
+        cdef short ev
+        cdef Pair* pr
+        cdef uint64_t drained
+        cdef int64_t left_ms = (self.deadline_ns - now) // 1000000 + 1
+        self.pfds[0].fd = self.wake_fd
+        self.pfds[0].events = POLLIN
+        self.pfds[0].revents = 0
+        n = 1
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if p == self.rank or pr.fd < 0:
+                continue
+            ev = 0
+            if pr.send_head >= 0:
+                ev |= POLLOUT
+            if pr.recv_head >= 0 or not (pr.eof or pr.data_waiting):
+                ev |= POLLIN
+            if ev:
+                self.pfds[n].fd = pr.fd
+                self.pfds[n].events = ev
+                self.pfds[n].revents = 0
+                self.pfd_peer[n] = p
+                n += 1
+        if left_ms > 1000:
+            left_ms = 1000
+        rc = poll(self.pfds, n, <int>left_ms)
+        if rc < 0:
+            if errno == EINTR:
+                return 0
+            return self.set_error(ERR_INTERNAL, -1, "poll", errno, "poll failed")
+        if self.pfds[0].revents:
+            c_read(self.wake_fd, &drained, 8)
+        for i in range(1, n):
+            p = self.pfd_peer[i]
+            if self.pfds[i].revents and self.pairs[p].recv_head < 0:
+                if self._peek_idle(p) < 0:
+                    return -1
+        return 0
+
+    cdef int _progress(self, int target) noexcept nogil:
+        """Drive every pair until ``target`` (or, for -1, everything) completes."""
+        cdef int p, rc, progressed
+        cdef int64_t now, spin_end
+        cdef Pair* pr
+        if self.failed:
+            return -1
+        spin_end = pc_now_ns() + self.spin_ns
+        while True:
+            if pc_atomic_load(&self.abort_flag):
+                return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            progressed = 0
+            for p in range(self.size):
+                pr = &self.pairs[p]
+                if pr.send_head >= 0:
+                    rc = self._do_send(p)
+                    if rc < 0:
+                        return -1
+                    progressed |= rc
+                if pr.recv_head >= 0:
+                    rc = self._do_recv(p)
+                    if rc < 0:
+                        return -1
+                    progressed |= rc
+            if self._all_done(target):
+                return 0
+            now = pc_now_ns()
+            if now >= self.deadline_ns:
+                return self._timeout()
+            if progressed:
+                spin_end = now + self.spin_ns
+                continue
+            if now < spin_end:
+                if self.yield_spin:
+                    sched_yield()
+                continue
+            if self._block(now) < 0:
+                return -1
+
+
+cdef const char* _kind_name(uint32_t kind) noexcept nogil:
+    if kind == ERR_PEER:
+        return "peer"
+    if kind == ERR_TIMEOUT:
+        return "timeout"
+    if kind == ERR_MISMATCH:
+        return "mismatch"
+    if kind == ERR_ABORTED:
+        return "abort"
+    return "internal"

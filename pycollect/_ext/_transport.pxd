@@ -1,0 +1,76 @@
+# The C-level transport interface.  Algorithms are written against this class
+# only; concrete transports (_tcp.pyx, later _shm.pyx) subclass it.
+#
+# Vocabulary (after Gloo): a transport owns one pair per peer; an operation
+# posts sends and receives of whole messages on pairs and waits for them.
+# Messages between two ranks are matched in order of posting, so an
+# algorithm must post, on each pair, its receives in the order the peer posts
+# its sends.  Every message carries the operation's descriptor, checked on
+# receipt: ranks that disagree get ERR_MISMATCH instead of a hang.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+cdef enum ErrorKind:
+    ERR_NONE = 0
+    ERR_PEER = 1        # a peer closed, reset, or broke the protocol
+    ERR_TIMEOUT = 2     # the operation's deadline passed
+    ERR_MISMATCH = 3    # ranks disagree on the operation
+    ERR_ABORTED = 4     # abort() was called on this rank
+    ERR_INTERNAL = 5    # out of memory, a bug
+
+# Collective codes carried in the descriptor.
+cdef enum Collective:
+    COLL_BARRIER = 1
+    COLL_BROADCAST = 2
+    COLL_ALLREDUCE = 3
+
+cdef struct OpDesc:
+    uint32_t seq        # the context's collective sequence number
+    uint8_t coll
+    uint8_t dtype
+    uint8_t redop
+    uint8_t algo
+    int32_t root
+    uint64_t count
+
+cdef struct TransportError:
+    int kind
+    int peer            # the peer involved, -1 when none
+    int blamed          # for an error a peer reported: the rank it blamed
+    int sys_errno
+    char syscall[16]
+    char detail[200]
+    OpDesc mine
+    OpDesc theirs       # the peer's descriptor (mismatch, reported errors)
+    int has_theirs
+
+cdef class Transport:
+    cdef readonly int rank
+    cdef readonly int size
+    cdef OpDesc op
+    cdef int64_t deadline_ns
+    cdef double timeout_s
+    cdef TransportError err
+    cdef int failed
+    cdef char* scratch_buf
+    cdef size_t scratch_cap
+
+    cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
+    cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil
+    cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil
+    cdef int wait(self, int req) noexcept nogil
+    cdef int wait_all(self) noexcept nogil
+    cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
+                       const char* detail) noexcept nogil
+    cdef char* scratch(self, size_t nbytes) noexcept nogil
+
+cdef int raise_error(Transport t) except -1
+
+# Algorithm codes carried in the descriptor (ranks must agree on them too).
+cdef enum Algorithm:
+    ALGO_NONE = 0
+    ALGO_RING = 1
+    ALGO_RING_CHUNKED = 2
+    ALGO_BINOMIAL = 3
+    ALGO_PIPELINED = 4
+    ALGO_DISSEMINATION = 5
+    ALGO_LOCAL = 6

@@ -1,0 +1,136 @@
+"""The transport base class and the one place transport errors become exceptions."""
+
+from libc.errno cimport errno
+from libc.stdlib cimport free
+from libc.string cimport memset, strncpy
+from posix.stdlib cimport posix_memalign
+
+from pycollect.errors import (Aborted, Error, MismatchError, PeerError, Timeout)
+from pycollect.types import DTYPES, ReduceOp
+
+COLLECTIVE_NAMES = {COLL_BARRIER: "barrier", COLL_BROADCAST: "broadcast",
+                    COLL_ALLREDUCE: "allreduce"}
+ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_chunked",
+                   ALGO_BINOMIAL: "binomial", ALGO_PIPELINED: "pipelined",
+                   ALGO_DISSEMINATION: "dissemination", ALGO_LOCAL: "local"}
+ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
+               ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
+
+
+def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned long long count):
+    """A human description of an operation descriptor, as errors print it."""
+    name = COLLECTIVE_NAMES.get(coll, "collective#%d" % coll)
+    parts = ["%s x %d" % (DTYPES.get(dtype, "dtype#%d" % dtype), count)]
+    if coll == COLL_ALLREDUCE:
+        try:
+            parts.append(ReduceOp(redop).name)
+        except ValueError:
+            parts.append("op#%d" % redop)
+    if coll == COLL_BROADCAST:
+        parts.append("root %d" % root)
+    if algo:
+        parts.append(ALGORITHM_NAMES.get(algo, "algorithm#%d" % algo))
+    return "%s(%s)" % (name, ", ".join(parts))
+
+
+cdef str _desc(const OpDesc* d):
+    return "%s #%d" % (describe_op(d.coll, d.dtype, d.redop, d.algo, d.root, d.count), d.seq)
+
+
+cdef class Transport:
+    """Base of every transport: request bookkeeping lives in subclasses."""
+
+    def __cinit__(self):
+        self.scratch_buf = NULL
+        self.scratch_cap = 0
+        self.failed = 0
+        memset(&self.err, 0, sizeof(TransportError))
+        self.err.peer = -1
+        self.err.blamed = -1
+
+    def __dealloc__(self):
+        free(self.scratch_buf)
+        self.scratch_buf = NULL
+
+    cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement begin")
+
+    cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement send")
+
+    cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement recv")
+
+    cdef int wait(self, int req) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement wait")
+
+    cdef int wait_all(self) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement wait")
+
+    cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
+                       const char* detail) noexcept nogil:
+        """Record the first error (later ones are consequences) and return -1."""
+        if self.failed:
+            return -1
+        self.failed = 1
+        self.err.kind = kind
+        self.err.peer = peer
+        self.err.sys_errno = errnum
+        strncpy(self.err.syscall, syscall, sizeof(self.err.syscall) - 1)
+        strncpy(self.err.detail, detail, sizeof(self.err.detail) - 1)
+        self.err.mine = self.op
+        return -1
+
+    cdef char* scratch(self, size_t nbytes) noexcept nogil:
+        """A reusable 64-byte aligned scratch area of at least nbytes, or NULL."""
+        cdef void* p = NULL
+        if nbytes <= self.scratch_cap:
+            return self.scratch_buf
+        if posix_memalign(&p, 64, nbytes) != 0:
+            self.set_error(ERR_INTERNAL, -1, "posix_memalign", 0, "out of memory for scratch")
+            return NULL
+        free(self.scratch_buf)
+        self.scratch_buf = <char*>p
+        self.scratch_cap = nbytes
+        return self.scratch_buf
+
+    def peer_address(self, int peer):
+        """The address of ``peer`` as errors print it."""
+        return "?"
+
+    @property
+    def is_failed(self):
+        return bool(self.failed)
+
+    def error_kind(self):
+        """The name of the recorded error kind, or None."""
+        return ERROR_KINDS.get(self.err.kind) if self.failed else None
+
+
+cdef int raise_error(Transport t) except -1:
+    """Raise the exception that describes the transport's recorded error."""
+    cdef TransportError* e = &t.err
+    me = "rank %d" % t.rank
+    what = _desc(&e.mine)
+    peer = ""
+    if e.peer >= 0:
+        peer = "rank %d (%s)" % (e.peer, t.peer_address(e.peer))
+    detail = e.detail.decode("utf-8", "replace")
+    sysinfo = ""
+    if e.syscall[0] != 0:
+        import os
+        sysinfo = " [%s: %s]" % (e.syscall.decode(), os.strerror(e.sys_errno)) if e.sys_errno else ""
+    if e.kind == ERR_MISMATCH:
+        if e.has_theirs:
+            msg = "%s: %s disagrees with %s, which called %s%s" % (
+                me, what, peer, _desc(&e.theirs), (": " + detail) if detail else "")
+        else:
+            msg = "%s: %s: %s" % (me, what, detail)
+        raise MismatchError(msg)
+    if e.kind == ERR_TIMEOUT:
+        raise Timeout("%s: %s timed out after %g s %s" % (me, what, t.timeout_s, detail))
+    if e.kind == ERR_ABORTED:
+        raise Aborted("%s: %s was aborted%s" % (me, what, (": " + detail) if detail else ""))
+    if e.kind == ERR_PEER:
+        raise PeerError("%s: %s failed: %s %s%s" % (me, what, peer, detail, sysinfo))
+    raise Error("%s: %s failed: %s%s" % (me, what, detail, sysinfo))

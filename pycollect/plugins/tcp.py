@@ -1,0 +1,374 @@
+"""Rendezvous for the TCP transport: listener, address exchange, full mesh, handshake.
+
+This is the one place that touches both a store and a transport.  Each rank
+binds a listener on the chosen interface, publishes its address and host
+identity under the context's prefix, connects to every lower rank and
+accepts every higher one.  A connection proves itself with a hello that
+carries the run's random token (rank 0 creates it and shares it through the
+store), both ranks and the context id; anything else that reaches the
+listener (a port scanner, garbage, a rank of another run) is logged and
+dropped while the job goes on.  All of it runs under one deadline.
+"""
+
+import errno
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import selectors
+import socket
+import struct
+import time
+
+from ..errors import InvalidArgument, PeerError, Timeout
+
+log = logging.getLogger("pycollect.tcp")
+
+HELLO = struct.Struct("<4sHHii32s32s")     # magic, version, flags, from, to, context, token
+HELLO_MAGIC = b"PCH1"
+ACK = struct.Struct("<4si")
+ACK_MAGIC = b"PCA1"
+VERSION = 1
+SOCKET_BUFFER_BYTES = 4 << 20
+STRANGER_GRACE_S = 5.0
+
+
+def _host_identity():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return "%s/%s" % (socket.gethostname(), boot)
+
+
+def _store_host(store):
+    """The host name of the server behind ``store`` (unwrapping prefixes), if any."""
+    seen = 0
+    while store is not None and seen < 16:
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "store", None)
+        seen += 1
+    return None
+
+
+def _interface_address(name):
+    """The first address of network interface ``name`` (IPv4 first, then IPv6)."""
+    import fcntl
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                             struct.pack("256s", name.encode()[:15]))
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        pass
+    finally:
+        s.close()
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[5] == name:
+                    raw = fields[0]
+                    addr = ":".join(raw[i:i + 4] for i in range(0, 32, 4))
+                    return str(ipaddress.ip_address(addr))
+    except OSError:
+        pass
+    return None
+
+
+def _route_source(host):
+    """The local address the kernel would use to reach ``host`` (no packet is sent)."""
+    for family, _, _, _, sockaddr in socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM):
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            s.connect(sockaddr)
+            return s.getsockname()[0]
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return None
+
+
+def choose_address(interface, store):
+    """Pick the address to listen on: explicit, PYCOLLECT_SOCKET_IFNAME, or by route."""
+    spec = interface or os.environ.get("PYCOLLECT_SOCKET_IFNAME")
+    if spec:
+        try:
+            return str(ipaddress.ip_address(spec)), "given address"
+        except ValueError:
+            pass
+        addr = _interface_address(spec)
+        if addr is None:
+            raise InvalidArgument("interface %r has no IPv4 or IPv6 address (known "
+                                  "interfaces: %s)" % (spec, ", ".join(
+                                      n for _, n in socket.if_nameindex())))
+        return addr, "interface %s" % spec
+    host = _store_host(store)
+    if host:
+        try:
+            addr = _route_source(host)
+        except OSError as exc:
+            raise InvalidArgument("cannot find a route to the store host %r: %s" % (host, exc))
+        if addr:
+            return addr, "route to store host %s" % host
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+        if not ipaddress.ip_address(addr).is_loopback:
+            return addr, "host name %s" % socket.gethostname()
+    except OSError:
+        pass
+    return "127.0.0.1", "loopback (no store host, host name does not resolve elsewhere)"
+
+
+def _format_addr(host, port):
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _tune(sock):
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass
+
+
+class _Mesh:
+    """One rank's side of the full-mesh setup, driven by a selector."""
+
+    def __init__(self, rank, size, token, context, deadline):
+        self.rank = rank
+        self.size = size
+        self.token = token
+        self.context = context
+        self.deadline = deadline
+        self.socks = [None] * size
+        self.sel = selectors.DefaultSelector()
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def hello(self, peer):
+        return HELLO.pack(HELLO_MAGIC, VERSION, 0, self.rank, peer, self.context, self.token)
+
+    def run(self, listener, addrs):
+        """Connect to lower ranks, accept higher ones, return one socket per peer."""
+        listener.setblocking(False)
+        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+        for peer in range(self.rank):
+            self._start_connect(peer, addrs[peer])
+        try:
+            while any(self.socks[p] is None for p in range(self.size) if p != self.rank):
+                left = self.remaining()
+                if left <= 0:
+                    missing = [p for p in range(self.size)
+                               if p != self.rank and self.socks[p] is None]
+                    raise Timeout("rank %d: connecting the TCP mesh timed out; no connection "
+                                  "with rank(s) %s (%s)" % (self.rank, missing, ", ".join(
+                                      addrs[p] for p in missing)))
+                for key, events in self.sel.select(timeout=min(left, 0.5)):
+                    kind, state = key.data
+                    if kind == "listen":
+                        self._accept(listener)
+                    elif kind == "connect":
+                        self._on_connect(key.fileobj, state, addrs)
+                    else:
+                        self._on_incoming(key.fileobj, state)
+                self._expire_strangers()
+        finally:
+            for key in list(self.sel.get_map().values()):
+                if key.data[0] == "incoming":
+                    key.fileobj.close()
+            self.sel.close()
+        return self.socks
+
+    # outgoing: connect, send hello, read the ack
+    def _start_connect(self, peer, addr, state=None):
+        host, port = addr["host"], addr["port"]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        err = sock.connect_ex((host, port))
+        if err not in (0, errno.EINPROGRESS):
+            sock.close()
+            raise PeerError("rank %d: cannot connect to rank %d at %s: %s"
+                            % (self.rank, peer, _format_addr(host, port), os.strerror(err)))
+        state = state or {"peer": peer, "tries": 0}
+        state.update(stage="connecting", buf=b"", sent=0)
+        self.sel.register(sock, selectors.EVENT_WRITE, ("connect", state))
+
+    def _on_connect(self, sock, state, addrs):
+        peer = state["peer"]
+        if state["stage"] == "connecting":
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self.sel.unregister(sock)
+                sock.close()
+                if err in (errno.ECONNREFUSED, errno.ECONNRESET) and self.remaining() > 0:
+                    state["tries"] += 1
+                    time.sleep(min(0.05 * state["tries"], 0.5, max(self.remaining(), 0)))
+                    self._start_connect(peer, addrs[peer], state)
+                    return
+                raise PeerError("rank %d: cannot connect to rank %d at %s: %s" % (
+                    self.rank, peer, _format_addr(addrs[peer]["host"], addrs[peer]["port"]),
+                    os.strerror(err)))
+            sock.sendall(self.hello(peer))   # 80 bytes into an empty socket buffer
+            state["stage"] = "ack"
+            self.sel.modify(sock, selectors.EVENT_READ, ("connect", state))
+            return
+        try:
+            data = sock.recv(ACK.size - len(state["buf"]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            data = b""
+            state["error"] = exc
+        if not data:
+            raise PeerError("rank %d: rank %d at %s refused the handshake (closed the "
+                            "connection); is it another run, or a rank with another token?"
+                            % (self.rank, peer, _format_addr(addrs[peer]["host"],
+                                                             addrs[peer]["port"])))
+        state["buf"] += data
+        if len(state["buf"]) == ACK.size:
+            magic, their_rank = ACK.unpack(state["buf"])
+            if magic != ACK_MAGIC or their_rank != peer:
+                raise PeerError("rank %d: the process at %s answered as rank %d, not rank %d"
+                                % (self.rank, _format_addr(addrs[peer]["host"],
+                                                            addrs[peer]["port"]),
+                                   their_rank, peer))
+            self.sel.unregister(sock)
+            self.socks[peer] = sock
+
+    # incoming: accept, read and check the hello, send the ack
+    def _accept(self, listener):
+        for _ in range(64):
+            try:
+                sock, addr = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            state = {"buf": b"", "addr": addr, "since": time.monotonic()}
+            self.sel.register(sock, selectors.EVENT_READ, ("incoming", state))
+
+    def _drop(self, sock, state, why):
+        log.warning("rank %d: dropped a connection from %s: %s", self.rank,
+                    _format_addr(state["addr"][0], state["addr"][1]), why)
+        self.sel.unregister(sock)
+        sock.close()
+
+    def _on_incoming(self, sock, state):
+        try:
+            data = sock.recv(HELLO.size - len(state["buf"]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return self._drop(sock, state, "receive failed: %s" % exc)
+        if not data:
+            return self._drop(sock, state, "closed before completing the handshake")
+        state["buf"] += data
+        if len(state["buf"]) < HELLO.size:
+            return
+        magic, version, _, src, dst, context, token = HELLO.unpack(state["buf"])
+        if magic != HELLO_MAGIC:
+            return self._drop(sock, state, "not a pycollect hello")
+        if version != VERSION:
+            return self._drop(sock, state, "protocol version %d, expected %d" % (version, VERSION))
+        if not hmac.compare_digest(token, self.token):
+            return self._drop(sock, state, "wrong run token")
+        if context != self.context:
+            return self._drop(sock, state, "hello for another context")
+        if dst != self.rank or not self.rank < src < self.size:
+            return self._drop(sock, state, "claims to be rank %d calling rank %d" % (src, dst))
+        if self.socks[src] is not None:
+            return self._drop(sock, state, "rank %d is already connected" % src)
+        self.sel.unregister(sock)
+        sock.setblocking(True)
+        sock.settimeout(max(self.remaining(), 0.001))
+        sock.sendall(ACK.pack(ACK_MAGIC, self.rank))
+        self.socks[src] = sock
+
+    def _expire_strangers(self):
+        now = time.monotonic()
+        for key in list(self.sel.get_map().values()):
+            kind, state = key.data
+            if kind == "incoming" and now - state["since"] > STRANGER_GRACE_S:
+                self._drop(key.fileobj, state, "no hello within %g s" % STRANGER_GRACE_S)
+
+
+def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
+                         spin_us=None):
+    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport."""
+    from .._ext._tcp import TcpTransport
+
+    deadline = time.monotonic() + timeout
+    host, why = choose_address(interface, store)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, 0))
+    except OSError as exc:
+        listener.close()
+        raise InvalidArgument("rank %d: cannot listen on %s (%s): %s" % (rank, host, why, exc))
+    listener.listen(max(size, 16))
+    port = listener.getsockname()[1]
+    log.debug("rank %d: listening on %s (%s)", rank, _format_addr(host, port), why)
+    me = {"host": host, "port": port, "hostid": _host_identity(), "pid": os.getpid()}
+    try:
+        if rank == 0:
+            token = secrets.token_bytes(32)
+            store.set("tcp/token", token)
+        store.set("tcp/addr/%d" % rank, json.dumps(me).encode())
+        if size > 1 and rank > 0:
+            token = store.get("tcp/token", timeout=max(deadline - time.monotonic(), 0.001))
+        addrs = []
+        for peer in range(size):
+            if peer == rank:
+                addrs.append(me)
+            else:
+                raw = store.get("tcp/addr/%d" % peer,
+                                timeout=max(deadline - time.monotonic(), 0.001))
+                addrs.append(json.loads(raw.decode()))
+        _check_spans_hosts(rank, addrs)
+        context = hashlib.sha256(context_id.encode()).digest()
+        socks = _Mesh(rank, size, token, context, deadline).run(listener, addrs)
+    finally:
+        listener.close()
+    fds = []
+    for peer, sock in enumerate(socks):
+        if sock is None:
+            fds.append(-1)
+            continue
+        _tune(sock)
+        fds.append(sock.detach())
+    local = sum(1 for a in addrs if a["hostid"] == me["hostid"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if spin_us is None:
+        spin_us = float(os.environ.get("PYCOLLECT_SPIN_US", "50"))
+    transport = TcpTransport(rank, size, fds,
+                             [_format_addr(a["host"], a["port"]) for a in addrs],
+                             spin_us=spin_us, yield_spin=local > cores)
+    # Everyone has read every address once the mesh stands: leave the store clean.
+    store.delete("tcp/addr/%d" % rank)
+    if rank == 0:
+        store.delete("tcp/token")
+    return transport
+
+
+def _check_spans_hosts(rank, addrs):
+    """Refuse a loopback listener in a job whose ranks sit on several hosts."""
+    hosts = {a["hostid"] for a in addrs}
+    if len(hosts) < 2:
+        return
+    for peer, a in enumerate(addrs):
+        if ipaddress.ip_address(a["host"]).is_loopback:
+            raise InvalidArgument(
+                "rank %d: the job spans %d hosts but rank %d listens on loopback %s; set "
+                "PYCOLLECT_SOCKET_IFNAME (or init(interface=...)) to a routable interface"
+                % (rank, len(hosts), peer, a["host"]))
