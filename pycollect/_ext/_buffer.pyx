@@ -83,9 +83,10 @@ cdef int _ndarray_code(cnp.ndarray arr, str op, str arg) except -2:
             raise _reject(op, arg, "has non-native byte order (%s); convert it with "
                           "arr.astype(arr.dtype.newbyteorder('='))" % arr.dtype.str)
         return _typenum_code[num]
-    if _bfloat16 is not None and arr.dtype == _bfloat16:
-        return DT_BFLOAT16
-    if arr.dtype.name == "bfloat16":
+    if (_bfloat16 is not None and arr.dtype == _bfloat16) or arr.dtype.name == "bfloat16":
+        if not cnp.PyArray_ISNOTSWAPPED(arr):
+            raise _reject(op, arg, "has non-native byte order (%s); convert it with "
+                          "arr.astype(arr.dtype.newbyteorder('='))" % arr.dtype.str)
         return DT_BFLOAT16
     raise _reject(op, arg, "has unsupported dtype %s (supported: %s)"
                   % (arr.dtype, ", ".join(DTYPES.values())))

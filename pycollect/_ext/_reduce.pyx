@@ -88,10 +88,10 @@ cdef void _real_kernel(real_t* out, const real_t* a, const real_t* b, size_t n,
             out[i] = a[i] * b[i]
     elif op == OP_MIN:
         for i in range(n):
-            out[i] = a[i] if (a[i] <= b[i] or a[i] != a[i]) else b[i]
+            out[i] = a[i] if (a[i] < b[i] or a[i] != a[i]) else b[i]
     elif op == OP_MAX:
         for i in range(n):
-            out[i] = a[i] if (a[i] >= b[i] or a[i] != a[i]) else b[i]
+            out[i] = a[i] if (a[i] > b[i] or a[i] != a[i]) else b[i]
 
 
 cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
@@ -124,21 +124,26 @@ cdef void _half_kernel(uint16_t* out, const uint16_t* a, const uint16_t* b, size
             out[i] = _narrow(x + y, brain)
         elif op == OP_PRODUCT:
             out[i] = _narrow(x * y, brain)
-        elif op == OP_MIN:
-            out[i] = a[i] if (x <= y or x != x) else b[i]
+        elif op == OP_MIN:   # ties: NumPy's float16 keeps a, ml_dtypes' bfloat16 takes b
+            out[i] = a[i] if (x < y or (x == y and not brain) or x != x) else b[i]
         elif op == OP_MAX:
-            out[i] = a[i] if (x >= y or x != x) else b[i]
+            out[i] = a[i] if (x > y or (x == y and not brain) or x != x) else b[i]
 
 
 cdef void _bool_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n,
                        int op) noexcept nogil:
-    # NumPy's bool arithmetic: + is OR, * is AND, min is AND, max is OR.
+    # NumPy's bool arithmetic: + is OR, * is AND, min is AND, max is OR.  Any
+    # non-zero byte is True (views can hold other bytes); results are 0 or 1.
+    cdef size_t i
     if op == OP_SUM or op == OP_MAX or op == OP_BOR:
-        _int_kernel(out, a, b, n, OP_BOR)
+        for i in range(n):
+            out[i] = (a[i] != 0) | (b[i] != 0)
     elif op == OP_PRODUCT or op == OP_MIN or op == OP_BAND:
-        _int_kernel(out, a, b, n, OP_BAND)
+        for i in range(n):
+            out[i] = (a[i] != 0) & (b[i] != 0)
     elif op == OP_BXOR:
-        _int_kernel(out, a, b, n, OP_BXOR)
+        for i in range(n):
+            out[i] = (a[i] != 0) ^ (b[i] != 0)
 
 
 cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
@@ -240,6 +245,9 @@ def reduce(out, a, b, op):
 def divide(buf, double divisor):
     """buf /= divisor in place, as AVG finishes (a test aid)."""
     cdef Buffer b = as_buffer(buf, "divide", "buf", True)
+    if not (DT_FLOAT16 <= b.dtype <= DT_FLOAT64 or b.dtype == DT_COMPLEX64
+            or b.dtype == DT_COMPLEX128):
+        raise InvalidArgument("divide: %s is not a floating or complex type" % DTYPES.get(b.dtype))
     with nogil:
         divide_by(b.ptr, <size_t>b.count, b.dtype, divisor)
     return buf

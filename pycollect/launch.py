@@ -1,0 +1,364 @@
+"""``pycollect-run``: start N ranks of a program on this machine, wired to one store.
+
+    pycollect-run -n 4 train.py --epochs 3
+    pycollect-run -n 2 --store file:///shared/rdv python -m mypkg.job
+
+Each rank is a child process in its own process group with ``PYCOLLECT_RANK``,
+``PYCOLLECT_SIZE``, ``PYCOLLECT_LOCAL_RANK``, ``PYCOLLECT_LOCAL_SIZE`` and
+``PYCOLLECT_STORE`` set, so that ``pycollect.init()`` needs no arguments.  Without
+``--store`` the launcher hosts the embedded TCP store on loopback and hands the
+ranks a fresh secret in ``PYCOLLECT_AUTH``.  Every run gets its own store prefix,
+so a store shared between runs never serves a stale key.
+
+The first rank that fails (non-zero exit or a signal) takes the job down: the
+others get SIGTERM, then SIGKILL after a grace period, and the launcher exits
+non-zero naming that rank.  SIGINT and SIGTERM sent to the launcher are
+forwarded to every rank.
+"""
+
+import argparse
+import contextlib
+import os
+import queue
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+__all__ = ["main"]
+
+# How long ranks get to exit after SIGTERM (or a forwarded SIGINT) before SIGKILL.
+GRACE_S = 5.0
+# How long to wait for the kernel to reap ranks after SIGKILL.
+REAP_S = 5.0
+# How long to wait for the output threads to drain once the ranks are gone.
+DRAIN_S = 2.0
+# Longest piece of a line read in one go; a longer line is passed on in pieces.
+MAX_LINE = 1 << 16
+# Exit status when --timeout ends the job (as timeout(1) does).
+TIMEOUT_EXIT = 124
+
+
+def _positive_int(text):
+    """Parse a rank count of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text):
+    """Parse a duration in seconds greater than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def _parser():
+    """Build the command-line parser."""
+    parser = argparse.ArgumentParser(
+        prog="pycollect-run",
+        usage="%(prog)s -n N [--store URL] [--timeout S] [--no-prefix-output] "
+              "program [args ...]",
+        description="Run N ranks of a program on this machine for pycollect.",
+        epilog="A program ending in .py runs with this Python interpreter. "
+               "Exit status: 0 when every rank exits 0; the failed rank's exit code, "
+               "128+signal when it died by a signal, 124 when --timeout ran out.",
+    )
+    parser.add_argument("-n", "--nranks", type=_positive_int, required=True, metavar="N",
+                        help="number of ranks to start (>= 1)")
+    parser.add_argument("--store", metavar="URL",
+                        help="rendezvous store URL (default: host an embedded TCP store "
+                             "on 127.0.0.1); a prefix=run-<random> query is added per run")
+    parser.add_argument("--timeout", type=_positive_seconds, metavar="S",
+                        help="terminate the whole job after S seconds (default: no limit)")
+    parser.add_argument("--no-prefix-output", dest="prefix_output", action="store_false",
+                        help="pass the ranks' stdout and stderr through without '[rank R] '")
+    parser.add_argument("program", nargs="?",
+                        help="program to run (a .py file, or a command on PATH)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+    return parser
+
+
+def _command(parser, program, args):
+    """Resolve the program into an argv, or exit with a usage error."""
+    if program.endswith(".py"):
+        if not os.path.isfile(program):
+            parser.error(f"program not found: {program}")
+        return [sys.executable, program, *args]
+    path = shutil.which(program)
+    if path is None:
+        if os.sep in program and os.path.exists(program):
+            parser.error(f"program is not executable: {program}")
+        parser.error(f"program not found: {program}")
+    return [path, *args]
+
+
+def _with_run_prefix(url, run_id):
+    """Return the store URL with this run's prefix added to its query."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    existing = [value for key, value in query if key == "prefix"]
+    prefix = f"{existing[-1].rstrip('/')}/{run_id}" if existing and existing[-1] else run_id
+    query = [(key, value) for key, value in query if key != "prefix"] + [("prefix", prefix)]
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
+
+
+def _describe(returncode):
+    """Say how a rank ended, from its Popen return code."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+def _exit_status(returncode):
+    """Map a failed rank's return code to the launcher's exit status."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Output:
+    """Copies one rank's stdout or stderr to ours, prefixing each line."""
+
+    def __init__(self, pipe, sink, prefix, lock):
+        self.pipe = pipe
+        self.sink = sink
+        self.prefix = prefix
+        self.lock = lock
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"output {prefix!r}")
+        self.thread.start()
+
+    def _write(self, data):
+        """Write bytes to the sink and flush; a closed sink drops them."""
+        if self.sink is None:
+            return
+        with self.lock:
+            try:
+                self.sink.write(data)
+                self.sink.flush()
+            except (OSError, ValueError):
+                # Our own stdout went away (a closed pipe): keep draining the
+                # rank so that it never blocks on a full pipe, but drop its output.
+                self.sink = None
+
+    def _run(self):
+        """Read lines until EOF; the prefix starts every line, however long."""
+        at_line_start = True
+        with self.pipe:
+            while True:
+                piece = self.pipe.readline(MAX_LINE)
+                if not piece:
+                    break
+                self._write(self.prefix + piece if at_line_start else piece)
+                at_line_start = piece.endswith(b"\n")
+        if not at_line_start:
+            self._write(b"\n")
+
+
+class _Job:
+    """The running ranks, their output threads and the rules for ending them."""
+
+    def __init__(self, prefix_output):
+        self.prefix_output = prefix_output
+        self.procs = []
+        self.outputs = []
+        self.stopping = False
+        self.exits = queue.Queue()
+
+    def start(self, argv, envs):
+        """Start one rank per environment; on failure stop those already started."""
+        lock = threading.Lock()
+        pipe = subprocess.PIPE if self.prefix_output else None
+        try:
+            for rank, env in enumerate(envs):
+                proc = subprocess.Popen(
+                    argv, env=env, start_new_session=True,
+                    stdin=None if rank == 0 else subprocess.DEVNULL,
+                    stdout=pipe, stderr=pipe,
+                )
+                self.procs.append(proc)
+                if self.prefix_output:
+                    prefix = f"[rank {rank}] ".encode()
+                    self.outputs.append(_Output(proc.stdout, sys.stdout.buffer, prefix, lock))
+                    self.outputs.append(_Output(proc.stderr, sys.stderr.buffer, prefix, lock))
+                threading.Thread(target=self._wait_rank, args=(rank, proc), daemon=True,
+                                 name=f"wait rank {rank}").start()
+        except BaseException:
+            self.stop(signal.SIGTERM)
+            raise
+
+    def _wait_rank(self, rank, proc):
+        """Report the rank's exit, in the order ranks exit."""
+        self.exits.put((rank, proc.wait()))
+
+    def running(self):
+        """Return the ranks that have not exited yet."""
+        return [proc for proc in self.procs if proc.poll() is None]
+
+    def signal(self, signum):
+        """Send a signal to every rank's process group (its children too)."""
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass  # the whole group is gone already
+
+    def _wait_all(self, seconds):
+        """Wait up to ``seconds`` for every rank to exit; say whether they all did."""
+        deadline = time.monotonic() + seconds
+        while self.running():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def stop(self, signum):
+        """Send ``signum`` to every rank, then SIGKILL whatever outlives the grace period."""
+        self.stopping = True
+        self.signal(signum)
+        if not self._wait_all(GRACE_S):
+            self.signal(signal.SIGKILL)
+            self._wait_all(REAP_S)
+        # Grandchildren that outlived their rank still hold the group alive.
+        self.signal(signal.SIGKILL)
+
+    def drain(self):
+        """Wait, bounded, for the output threads to pass on what the ranks wrote."""
+        deadline = time.monotonic() + DRAIN_S
+        for output in self.outputs:
+            output.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _fail(message):
+    """Write a launcher message to stderr."""
+    sys.stderr.write(f"pycollect-run: {message}\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def _signals_caught(job):
+    """Catch SIGINT and SIGTERM into a list while the job runs; a second one kills at once."""
+    received = []
+
+    def on_signal(signum, frame):
+        if job.stopping:
+            job.signal(signal.SIGKILL)  # a signal while stopping: no more grace
+        else:
+            received.append(signum)
+
+    previous = {signum: signal.signal(signum, on_signal)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _supervise(job, size, timeout, received):
+    """Wait for the ranks and return the launcher's exit status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    finished = 0
+    while finished < size:
+        if received:
+            signum = received[0]
+            _fail(f"received {signal.Signals(signum).name}; forwarding it to the ranks")
+            job.stop(signum)
+            return 128 + signum
+        if deadline is not None and time.monotonic() >= deadline:
+            _fail(f"the job ran out of its {timeout:g} s timeout; terminating "
+                  f"{len(job.running())} rank(s)")
+            job.stop(signal.SIGTERM)
+            return TIMEOUT_EXIT
+        try:
+            rank, returncode = job.exits.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        finished += 1
+        if returncode != 0:
+            others = len(job.running())
+            _fail(f"rank {rank} {_describe(returncode)}"
+                  + (f"; terminating the other {others} rank(s)" if others else ""))
+            job.stop(signal.SIGTERM)
+            return _exit_status(returncode)
+    job.signal(signal.SIGKILL)  # stray grandchildren of ranks that exited 0
+    return 0
+
+
+def _rank_envs(size, store_url, auth):
+    """Return the environment of each rank."""
+    envs = []
+    for rank in range(size):
+        env = dict(os.environ)
+        env.update({
+            "PYCOLLECT_RANK": str(rank),
+            "PYCOLLECT_SIZE": str(size),
+            "PYCOLLECT_LOCAL_RANK": str(rank),
+            "PYCOLLECT_LOCAL_SIZE": str(size),
+            "PYCOLLECT_STORE": store_url,
+        })
+        if auth is not None:
+            env["PYCOLLECT_AUTH"] = auth
+        envs.append(env)
+    return envs
+
+
+def main(argv=None):
+    """Run the launcher; return its exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.program is None:
+        parser.error("no program to run: pycollect-run -n N program [args...]")
+    command = _command(parser, args.program, args.args)
+    run_id = f"run-{secrets.token_hex(6)}"
+
+    server = None
+    auth = None
+    store_url = args.store
+    if store_url is None:
+        try:
+            from pycollect.plugins.tcp_store import TCPStoreServer
+        except ImportError as exc:
+            _fail(f"cannot host the embedded TCP store ({exc}); pass --store URL")
+            return 1
+        auth = secrets.token_hex(16)
+        server = TCPStoreServer(host="127.0.0.1", port=0, auth=auth).start()
+        store_url = server.url
+    try:
+        envs = _rank_envs(args.nranks, _with_run_prefix(store_url, run_id), auth)
+        # Ranks write into our pipes: make Python ranks flush every line.
+        if args.prefix_output:
+            for env in envs:
+                env.setdefault("PYTHONUNBUFFERED", "1")
+        job = _Job(args.prefix_output)
+        with _signals_caught(job) as received:
+            try:
+                job.start(command, envs)
+            except OSError as exc:
+                _fail(f"cannot start {command[0]}: {exc}")
+                return 1
+            try:
+                return _supervise(job, args.nranks, args.timeout, received)
+            finally:
+                job.drain()
+    finally:
+        if server is not None:
+            server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The allreduce matrix: world size x algorithm x dtype x op x count, against NumPy."""
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from conftest import counts_for
+from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, ops_for,
+                       reduce_reference)
+
+ALGORITHMS = ["ring", "ring_chunked", "auto"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_matrix(group, algorithm, dtype):
+    if dtype == "bfloat16" and BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    size = group.size
+    cases = [(op, n) for op in ops_for(dtype) for n in counts_for(size)]
+
+    def body(ctx):
+        out = []
+        for op, n in cases:
+            buf = make_input(dtype, n, ctx.rank, op)
+            assert ctx.allreduce(buf, op=op, algorithm=algorithm) is buf
+            out.append(buf)
+        return out
+
+    results = group.run(body)
+    for i, (op, n) in enumerate(cases):
+        expected = reduce_reference(dtype, [make_input(dtype, n, r, op) for r in range(size)], op)
+        for rank in range(size):
+            assert_matches(dtype, op, results[rank][i], expected,
+                           "size %d rank %d count %d %s" % (size, rank, n, algorithm))
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4), ()])
+def test_allreduce_any_shape(group, shape):
+    def body(ctx):
+        buf = np.full(shape, ctx.rank + 1, dtype=np.float32)
+        return ctx.allreduce(buf)
+    for res in group.run(body):
+        assert res.shape == shape
+        assert np.all(res == group.size * (group.size + 1) / 2)
+
+
+def test_allreduce_floats_bitwise_identical_on_every_rank(group):
+    """Every chunk is reduced along one chain, so ranks agree to the last bit."""
+    def body(ctx):
+        rng = np.random.default_rng(ctx.rank)
+        buf = rng.standard_normal(5003).astype(np.float32)
+        ctx.allreduce(buf, algorithm="ring_chunked")
+        return buf
+    results = group.run(body)
+    for res in results[1:]:
+        assert np.array_equal(res.view(np.uint32), results[0].view(np.uint32))
+    expected = sum(np.random.default_rng(r).standard_normal(5003) for r in range(group.size))
+    np.testing.assert_allclose(results[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_allreduce_bytearray_and_memoryview(group):
+    def body(ctx):
+        a = bytearray([ctx.rank + 1] * 10)
+        ctx.allreduce(a, op=pc.MAX)
+        m = memoryview(np.full(6, ctx.rank, dtype=np.int64))
+        ctx.allreduce(m, op=pc.SUM)
+        return bytes(a), np.asarray(m).copy()
+    for a, m in group.run(body):
+        assert a == bytes([group.size] * 10)
+        assert np.all(m == group.size * (group.size - 1) // 2)
+
+
+def test_allreduce_large_default_segments():
+    """A few MiB with default segments: the multi-segment ring at realistic sizes."""
+    from group import ThreadGroup
+    g = ThreadGroup(3)
+    try:
+        n = (3 << 20) // 4 + 5
+        def body(ctx):
+            buf = np.full(n, ctx.rank + 1, dtype=np.float32)
+            ctx.allreduce(buf, algorithm="ring_chunked")
+            ctx.allreduce(buf, op=pc.AVG)
+            return buf
+        for res in g.run(body):
+            assert np.all(res == 6.0)
+    finally:
+        g.close()

@@ -1,0 +1,82 @@
+"""Broadcast and barrier across world sizes, roots, algorithms, counts and dtypes."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from conftest import counts_for
+from reference import BFLOAT16, np_dtype
+
+BCAST_DTYPES = ["uint8", "int32", "float16", "bfloat16", "float64", "complex128", "bool"]
+
+
+@pytest.mark.parametrize("algorithm", ["binomial", "pipelined", "auto"])
+@pytest.mark.parametrize("dtype", BCAST_DTYPES)
+def test_broadcast_matrix(group, algorithm, dtype):
+    if dtype == "bfloat16" and BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    size = group.size
+    dt = np_dtype(dtype)
+    counts = counts_for(size)
+
+    def payload(n, root):
+        return (np.arange(n) * 7 + root).astype(dt)
+
+    def body(ctx):
+        out = []
+        for root in range(size):          # roots rotate
+            for n in counts:
+                buf = payload(n, root) if ctx.rank == root else np.zeros(n, dtype=dt)
+                assert ctx.broadcast(buf, root=root, algorithm=algorithm) is buf
+                out.append(buf)
+        return out
+
+    results = group.run(body)
+    i = 0
+    for root in range(size):
+        for n in counts:
+            for rank in range(size):
+                assert np.array_equal(results[rank][i], payload(n, root)), (root, n, rank)
+            i += 1
+
+
+def test_broadcast_root_buffer_may_be_read_only(group):
+    def body(ctx):
+        if ctx.rank == 0:
+            buf = np.arange(10.0)
+            buf.setflags(write=False)
+        else:
+            buf = np.zeros(10)
+        return ctx.broadcast(buf, root=0).copy()
+    for res in group.run(body):
+        assert np.array_equal(res, np.arange(10.0))
+
+
+def test_barrier_repeated(group):
+    def body(ctx):
+        for _ in range(20):
+            ctx.barrier()
+        return True
+    assert all(group.run(body))
+
+
+def test_barrier_waits_for_the_last_rank(group):
+    """No rank leaves the barrier before the slowest one has entered it."""
+    entered = {}
+    left = {}
+    lock = threading.Lock()
+
+    def body(ctx):
+        if ctx.rank == group.size - 1:
+            time.sleep(0.2)
+        with lock:
+            entered[ctx.rank] = time.monotonic()
+        ctx.barrier()
+        with lock:
+            left[ctx.rank] = time.monotonic()
+
+    group.run(body)
+    assert min(left.values()) >= max(entered.values())

@@ -1,0 +1,282 @@
+"""pycollect-run, driven as a real process with tiny Python programs as ranks."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+LAUNCHER = [sys.executable, "-m", "pycollect.launch"]
+
+
+def write_program(tmp_path, body, name="rank.py"):
+    """Write a rank program into tmp_path and return its path."""
+    path = tmp_path / name
+    path.write_text("import os, signal, sys, time\n"
+                    "RANK = int(os.environ['PYCOLLECT_RANK'])\n" + textwrap.dedent(body))
+    return str(path)
+
+
+def launch(tmp_path, *args, store=True, timeout=30):
+    """Run the launcher to completion; return the CompletedProcess and its wall time."""
+    store_args = ["--store", f"file://{tmp_path}/store"] if store else []
+    start = time.monotonic()
+    done = subprocess.run(LAUNCHER + store_args + list(args), capture_output=True,
+                          timeout=timeout, cwd=tmp_path)
+    return done, time.monotonic() - start
+
+
+def alive(pid):
+    """Say whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_for_files(paths, seconds=15):
+    """Wait until every path exists, failing after a bounded time."""
+    deadline = time.monotonic() + seconds
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < deadline, f"never appeared: {paths}"
+        time.sleep(0.02)
+
+
+def assert_all_gone(pids, seconds=5):
+    """Assert that every pid is gone within a bounded time."""
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
+        time.sleep(0.02)
+
+
+ENV_PRINTER = """
+env = os.environ
+print(RANK, env['PYCOLLECT_SIZE'], env['PYCOLLECT_LOCAL_RANK'], env['PYCOLLECT_LOCAL_SIZE'],
+      env['PYCOLLECT_STORE'], env.get('PYCOLLECT_AUTH', '-'), sys.executable)
+"""
+
+
+def env_lines(stdout, size):
+    """Parse the ENV_PRINTER lines by rank, checking each line's prefix."""
+    lines = {}
+    for line in stdout.decode().splitlines():
+        match = re.fullmatch(r"\[rank (\d+)\] (.*)", line)
+        assert match, line
+        lines[int(match[1])] = match[2].split(" ")
+    assert sorted(lines) == list(range(size))
+    for rank, fields in lines.items():
+        assert fields[:4] == [str(rank), str(size), str(rank), str(size)]
+    return lines
+
+
+def test_every_rank_runs_with_its_environment(tmp_path):
+    program = write_program(tmp_path, ENV_PRINTER)
+    done, _ = launch(tmp_path, "-n", "3", program)
+    assert done.returncode == 0, done.stderr
+    lines = env_lines(done.stdout, 3)
+    stores = {fields[4] for fields in lines.values()}
+    assert len(stores) == 1
+    assert re.fullmatch(rf"file://{tmp_path}/store\?prefix=run-[0-9a-f]+", stores.pop())
+    # With --store the launcher adds no secret: the ranks inherit the user's, if any.
+    assert {fields[5] for fields in lines.values()} == {os.environ.get("PYCOLLECT_AUTH", "-")}
+    # A .py program runs with the launcher's own interpreter.
+    assert {fields[6] for fields in lines.values()} == {sys.executable}
+    assert done.stderr == b""
+
+
+def test_embedded_store_serves_every_rank_with_a_secret(tmp_path):
+    program = write_program(tmp_path, """
+        from urllib.parse import parse_qs, urlsplit
+        from pycollect.plugins.store import PrefixStore
+        from pycollect.plugins.tcp_store import TCPStore
+        url = urlsplit(os.environ["PYCOLLECT_STORE"])
+        auth = os.environ["PYCOLLECT_AUTH"]
+        with PrefixStore(parse_qs(url.query)["prefix"][0],
+                         TCPStore(url.hostname, url.port, timeout=20, auth=auth)) as store:
+            store.set(f"hello-{RANK}", auth.encode())
+            seen = {store.get(f"hello-{r}").decode() for r in range(3)}
+            arrived = store.add("arrived", 1)
+        print(os.environ["PYCOLLECT_STORE"], auth, len(seen), arrived)
+    """)
+    done, _ = launch(tmp_path, "-n", "3", program, store=False)
+    assert done.returncode == 0, done.stderr
+    fields = [line.split(b" ") for line in sorted(done.stdout.splitlines())]
+    assert [f[0] for f in fields] == [b"[rank", b"[rank", b"[rank"]
+    assert len({(f[2], f[3]) for f in fields}) == 1  # one store URL and one secret
+    assert re.fullmatch(rb"tcp://127\.0\.0\.1:\d+\?prefix=run-[0-9a-f]+", fields[0][2])
+    assert re.fullmatch(rb"[0-9a-f]{32}", fields[0][3])
+    assert {f[4] for f in fields} == {b"1"}  # every rank read the same secret back
+    assert sorted(int(f[5]) for f in fields) == [1, 2, 3]
+
+
+def test_embedded_store_secret_is_not_inherited(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_AUTH", "from-the-user")
+    program = write_program(tmp_path, ENV_PRINTER)
+    runs = [launch(tmp_path, "-n", "1", program, store=False)[0] for _ in range(2)]
+    secrets = {env_lines(done.stdout, 1)[0][5] for done in runs}
+    assert len(secrets) == 2 and "from-the-user" not in secrets
+
+
+def test_each_run_gets_a_fresh_prefix_inside_the_users(tmp_path):
+    program = write_program(tmp_path, ENV_PRINTER)
+    stores = []
+    for _ in range(2):
+        done = subprocess.run(LAUNCHER + ["-n", "1", "--store", "file:///x?mode=a&prefix=job",
+                                          program], capture_output=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        stores.append(env_lines(done.stdout, 1)[0][4])
+    assert stores[0] != stores[1]
+    for store in stores:
+        assert re.fullmatch(r"file:///x\?mode=a&prefix=job/run-[0-9a-f]+", store)
+
+
+def test_command_from_path_gets_its_arguments(tmp_path):
+    done, _ = launch(tmp_path, "-n", "2", "sh", "-c", 'echo "$PYCOLLECT_RANK $1 $2"', "sh",
+                     "-n", "--store")
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [b"[rank 0] 0 -n --store",
+                                                b"[rank 1] 1 -n --store"]
+
+
+def test_output_is_prefixed_per_line_and_binary_safe(tmp_path):
+    program = write_program(tmp_path, """
+        sys.stdout.buffer.write(b"\\xff\\xfe raw\\r\\nsecond\\n" + b"x" * 200000 + b"\\n")
+        sys.stdout.flush()
+        sys.stderr.write("warning without newline")
+    """)
+    done, _ = launch(tmp_path, "-n", "1", program)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (b"[rank 0] \xff\xfe raw\r\n[rank 0] second\n"
+                           b"[rank 0] " + b"x" * 200000 + b"\n")
+    assert done.stderr == b"[rank 0] warning without newline\n"
+
+
+def test_no_prefix_output_passes_output_through(tmp_path):
+    program = write_program(tmp_path, """
+        os.write(1, f"plain {RANK}\\n".encode())
+        os.write(2, f"err {RANK}\\n".encode())
+    """)
+    done, _ = launch(tmp_path, "-n", "2", "--no-prefix-output", program)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [b"plain 0", b"plain 1"]
+    assert sorted(done.stderr.splitlines()) == [b"err 0", b"err 1"]
+
+
+SLEEP_UNLESS_FAILING = """
+open(f"tmp-{RANK}", "w").write(str(os.getpid()))
+os.rename(f"tmp-{RANK}", f"pid-{RANK}")
+if RANK == 1:
+    while not all(os.path.exists(f"pid-{r}") for r in (0, 2)):
+        time.sleep(0.01)
+    FAIL
+time.sleep(60)
+"""
+
+
+def test_a_failed_rank_stops_the_job(tmp_path):
+    program = write_program(tmp_path, SLEEP_UNLESS_FAILING.replace("FAIL", "sys.exit(3)"))
+    done, elapsed = launch(tmp_path, "-n", "3", program)
+    assert done.returncode == 3
+    assert b"pycollect-run: rank 1 exited with code 3; terminating the other 2 rank(s)" \
+        in done.stderr
+    assert elapsed < 15
+    assert_all_gone([int((tmp_path / f"pid-{r}").read_text()) for r in range(3)])
+
+
+def test_a_rank_killed_by_a_signal_stops_the_job(tmp_path):
+    program = write_program(
+        tmp_path, SLEEP_UNLESS_FAILING.replace("FAIL", "os.kill(os.getpid(), signal.SIGKILL)"))
+    done, elapsed = launch(tmp_path, "-n", "3", program)
+    assert done.returncode == 128 + signal.SIGKILL
+    assert b"rank 1 was killed by signal 9 (SIGKILL)" in done.stderr
+    assert elapsed < 15
+    assert_all_gone([int((tmp_path / f"pid-{r}").read_text()) for r in range(3)])
+
+
+def test_ranks_ignoring_sigterm_and_their_children_are_killed(tmp_path):
+    program = write_program(tmp_path, """
+        import subprocess
+        if RANK == 0:
+            while not os.path.exists("ready"):
+                time.sleep(0.01)
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        child = subprocess.Popen(["sleep", "60"])
+        open("pids", "w").write(f"{os.getpid()} {child.pid}")
+        os.rename("pids", "ready")
+        time.sleep(60)
+    """)
+    done, elapsed = launch(tmp_path, "-n", "2", program)
+    assert done.returncode == 1
+    assert b"rank 0 exited with code 1" in done.stderr
+    assert elapsed < 15
+    assert_all_gone([int(pid) for pid in (tmp_path / "ready").read_text().split()])
+
+
+def test_timeout_ends_the_job(tmp_path):
+    program = write_program(tmp_path, "time.sleep(60)\n")
+    done, elapsed = launch(tmp_path, "-n", "2", "--timeout", "0.5", program)
+    assert done.returncode == 124
+    assert b"ran out of its 0.5 s timeout" in done.stderr
+    assert elapsed < 15
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signals_to_the_launcher_reach_every_rank(tmp_path, signum):
+    program = write_program(tmp_path, f"""
+        def stop(signum, frame):
+            open(f"got-{{RANK}}", "w").write(str(signum))
+            sys.exit(0)
+        signal.signal({int(signum)}, stop)
+        open(f"ready-{{RANK}}", "w").close()
+        time.sleep(60)
+    """)
+    launcher = subprocess.Popen(LAUNCHER + ["--store", f"file://{tmp_path}/store", "-n", "3",
+                                            program],
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_files([tmp_path / f"ready-{r}" for r in range(3)])
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=15)
+    finally:
+        launcher.kill()
+        launcher.wait(5)
+    assert launcher.returncode == 128 + signum
+    assert f"received {signal.Signals(signum).name}".encode() in stderr
+    for rank in range(3):
+        assert (tmp_path / f"got-{rank}").read_text() == str(int(signum))
+
+
+def test_a_program_that_cannot_start_is_reported(tmp_path):
+    program = tmp_path / "not-a-program"
+    program.write_bytes(b"\x00\x01 not an executable format")
+    program.chmod(0o755)
+    done, _ = launch(tmp_path, "-n", "2", "./not-a-program")
+    assert done.returncode == 1
+    assert b"pycollect-run: cannot start " in done.stderr
+    assert b"Exec format error" in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0", "x.py"], "must be at least 1, got 0"),
+    (["-n", "-2", "x.py"], "must be at least 1, got -2"),
+    (["-n", "two", "x.py"], "'two' is not an integer"),
+    (["x.py"], "the following arguments are required: -n"),
+    (["-n", "2"], "no program to run"),
+    (["-n", "2", "no-such-program-pycollect"], "program not found: no-such-program-pycollect"),
+    (["-n", "2", "missing.py"], "program not found: missing.py"),
+    (["-n", "2", "--timeout", "0", "x.py"], "must be a finite number of seconds > 0"),
+])
+def test_argument_errors(tmp_path, args, message):
+    done, _ = launch(tmp_path, *args, store=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(b"usage: pycollect-run -n N")
+    assert b"pycollect-run: error: " in done.stderr and message.encode() in done.stderr
+    assert done.stdout == b""
