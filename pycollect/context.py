@@ -133,16 +133,19 @@ class Context:
             raise type(self._failure)(
                 "rank %d: the context failed earlier and cannot be used; open a new "
                 "context (%s)" % (self._rank, self._failure))
-        self._seq = (self._seq + 1) & 0xFFFFFFFF
-        return self._seq
+        return (self._seq + 1) & 0xFFFFFFFF
 
     def _run(self, fn, *args):
+        # A collective consumes its sequence number only once it reaches the
+        # wire: arguments refused on one rank must not shift its numbering.
         try:
             algo = fn(*args)
         except Error as exc:
             if self._transport.is_failed:
                 self._failure = exc
+                self._seq = (self._seq + 1) & 0xFFFFFFFF
             raise
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
         if self._debug:
             log.debug("rank %d: collective #%d ran %s", self._rank, self._seq,
                       _ALGORITHM_NAME.get(algo, "the only algorithm"))

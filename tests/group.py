@@ -60,6 +60,10 @@ class ThreadGroup:
         """Call ``fn(ctx)`` on every rank at once and return the per-rank results."""
         return run_ranks(self.size, lambda r: fn(self.contexts[r]), timeout)
 
+    def outcomes(self, fn, timeout=120.0):
+        """Call ``fn(ctx)`` on every rank; return each rank's result or pycollect error."""
+        return outcomes(self.size, lambda r: fn(self.contexts[r]), timeout)
+
     def close(self):
         for ctx in self.contexts:
             ctx.close()

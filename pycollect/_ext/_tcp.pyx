@@ -131,6 +131,11 @@ cdef struct Pair:
     int data_waiting    # a message is queued that no receive is posted for yet
 
 
+cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
+    return (h.coll == d.coll and h.dtype == d.dtype and h.redop == d.redop
+            and h.algo == d.algo and h.root == d.root and h.count == d.count)
+
+
 cdef inline int _would_block(int e) noexcept nogil:
     return e == EAGAIN  # EWOULDBLOCK == EAGAIN on Linux
 
@@ -338,7 +343,9 @@ cdef class TcpTransport(Transport):
         h.magic = MAGIC_ABORT
         self._fill_desc(&h)
         h.kind = self.err.kind
-        h.root = self.err.blamed if self.err.blamed >= 0 else self.err.peer
+        # Abort frames carry no payload: their byte count names the rank the
+        # sender blames, plus one (0: none).
+        h.nbytes = <uint64_t>((self.err.blamed if self.err.blamed >= 0 else self.err.peer) + 1)
         for p in range(self.size):
             pr = &self.pairs[p]
             if p == self.rank or pr.fd < 0:
@@ -399,14 +406,17 @@ cdef class TcpTransport(Transport):
         cdef MsgHeader* h = &r.hdr
         cdef Pair* pr = &self.pairs[peer]
         cdef char detail[200]
+        cdef int blamed
         if h.magic == MAGIC_ABORT:
             self._note_theirs(h)
-            self.err.blamed = h.root
+            blamed = <int>h.nbytes - 1 if h.nbytes <= <uint64_t>self.size else -1
+            if not self.failed:
+                self.err.blamed = blamed
             if h.kind == ERR_MISMATCH:
                 return self.set_error(ERR_MISMATCH, peer, "", 0, "it reported that ranks disagree")
-            if h.root >= 0 and h.root != peer:
+            if blamed >= 0 and blamed != peer:
                 snprintf(detail, sizeof(detail), "failed (%s error involving rank %d) and "
-                         "left the group", _kind_name(h.kind), h.root)
+                         "left the group", _kind_name(h.kind), blamed)
             else:
                 snprintf(detail, sizeof(detail), "failed (%s error) and left the group",
                          _kind_name(h.kind))
@@ -415,9 +425,7 @@ cdef class TcpTransport(Transport):
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
             return self.set_error(ERR_PEER, peer, "", 0, detail)
-        if (h.seq != self.op.seq or h.coll != self.op.coll or h.dtype != self.op.dtype
-                or h.redop != self.op.redop or h.algo != self.op.algo
-                or h.root != self.op.root or h.count != self.op.count):
+        if h.seq != self.op.seq or not _same_op(h, &self.op):
             self._note_theirs(h)
             return self.set_error(ERR_MISMATCH, peer, "", 0, "")
         if h.msgno != pr.recv_msgs:
@@ -520,6 +528,13 @@ cdef class TcpTransport(Transport):
         if n < 4:
             return 0
         if h.magic == MAGIC_DATA:
+            # An early message is normal when the peer is ahead (a later
+            # collective).  One of this collective that no receive here will
+            # ever match, or one of an earlier collective, means disagreement.
+            if n == HDR_BYTES and (<int32_t>(h.seq - self.op.seq) < 0 or (
+                    h.seq == self.op.seq and not _same_op(&h, &self.op))):
+                self._note_theirs(&h)
+                return self.set_error(ERR_MISMATCH, peer, "", 0, "")
             pr.data_waiting = 1
             return 0
         if h.magic == MAGIC_ABORT and n < HDR_BYTES:

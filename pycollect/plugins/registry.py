@@ -1,0 +1,159 @@
+"""Store and transport plugins, found by name in entry points and imported on first use.
+
+Stores are registered in the entry-point group ``pycollect.stores`` (name: the
+URL scheme; object: a callable ``(url, *, timeout, rank, size) -> Store``),
+transports in ``pycollect.transports`` (name: the transport name).  The
+built-ins take the same road, through pycollect's own entry points.
+"""
+
+import importlib.metadata
+import threading
+from urllib.parse import parse_qsl, urlencode, urlunsplit
+
+from ..errors import Error, InvalidArgument, PluginError
+from .store import PrefixStore, Store, parse_url
+
+__all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_transport", "open_store",
+           "refresh"]
+
+STORE_GROUP = "pycollect.stores"
+TRANSPORT_GROUP = "pycollect.transports"
+PREFIX_QUERY = "prefix"
+
+
+def _entry_points(group):
+    """The installed entry points of ``group`` (tests replace this source)."""
+    return importlib.metadata.entry_points().select(group=group)
+
+
+def _distribution_name(entry_point):
+    dist = getattr(entry_point, "dist", None)
+    return getattr(dist, "name", None) or "an unknown distribution"
+
+
+class _PluginGroup:
+    """One entry-point group: names read once, each plugin imported on first use and cached."""
+
+    def __init__(self, group, kind):
+        self.group = group
+        self.kind = kind
+        self._lock = threading.Lock()
+        self._entries = None
+        self._conflicts = None
+        self._loaded = {}
+
+    def _read(self):
+        with self._lock:
+            if self._entries is None:
+                entries, conflicts = {}, {}
+                for entry_point in _entry_points(self.group):
+                    first = entries.setdefault(entry_point.name, entry_point)
+                    if first.value != entry_point.value:
+                        conflicts.setdefault(entry_point.name, [first]).append(entry_point)
+                self._entries, self._conflicts = entries, conflicts
+            return self._entries, self._conflicts
+
+    def distributions(self):
+        """Map each plugin name to the distribution that registers it."""
+        entries, _ = self._read()
+        return {name: _distribution_name(entry) for name, entry in sorted(entries.items())}
+
+    def load(self, name):
+        """The plugin object registered as ``name``, imported on first use."""
+        with self._lock:
+            if name in self._loaded:
+                return self._loaded[name]
+        entries, conflicts = self._read()
+        if name not in entries:
+            known = ", ".join(sorted(entries)) or "none"
+            raise PluginError(f"no {self.kind} plugin named {name!r} (entry-point group "
+                              f"{self.group}); available: {known}")
+        if name in conflicts:
+            sources = "; ".join(f"{entry.value} from {_distribution_name(entry)}"
+                                for entry in conflicts[name])
+            raise PluginError(f"{self.kind} plugin {name!r} is registered more than once "
+                              f"({sources}); uninstall all but one")
+        entry_point = entries[name]
+        try:
+            plugin = entry_point.load()
+        except Exception as err:
+            dist = _distribution_name(entry_point)
+            raise PluginError(
+                f"{self.kind} plugin {name!r} (entry point '{entry_point.name} = "
+                f"{entry_point.value}' in group {self.group}, from {dist}) failed to import: "
+                f"{type(err).__name__}: {err}; reinstall it or what it needs, for example "
+                f"pip install --force-reinstall {dist}") from err
+        with self._lock:
+            return self._loaded.setdefault(name, plugin)
+
+    def forget(self):
+        """Drop what was read and loaded, so that the next use reads the entry points again."""
+        with self._lock:
+            self._entries = self._conflicts = None
+            self._loaded = {}
+
+
+_stores = _PluginGroup(STORE_GROUP, "store")
+_transports = _PluginGroup(TRANSPORT_GROUP, "transport")
+
+
+def refresh():
+    """Read the entry points again on next use (after installing a plugin in a running process)."""
+    _stores.forget()
+    _transports.forget()
+
+
+def available():
+    """The registered plugins: ``{"stores": {name: distribution}, "transports": {...}}``."""
+    return {"stores": _stores.distributions(), "transports": _transports.distributions()}
+
+
+def get_transport(name):
+    """The transport plugin object registered as ``name``."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"a transport name must be a non-empty str, got {name!r}")
+    return _transports.load(name)
+
+
+def _split_prefix(spec):
+    """Return (URL without ``prefix`` in its query, the prefix or None)."""
+    parts = parse_url(spec)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefixes = [value for name, value in query if name == PREFIX_QUERY]
+    if not prefixes:
+        return spec, None
+    if len(prefixes) > 1 or not prefixes[0]:
+        raise InvalidArgument(f"store URL {spec!r} must have at most one non-empty "
+                              f"?{PREFIX_QUERY}=NAME")
+    rest = urlencode([(name, value) for name, value in query if name != PREFIX_QUERY])
+    return urlunsplit(parts._replace(query=rest)), prefixes[0]
+
+
+def open_store(spec, *, timeout=None, rank=None, size=None):
+    """Return a Store as is, else open the store a URL names (``?prefix=NAME`` wraps it)."""
+    if isinstance(spec, Store):
+        return spec
+    if not spec:
+        raise InvalidArgument("a store is required: a Store, or a URL such as "
+                              "tcp://HOST:PORT, file:///shared/dir or hash://NAME")
+    if not isinstance(spec, str):
+        raise InvalidArgument(f"a store must be a Store or a URL str, got {type(spec).__name__}")
+    scheme = parse_url(spec).scheme.lower()
+    if not scheme:
+        raise InvalidArgument(f"store URL {spec!r} has no scheme; available: "
+                              f"{', '.join(_stores.distributions()) or 'none'}")
+    url, prefix = _split_prefix(spec)
+    opener = _stores.load(scheme)
+    if not callable(opener):
+        raise PluginError(f"store plugin {scheme!r} is a {type(opener).__name__}, not a callable")
+    try:
+        store = opener(url, timeout=timeout, rank=rank, size=size)
+    except Error:
+        raise
+    except Exception as err:
+        raise PluginError(f"store plugin {scheme!r} failed to open {url!r}: "
+                          f"{type(err).__name__}: {err}") from err
+    if not isinstance(store, Store):
+        raise PluginError(f"store plugin {scheme!r} returned a {type(store).__name__}, "
+                          f"not a pycollect Store")
+    return store if prefix is None else PrefixStore(prefix, store, owns_store=True)

@@ -1,0 +1,259 @@
+"""Bad input is refused with a clear error; ranks that disagree fail fast, all of them."""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup, outcomes
+
+
+@pytest.fixture(scope="module")
+def pair():
+    g = ThreadGroup(2, timeout=30)
+    yield g
+    g.close()
+
+
+def _still_usable(g):
+    res = g.run(lambda ctx: ctx.allreduce(np.ones(3)))
+    assert all(np.all(r == g.size) for r in res)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: np.zeros(4, dtype=object), "unsupported dtype"),
+    (lambda: np.zeros(8)[::2], "not C-contiguous"),
+    (lambda: np.zeros(4, dtype=">f8"), "byte order"),
+    (lambda: np.zeros(4, dtype="U3"), "unsupported dtype"),
+    (lambda: [1.0, 2.0], "buffer protocol"),
+    (lambda: None, "is None"),
+])
+def test_bad_buffers_are_refused_and_context_stays_usable(pair, make, words):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match=words) as info:
+            ctx.allreduce(make())
+        assert "allreduce" in str(info.value) and "'buf'" in str(info.value)
+    pair.run(body)
+    _still_usable(pair)
+
+
+def test_read_only_output_is_refused(pair):
+    def body(ctx):
+        buf = np.ones(4)
+        buf.setflags(write=False)
+        with pytest.raises(pc.InvalidArgument, match="read-only"):
+            ctx.allreduce(buf)
+        with pytest.raises(pc.InvalidArgument, match="read-only"):
+            ctx.allreduce(b"abcd")
+        if ctx.rank == 1:   # a broadcast receiver writes its buffer
+            with pytest.raises(pc.InvalidArgument, match="read-only"):
+                ctx.broadcast(buf, root=0)
+    pair.run(body)
+    _still_usable(pair)
+
+
+@pytest.mark.parametrize("root", [-1, 2, 7, 1.0, "0", True, None])
+def test_bad_root(pair, root):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match="root"):
+            ctx.broadcast(np.zeros(3), root=root)
+    pair.run(body)
+
+
+def test_bad_op_and_algorithm(pair):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match="AVG"):
+            ctx.allreduce(np.ones(3, dtype=np.int32), op=pc.AVG)
+        with pytest.raises(pc.InvalidArgument, match="bitwise"):
+            ctx.allreduce(np.ones(3), op=pc.BXOR)
+        with pytest.raises(pc.InvalidArgument, match="unknown reduction op"):
+            ctx.allreduce(np.ones(3), op=42)
+        with pytest.raises(pc.InvalidArgument, match="unknown algorithm 'fastest'"):
+            ctx.allreduce(np.ones(3), algorithm="fastest")
+        with pytest.raises(pc.InvalidArgument, match="unknown algorithm"):
+            ctx.broadcast(np.ones(3), algorithm="ring")
+    pair.run(body)
+    _still_usable(pair)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("disagreement", ["count", "dtype", "op", "collective", "root",
+                                          "algorithm"])
+def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
+    """One rank calls something else: every rank raises MismatchError, fast, no hang."""
+    g = ThreadGroup(size, timeout=20)
+    odd = size - 1
+
+    def body(ctx):
+        me = ctx.rank == odd
+        if disagreement == "count":
+            ctx.allreduce(np.ones(20 if me else 10, dtype=np.float32))
+        elif disagreement == "dtype":
+            ctx.allreduce(np.ones(10, dtype=np.float64 if me else np.float32))
+        elif disagreement == "op":
+            ctx.allreduce(np.ones(10), op=pc.MAX if me else pc.SUM)
+        elif disagreement == "collective":
+            if me:
+                ctx.broadcast(np.ones(10), root=0)
+            else:
+                ctx.allreduce(np.ones(10))
+        elif disagreement == "root":
+            ctx.broadcast(np.ones(10), root=1 if me else 0)
+            if size == 2:
+                # Both ranks think they are the root: both only send, so the
+                # disagreement surfaces at the next collective.
+                ctx.barrier()
+        else:
+            ctx.allreduce(np.ones(10), algorithm="ring" if me else "ring_chunked")
+
+    try:
+        t0 = time.monotonic()
+        results = g.outcomes(body, timeout=60)
+        elapsed = time.monotonic() - t0
+        assert elapsed < 10, "mismatch took %.1f s to surface" % elapsed
+        # A rank whose part of a broadcast completed before anyone noticed
+        # learns of it at its next call; every other rank raises in the
+        # disagreeing call itself.
+        followup = g.outcomes(lambda ctx: ctx.barrier(), 10)
+        for rank, (res, nxt) in enumerate(zip(results, followup)):
+            if res is None and disagreement == "root":
+                res = nxt
+            else:
+                assert "failed earlier" in str(nxt), (rank, nxt)
+            assert isinstance(res, pc.MismatchError), (rank, res)
+            assert "rank %d" % rank in str(res)
+            assert isinstance(nxt, pc.MismatchError), (rank, nxt)
+    finally:
+        g.close()
+
+
+def test_mismatch_message_names_both_sides():
+    g = ThreadGroup(2, timeout=20)
+    try:
+        res = g.outcomes(lambda ctx: ctx.allreduce(np.ones(10 + 10 * ctx.rank, np.float32)))
+        text = str(res[0])
+        assert "float32 x 10" in text and "float32 x 20" in text and "rank 1" in text, text
+    finally:
+        g.close()
+
+
+def test_timeout_names_the_missing_rank():
+    g = ThreadGroup(2, timeout=1.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(pc.Timeout) as info:
+            g.contexts[0].allreduce(np.ones(4))
+        elapsed = time.monotonic() - t0
+        assert 1.4 <= elapsed < 5, elapsed
+        assert isinstance(info.value, TimeoutError)
+        text = str(info.value)
+        assert "rank 0" in text and "rank 1" in text and "allreduce" in text, text
+    finally:
+        g.close()
+
+
+def test_abort_from_another_thread_ends_a_blocked_collective():
+    g = ThreadGroup(2, timeout=60)
+    try:
+        ctx = g.contexts[0]
+        threading.Timer(0.3, ctx.abort).start()
+        t0 = time.monotonic()
+        with pytest.raises(pc.Aborted, match="rank 0"):
+            ctx.allreduce(np.ones(4))
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(pc.Aborted, match="failed earlier"):
+            ctx.barrier()
+        # The peer hears of it at once instead of waiting for its timeout.
+        t0 = time.monotonic()
+        with pytest.raises(pc.PeerError, match="rank 0"):
+            g.contexts[1].allreduce(np.ones(4))
+        assert time.monotonic() - t0 < 5
+    finally:
+        g.close()
+
+
+def test_peer_that_closes_mid_job_is_named():
+    g = ThreadGroup(3, timeout=30)
+    try:
+        g.contexts[2].close()
+        res = outcomes(2, lambda r: g.contexts[r].allreduce(np.ones(1000)), timeout=30)
+        for r in range(2):
+            assert isinstance(res[r], pc.PeerError), res[r]
+            assert "rank 2" in str(res[r])
+    finally:
+        g.close()
+
+
+def test_closed_context_refuses_work(pair):
+    g = ThreadGroup(1)
+    g.close()
+    with pytest.raises(pc.Error, match="closed"):
+        g.contexts[0].barrier()
+    g.contexts[0].close()   # idempotent
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_store_fails_within_its_deadline():
+    port = _free_port()
+    t0 = time.monotonic()
+    with pytest.raises(pc.StoreError, match="127.0.0.1:%d" % port):
+        pc.init(rank=1, size=2, store="tcp://127.0.0.1:%d" % port, timeout=2)
+    assert time.monotonic() - t0 < 6
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(rank=0, size=0, store="hash://x"), "size must be >= 1"),
+    (dict(rank=2, size=2, store="hash://x"), "outside"),
+    (dict(rank=0, size=2), "no store"),
+    (dict(rank=0, size=2, store="hash://x", timeout=0), "timeout"),
+    (dict(rank=0, size=2, store="nosuch://x"), "nosuch"),
+    (dict(rank=0, size=2, store="hash://x", transport="carrier-pigeon"), "carrier-pigeon"),
+])
+def test_init_rejects_bad_arguments(kwargs, words, monkeypatch):
+    for var in ("PYCOLLECT_RANK", "PYCOLLECT_SIZE", "PYCOLLECT_STORE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(pc.Error, match=words):
+        pc.init(**kwargs)
+
+
+def test_init_names_the_missing_variable(monkeypatch):
+    monkeypatch.delenv("PYCOLLECT_RANK", raising=False)
+    monkeypatch.setenv("PYCOLLECT_SIZE", "2")
+    with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_RANK"):
+        pc.init(store="hash://x")
+    monkeypatch.setenv("PYCOLLECT_RANK", "one")
+    with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_RANK"):
+        pc.init(store="hash://x")
+
+
+def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
+    """A connection without the run's token is dropped; the mesh still forms."""
+    import pycollect.plugins.tcp as tcp
+    real_mesh_run = tcp._Mesh.run
+    knocked = []
+
+    def run_with_a_stranger(self, listener, addrs):
+        if self.rank == 0 and not knocked:
+            host, port = listener.getsockname()[:2]
+            s = socket.create_connection((host, port))
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n" + b"x" * 100)
+            knocked.append(s)
+        return real_mesh_run(self, listener, addrs)
+
+    monkeypatch.setattr(tcp._Mesh, "run", run_with_a_stranger)
+    g = ThreadGroup(2, timeout=20)
+    try:
+        _still_usable(g)
+        assert knocked
+    finally:
+        g.close()
+        for s in knocked:
+            s.close()

@@ -1,0 +1,173 @@
+"""The plugin registry: built-ins via entry points, URL dispatch, prefixes, broken plugins."""
+
+import importlib.metadata
+
+import pytest
+
+import pycollect as pc
+from pycollect.plugins import (FileStore, HashStore, PrefixStore, TCPStore, TCPStoreServer,
+                               available, get_transport, open_store)
+from pycollect.plugins import registry
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def fake_entry_points(monkeypatch):
+    """Replace the registry's entry-point source with the given {group: [EntryPoint]}."""
+    def install(by_group):
+        monkeypatch.setattr(registry, "_entry_points", lambda group: by_group.get(group, []))
+        registry.refresh()
+    yield install
+    monkeypatch.undo()
+    registry.refresh()
+
+
+def _entry_point(name, value, group=registry.STORE_GROUP):
+    return importlib.metadata.EntryPoint(name=name, value=value, group=group)
+
+
+class _LoadedEntryPoint:
+    """An entry point of a made-up distribution whose object is given, not imported."""
+
+    def __init__(self, name, plugin):
+        self.name, self.value, self.plugin = name, f"fake_plugins:{name}", plugin
+        self.dist = type("Distribution", (), {"name": "fake-plugins"})()
+
+    def load(self):
+        return self.plugin
+
+
+def test_builtins_are_listed_from_the_pycollect_distribution():
+    plugins = available()
+    for scheme in ("hash", "file", "tcp"):
+        assert plugins["stores"][scheme] == "pycollect"
+    assert plugins["transports"]["tcp"] == "pycollect"
+
+
+def test_available_returns_a_copy():
+    available()["stores"]["bogus"] = "x"
+    assert "bogus" not in available()["stores"]
+
+
+def test_a_store_instance_is_returned_as_is():
+    store = HashStore()
+    assert open_store(store) is store
+
+
+@pytest.mark.parametrize("spec", [None, "", b"hash://x", 42])
+def test_missing_or_non_url_specs_are_invalid_arguments(spec):
+    with pytest.raises(pc.InvalidArgument):
+        open_store(spec)
+
+
+def test_a_url_without_scheme_is_an_invalid_argument():
+    with pytest.raises(pc.InvalidArgument, match="no scheme.*hash"):
+        open_store("/tmp/run")
+
+
+def test_unknown_scheme_lists_what_is_available():
+    with pytest.raises(pc.PluginError, match="redisx.*available: ") as caught:
+        open_store("redisx://localhost:6379")
+    assert all(scheme in str(caught.value) for scheme in ("file", "hash", "tcp"))
+
+
+def test_urls_dispatch_by_scheme(tmp_path):
+    with open_store("hash://registry-dispatch", timeout=3, rank=0, size=1) as store:
+        assert isinstance(store, HashStore) and store.timeout == 3
+    with open_store(f"file://{tmp_path}") as store:
+        assert isinstance(store, FileStore) and store.path == str(tmp_path)
+    with TCPStoreServer() as server, open_store(server.url, timeout=5) as store:
+        assert isinstance(store, TCPStore)
+        store.set("key", b"value")
+    with open_store("HASH://upper-case-scheme") as store:
+        assert isinstance(store, HashStore)
+
+
+def test_prefix_query_wraps_the_store(tmp_path):
+    with open_store(f"file://{tmp_path}?prefix=job7") as store:
+        assert isinstance(store, PrefixStore) and store.prefix == "job7"
+        assert isinstance(store.store, FileStore) and store.store.path == str(tmp_path)
+        store.set("rank0", b"x")
+        assert store.store.get("job7/rank0") == b"x"
+    assert store.store.closed
+
+
+@pytest.mark.parametrize("query", ["?prefix=", "?prefix=a&prefix=b"])
+def test_bad_prefix_queries_are_invalid_arguments(query):
+    with pytest.raises(pc.InvalidArgument, match="prefix"):
+        open_store(f"hash://bad-prefix{query}")
+
+
+def test_other_query_parameters_reach_the_plugin():
+    with pytest.raises(pc.InvalidArgument, match="query"):
+        open_store("hash://name?prefix=p&mode=fast")
+
+
+def test_unknown_transport_lists_what_is_available():
+    with pytest.raises(pc.PluginError, match="verbsx.*available: .*tcp"):
+        get_transport("verbsx")
+
+
+def test_transports_are_loaded_once_and_cached(fake_entry_points):
+    fake_entry_points({registry.TRANSPORT_GROUP: [
+        _entry_point("loopback", "json:dumps", registry.TRANSPORT_GROUP)]})
+    import json
+    assert get_transport("loopback") is json.dumps
+    assert get_transport("loopback") is get_transport("loopback")
+
+
+def test_a_broken_plugin_fails_when_used_naming_it(fake_entry_points):
+    fake_entry_points({registry.STORE_GROUP: [
+        _entry_point("broken", "pycollect_no_such_module.stores:open_broken")]})
+    assert available()["stores"] == {"broken": "an unknown distribution"}
+    with pytest.raises(pc.PluginError) as caught:
+        open_store("broken://anything")
+    message = str(caught.value)
+    assert "broken" in message and "pycollect_no_such_module.stores:open_broken" in message
+    assert "pip install" in message and "ModuleNotFoundError" in message
+    assert isinstance(caught.value.__cause__, ImportError)
+
+
+def test_a_plugin_returning_a_non_store_is_a_plugin_error(fake_entry_points):
+    fake_entry_points({registry.STORE_GROUP: [
+        _LoadedEntryPoint("odd", lambda url, **options: {"url": url})]})
+    with pytest.raises(pc.PluginError, match="odd.*not a pycollect Store"):
+        open_store("odd://x")
+
+
+def test_a_plugin_that_crashes_while_opening_is_a_plugin_error(fake_entry_points):
+    fake_entry_points({registry.STORE_GROUP: [_LoadedEntryPoint("rigid", lambda url: None)]})
+    with pytest.raises(pc.PluginError, match="rigid.*TypeError"):
+        open_store("rigid://x")
+
+
+def test_pycollect_errors_from_a_plugin_pass_through(fake_entry_points):
+    def refuse(url, **options):
+        raise pc.StoreError(f"{url} is down")
+
+    fake_entry_points({registry.STORE_GROUP: [_LoadedEntryPoint("down", refuse)]})
+    with pytest.raises(pc.StoreError, match="down://x is down"):
+        open_store("down://x")
+
+
+def test_one_name_from_two_places_is_a_plugin_error(fake_entry_points):
+    fake_entry_points({registry.STORE_GROUP: [
+        _entry_point("twice", "pycollect.plugins.hash_store:open_hash_store"),
+        _entry_point("twice", "pycollect.plugins.file_store:open_file_store")]})
+    with pytest.raises(pc.PluginError, match="more than once"):
+        open_store("twice://x")
+
+
+def test_a_third_party_store_is_opened_with_the_callers_arguments(fake_entry_points):
+    calls = []
+
+    def open_memory_store(url, *, timeout, rank, size):
+        calls.append((url, timeout, rank, size))
+        return HashStore(timeout=timeout)
+
+    fake_entry_points({registry.STORE_GROUP: [_LoadedEntryPoint("mem", open_memory_store)]})
+    assert available()["stores"] == {"mem": "fake-plugins"}
+    with open_store("mem://host/db?prefix=job", timeout=4, rank=1, size=2) as store:
+        assert isinstance(store, PrefixStore) and store.timeout == 4
+    assert calls == [("mem://host/db", 4, 1, 2)]
