@@ -23,7 +23,8 @@ _ALGORITHM_NAME = {code: name for name, code in
                    list(_allreduce.ALGORITHMS.items()) + list(_broadcast.ALGORITHMS.items())}
 
 # Crossovers for algorithm="auto", measured on loopback (benchmarks/crossover.py).
-RING_CHUNKED_MIN_BYTES = 256 << 10     # below: one message per chunk
+RECURSIVE_DOUBLING_MAX_BYTES = 16 << 10  # up to here: whole-buffer swaps
+RING_CHUNKED_MIN_BYTES = 256 << 10       # from here: segments overlap reduction and wire
 PIPELINED_BCAST_MIN_BYTES = 256 << 10  # below, or with 2 ranks: binomial tree
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
@@ -168,7 +169,12 @@ class Context:
     def _allreduce_algorithm(self, algorithm, buf):
         if algorithm == "auto":
             nbytes = _nbytes(buf)
-            algorithm = "ring_chunked" if nbytes >= RING_CHUNKED_MIN_BYTES else "ring"
+            if nbytes <= RECURSIVE_DOUBLING_MAX_BYTES:
+                algorithm = "recursive_doubling"
+            elif nbytes < RING_CHUNKED_MIN_BYTES:
+                algorithm = "ring"
+            else:
+                algorithm = "ring_chunked"
         try:
             return _allreduce.ALGORITHMS[algorithm]
         except (KeyError, TypeError):

@@ -8,7 +8,7 @@ from conftest import counts_for
 from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, ops_for,
                        reduce_reference)
 
-ALGORITHMS = ["ring", "ring_chunked", "auto"]
+ALGORITHMS = ["recursive_doubling", "ring", "ring_chunked", "auto"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -45,12 +45,13 @@ def test_allreduce_any_shape(group, shape):
         assert np.all(res == group.size * (group.size + 1) / 2)
 
 
-def test_allreduce_floats_bitwise_identical_on_every_rank(group):
-    """Every chunk is reduced along one chain, so ranks agree to the last bit."""
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "ring_chunked"])
+def test_allreduce_floats_bitwise_identical_on_every_rank(group, algorithm):
+    """Every rank computes each element with the same operands in the same order."""
     def body(ctx):
         rng = np.random.default_rng(ctx.rank)
         buf = rng.standard_normal(5003).astype(np.float32)
-        ctx.allreduce(buf, algorithm="ring_chunked")
+        ctx.allreduce(buf, algorithm=algorithm)
         return buf
     results = group.run(body)
     for res in results[1:]:

@@ -1,4 +1,12 @@
-"""Allreduce: the ring family (ring and ring_chunked).
+"""Allreduce: recursive doubling, and the ring family (ring and ring_chunked).
+
+Recursive doubling (latency-bound messages): with P2 the largest power of
+two <= size, ranks P2 + i first fold their buffer into rank i.  Then, for
+mask = 1, 2, 4, ... < P2, rank r swaps its whole partial result with rank
+r ^ mask and combines the two, lower rank's operand first, so both partners
+hold the same bits.  Finally rank i hands the result back to rank P2 + i.
+log2(P2) exchanges (+2 hops when size is not a power of two), each one
+message each way: at 2 ranks a single simultaneous swap.
 
 Both run a reduce-scatter followed by an allgather around the ring
 rank -> rank+1.  The buffer of n elements is cut into ``size`` chunks (they
@@ -36,7 +44,8 @@ from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
 
-ALGORITHMS = {"ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED}
+ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING, "ring": ALGO_RING,
+              "ring_chunked": ALGO_RING_CHUNKED}
 
 cdef enum:
     MAX_WINDOW = 8
@@ -149,6 +158,50 @@ cdef int _allgather_ring(Transport t, char* buf, size_t n, size_t es, size_t seg
     return t.wait_all()
 
 
+cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
+                                      int op) noexcept nogil:
+    """Allreduce in place by pairwise exchanges of the whole buffer."""
+    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner
+    cdef size_t nbytes = n * es
+    cdef char* other
+    if P > 1 and n > 0:
+        while p2 * 2 <= P:
+            p2 *= 2
+        other = t.scratch(nbytes)
+        if other == NULL:
+            return -1
+        if r >= p2:
+            # Fold in, then wait for the result.
+            if t.post_send(r - p2, buf, nbytes) < 0:
+                return -1
+            if t.wait(t.post_recv(r - p2, buf, nbytes)) < 0:
+                return -1
+        else:
+            if r + p2 < P:
+                if t.wait(t.post_recv(r + p2, other, nbytes)) < 0:
+                    return -1
+                reduce_into(buf, buf, other, n, dtype, op)
+            mask = 1
+            while mask < p2:
+                partner = r ^ mask
+                if t.post_send(partner, buf, nbytes) < 0:
+                    return -1
+                if t.post_recv(partner, other, nbytes) < 0 or t.wait_all() < 0:
+                    return -1
+                if r < partner:
+                    reduce_into(buf, buf, other, n, dtype, op)
+                else:
+                    reduce_into(buf, other, buf, n, dtype, op)
+                mask <<= 1
+            if r + p2 < P and t.post_send(r + p2, buf, nbytes) < 0:
+                return -1
+            if t.wait_all() < 0:
+                return -1
+    if op == OP_AVG and P > 1:
+        divide_by(buf, n, dtype, P)
+    return 0
+
+
 cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                         size_t seg, int window) noexcept nogil:
     """Allreduce in place over the ring; seg is the segment length in elements."""
@@ -181,7 +234,10 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef size_t n = b.count
     cdef size_t seg
     cdef int window, rc
-    if algo == ALGO_RING:
+    if algo == ALGO_RECURSIVE_DOUBLING:
+        seg = 0
+        window = 0
+    elif algo == ALGO_RING:
         seg = n // t.size + 1
         window = 2
     elif algo == ALGO_RING_CHUNKED:
@@ -192,7 +248,10 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0:
-            rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
+            if algo == ALGO_RECURSIVE_DOUBLING:
+                rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
+            else:
+                rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
     if rc < 0:
         raise_error(t)
     return algo

@@ -74,3 +74,4 @@ cdef enum Algorithm:
     ALGO_PIPELINED = 4
     ALGO_DISSEMINATION = 5
     ALGO_LOCAL = 6
+    ALGO_RECURSIVE_DOUBLING = 7

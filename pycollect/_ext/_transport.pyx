@@ -12,7 +12,8 @@ COLLECTIVE_NAMES = {COLL_BARRIER: "barrier", COLL_BROADCAST: "broadcast",
                     COLL_ALLREDUCE: "allreduce"}
 ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_chunked",
                    ALGO_BINOMIAL: "binomial", ALGO_PIPELINED: "pipelined",
-                   ALGO_DISSEMINATION: "dissemination", ALGO_LOCAL: "local"}
+                   ALGO_DISSEMINATION: "dissemination", ALGO_LOCAL: "local",
+                   ALGO_RECURSIVE_DOUBLING: "recursive_doubling"}
 ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
                ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
 
