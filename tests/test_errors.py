@@ -257,3 +257,40 @@ def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
         g.close()
         for s in knocked:
             s.close()
+
+
+_INTERRUPTED_RANK = r"""
+import os, signal, sys, threading, time
+import numpy as np
+import pycollect as pc
+ctx = pc.init(rank=int(sys.argv[1]), size=2, store=sys.argv[2], timeout=60)
+if ctx.rank == 0:
+    threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    try:
+        ctx.allreduce(np.ones(4))
+    except KeyboardInterrupt:
+        print("interrupted after %.2f s" % (time.monotonic() - t0))
+        sys.exit(0)
+    sys.exit("rank 0 was not interrupted")
+time.sleep(3)
+ctx.close()
+"""
+
+
+def test_ctrl_c_ends_a_blocked_collective(tmp_path):
+    """SIGINT reaches Python while the main thread waits in a collective."""
+    import subprocess
+    import sys
+    script = tmp_path / "rank.py"
+    script.write_text(_INTERRUPTED_RANK)
+    store = "file://%s" % (tmp_path / "store")
+    peer = subprocess.Popen([sys.executable, str(script), "1", store])
+    try:
+        out = subprocess.run([sys.executable, str(script), "0", store], capture_output=True,
+                             text=True, timeout=30)
+    finally:
+        peer.wait(timeout=30)
+    assert out.returncode == 0, out.stderr
+    seconds = float(out.stdout.split()[2])
+    assert seconds < 3, out.stdout

@@ -80,6 +80,12 @@ cdef extern from "<sys/eventfd.h>" nogil:
         EFD_NONBLOCK
         EFD_CLOEXEC
 
+cdef extern from "Python.h":
+    int PyErr_CheckSignals() except -1
+
+cdef extern from "pythread.h" nogil:
+    unsigned long PyThread_get_thread_ident()
+
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
@@ -155,6 +161,7 @@ cdef class TcpTransport(Transport):
     cdef pollfd* pfds
     cdef int* pfd_peer
     cdef list addrs
+    cdef unsigned long main_thread
 
     def __cinit__(self):
         self.pairs = NULL
@@ -193,6 +200,8 @@ cdef class TcpTransport(Transport):
                     raise ValueError("TcpTransport: no socket for peer %d" % p)
                 flags = fcntl(fd, F_GETFL, 0)
                 fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+        import threading
+        self.main_thread = threading.main_thread().ident
         self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.wake_fd < 0:
             raise OSError(errno, os.strerror(errno), "eventfd")
@@ -603,10 +612,12 @@ cdef class TcpTransport(Transport):
                 n += 1
         if left_ms > 1000:
             left_ms = 1000
+        if self._signalled():
+            return -1
         rc = poll(self.pfds, n, <int>left_ms)
         if rc < 0:
             if errno == EINTR:
-                return 0
+                return -1 if self._signalled() else 0
             return self.set_error(ERR_INTERNAL, -1, "poll", errno, "poll failed")
         if self.pfds[0].revents:
             c_read(self.wake_fd, &drained, 8)
@@ -616,6 +627,19 @@ cdef class TcpTransport(Transport):
                 if self._peek_idle(p) < 0:
                     return -1
         return 0
+
+    cdef int _signalled(self) noexcept nogil:
+        """On the main thread, run Python's signal handlers; a raising one ends the op."""
+        if PyThread_get_thread_ident() != self.main_thread:
+            return 0
+        with gil:
+            try:
+                PyErr_CheckSignals()
+            except BaseException as exc:
+                self.interrupt = exc
+        if self.interrupt is None:
+            return 0
+        return self.set_error(ERR_ABORTED, -1, "", 0, "interrupted by a signal")
 
     cdef int _progress(self, int target) noexcept nogil:
         """Drive every pair until ``target`` (or, for -1, everything) completes."""

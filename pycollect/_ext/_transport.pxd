@@ -53,6 +53,7 @@ cdef class Transport:
     cdef int failed
     cdef char* scratch_buf
     cdef size_t scratch_cap
+    cdef object interrupt       # a KeyboardInterrupt (or other signal exception) that ended an op
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil

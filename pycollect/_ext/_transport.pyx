@@ -111,6 +111,9 @@ cdef class Transport:
 cdef int raise_error(Transport t) except -1:
     """Raise the exception that describes the transport's recorded error."""
     cdef TransportError* e = &t.err
+    if t.interrupt is not None:
+        exc, t.interrupt = t.interrupt, None
+        raise exc
     me = "rank %d" % t.rank
     what = _desc(&e.mine)
     peer = ""
