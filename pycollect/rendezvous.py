@@ -13,13 +13,12 @@ import threading
 from .context import Context
 from .errors import InvalidArgument, PluginError
 from .plugins.registry import get_transport, open_store
-from .plugins.store import PrefixStore, Store
+from .plugins.store import DEFAULT_TIMEOUT, PrefixStore, Store
 
 __all__ = ["init", "DEFAULT_TIMEOUT"]
 
 log = logging.getLogger("pycollect")
 
-DEFAULT_TIMEOUT = 120.0
 
 # Contexts opened through one store are numbered per rank, in creation order,
 # so every rank of a group derives the same namespace without talking.
