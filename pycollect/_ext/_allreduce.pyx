@@ -8,35 +8,16 @@ hold the same bits.  Finally rank i hands the result back to rank P2 + i.
 log2(P2) exchanges (+2 hops when size is not a power of two), each one
 message each way: at 2 ranks a single simultaneous swap.
 
-Both run a reduce-scatter followed by an allgather around the ring
-rank -> rank+1.  The buffer of n elements is cut into ``size`` chunks (they
-differ by at most one element), and each chunk into segments of at most
-``segment_bytes``.
-
-Reduce-scatter, steps s = 0 .. size-2: rank r sends chunk r-s to its right
-neighbour and receives chunk r-s-1 from its left one, reducing it into its
-own copy.  The chunk it reduced in step s is the chunk it sends in step s+1,
-so each reduced segment is posted for sending at once: segments stream
-around the ring while later ones are still arriving.  Receives land in a
-window of scratch slots (the next segment is already on the wire while this
-one is reduced, in cache-sized pieces).  After size-1 steps rank r holds the
-fully reduced chunk r+1.
-
-Allgather, steps s = 0 .. size-2: rank r sends chunk r+1-s and receives chunk
-r-s straight into the caller's buffer (no copy), forwarding each segment as
-it lands.
-
-Every chunk is reduced along one chain and then copied, so all ranks end with
-the same bits even for floating-point sums.  ``ring`` sends each chunk as one
-message (fewest messages; the choice for small buffers); ``ring_chunked`` cuts
+``ring`` and ``ring_chunked`` run the ring's reduce-scatter and allgather
+(see _ring.pyx).  Every chunk is reduced along one chain and then copied, so
+all ranks end with the same bits even for floating-point sums.  ``ring``
+sends each chunk as one message (fewest messages); ``ring_chunked`` cuts
 chunks into segments so reduction overlaps the wire (the choice for large
-ones).  AVG sums and divides once at the end.
+buffers).  AVG sums and divides once at the end.
 """
 
-from libc.stdlib cimport free, malloc
-
-from pycollect._ext._algo cimport (chunk_length, chunk_offset, segment_count,
-                                   segment_length, wrap)
+from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
+                                   ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -46,117 +27,6 @@ from pycollect.errors import InvalidArgument
 
 ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING, "ring": ALGO_RING,
               "ring_chunked": ALGO_RING_CHUNKED}
-
-cdef enum:
-    MAX_WINDOW = 8
-
-
-cdef int _reduce_scatter(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
-                         size_t seg, int window) noexcept nogil:
-    cdef int P = t.size, r = t.rank
-    cdef int right = wrap(r + 1, P), left = wrap(r - 1, P)
-    cdef int reqs[MAX_WINDOW]
-    cdef int slot_step[MAX_WINDOW]
-    cdef size_t slot_seg[MAX_WINDOW]
-    cdef char* scratch = t.scratch(window * seg * es)
-    cdef int s, c, slot, post_step
-    cdef size_t g, post_g, total = 0, k_post = 0, k_done = 0, length, off
-    cdef char* dst
-    if scratch == NULL:
-        return -1
-    # Step 0 sends this rank's own chunk r.
-    length = chunk_length(n, P, r)
-    off = chunk_offset(n, P, r)
-    for g in range(segment_count(length, seg)):
-        if t.post_send(right, buf + (off + g * seg) * es,
-                       segment_length(length, seg, g) * es) < 0:
-            return -1
-    for s in range(P - 1):
-        total += segment_count(chunk_length(n, P, wrap(r - s - 1, P)), seg)
-    # Receives, a window at a time, in (step, segment) order.
-    post_step = 0
-    post_g = 0
-    while k_done < total:
-        while k_post < total and k_post < k_done + <size_t>window:
-            while post_g >= segment_count(chunk_length(n, P, wrap(r - post_step - 1, P)), seg):
-                post_step += 1
-                post_g = 0
-            slot = k_post % window
-            slot_step[slot] = post_step
-            slot_seg[slot] = post_g
-            c = wrap(r - post_step - 1, P)
-            reqs[slot] = t.post_recv(left, scratch + slot * seg * es,
-                                     segment_length(chunk_length(n, P, c), seg, post_g) * es)
-            if reqs[slot] < 0:
-                return -1
-            post_g += 1
-            k_post += 1
-        slot = k_done % window
-        if t.wait(reqs[slot]) < 0:
-            return -1
-        s = slot_step[slot]
-        c = wrap(r - s - 1, P)
-        length = segment_length(chunk_length(n, P, c), seg, slot_seg[slot])
-        dst = buf + (chunk_offset(n, P, c) + slot_seg[slot] * seg) * es
-        reduce_into(dst, dst, scratch + slot * seg * es, length, dtype, op)
-        if s < P - 2 and t.post_send(right, dst, length * es) < 0:
-            return -1
-        k_done += 1
-    # The chunks sent above are overwritten by the allgather: let them leave.
-    return t.wait_all()
-
-
-cdef int _allgather_ring(Transport t, char* buf, size_t n, size_t es, size_t seg) noexcept nogil:
-    """Circulate chunk r+1 (fully reduced here) until every rank has every chunk."""
-    cdef int P = t.size, r = t.rank
-    cdef int right = wrap(r + 1, P), left = wrap(r - 1, P)
-    cdef int s, c, rc = 0
-    cdef size_t g, k = 0, total = 0, length, off
-    cdef int* reqs
-    length = chunk_length(n, P, r + 1 if r + 1 < P else 0)
-    off = chunk_offset(n, P, wrap(r + 1, P))
-    for g in range(segment_count(length, seg)):
-        if t.post_send(right, buf + (off + g * seg) * es,
-                       segment_length(length, seg, g) * es) < 0:
-            return -1
-    for s in range(P - 1):
-        total += segment_count(chunk_length(n, P, wrap(r - s, P)), seg)
-    reqs = <int*>malloc((total + 1) * sizeof(int))
-    if reqs == NULL:
-        return t.set_error(ERR_INTERNAL, -1, "malloc", 0, "out of memory")
-    for s in range(P - 1):
-        c = wrap(r - s, P)
-        length = chunk_length(n, P, c)
-        off = chunk_offset(n, P, c)
-        for g in range(segment_count(length, seg)):
-            reqs[k] = t.post_recv(left, buf + (off + g * seg) * es,
-                                  segment_length(length, seg, g) * es)
-            if reqs[k] < 0:
-                free(reqs)
-                return -1
-            k += 1
-    k = 0
-    for s in range(P - 1):
-        c = wrap(r - s, P)
-        length = chunk_length(n, P, c)
-        off = chunk_offset(n, P, c)
-        for g in range(segment_count(length, seg)):
-            rc = t.wait(reqs[k])
-            k += 1
-            if rc < 0:
-                break
-            if s < P - 2:
-                rc = t.post_send(right, buf + (off + g * seg) * es,
-                                 segment_length(length, seg, g) * es)
-                if rc < 0:
-                    break
-        if rc < 0:
-            break
-    free(reqs)
-    if rc < 0:
-        return -1
-    return t.wait_all()
-
 
 cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                                       int op) noexcept nogil:
@@ -205,12 +75,18 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
 cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                         size_t seg, int window) noexcept nogil:
     """Allreduce in place over the ring; seg is the segment length in elements."""
+    cdef Layout lay
+    cdef int rc = 0
     if t.size > 1 and n > 0:
         if seg < 1:
             seg = 1
-        if _reduce_scatter(t, buf, n, es, dtype, op, seg, window) < 0:
-            return -1
-        if _allgather_ring(t, buf, n, es, seg) < 0:
+        if layout_even(&lay, n, t.size, 0) < 0:
+            return t.set_error(ERR_INTERNAL, -1, "calloc", 0, "out of memory")
+        rc = ring_reduce_scatter(t, buf, &lay, es, dtype, op, seg, window)
+        if rc == 0:
+            rc = ring_allgather(t, buf, &lay, es, seg)
+        layout_free(&lay)
+        if rc < 0:
             return -1
     if op == OP_AVG and t.size > 1:
         divide_by(buf, n, dtype, t.size)
