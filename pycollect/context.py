@@ -4,28 +4,38 @@ A Context validates arguments, numbers the collectives, calls the compiled
 algorithm (one call, GIL released for the whole collective) and keeps the
 failure state: once a collective fails because of a peer, a timeout, a
 mismatch or abort(), every later call raises at once.
+
+Every collective takes ``async_op=True`` to return a ``Work`` at once; a
+daemon thread of the context then runs the queued operations in issue order,
+and a blocking call made while some are queued waits its turn.
 """
 
 import logging
+import pickle
 import threading
 
-from ._ext import _allreduce, _barrier, _broadcast
+import numpy as np
+
+from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer,
+                   _reduce_scatter, _rooted)
+from ._ext._transport import ALGORITHM_NAMES
 from .errors import Error, InvalidArgument
 from .types import ReduceOp
+from .work import Runner, Work
 
-__all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS"]
+__all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS"]
 
 log = logging.getLogger("pycollect")
 
 ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS)
 BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS)
-_ALGORITHM_NAME = {code: name for name, code in
-                   list(_allreduce.ALGORITHMS.items()) + list(_broadcast.ALGORITHMS.items())}
+REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
-# Crossovers for algorithm="auto", measured on loopback (benchmarks/crossover.py).
+# Crossovers for algorithm="auto", measured on loopback (see docs/algorithms.md).
 RECURSIVE_DOUBLING_MAX_BYTES = 16 << 10  # up to here: whole-buffer swaps
 RING_CHUNKED_MIN_BYTES = 256 << 10       # from here: segments overlap reduction and wire
-PIPELINED_BCAST_MIN_BYTES = 256 << 10  # below, or with 2 ranks: binomial tree
+PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
+RING_REDUCE_MIN_BYTES = 256 << 10        # below: binomial tree reduce
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
 
@@ -47,6 +57,7 @@ class Context:
         self._closed = False
         self._on_close = list(on_close)
         self._debug = debug
+        self._runner = None
 
     # -- properties -------------------------------------------------------
 
@@ -76,31 +87,205 @@ class Context:
 
     # -- collectives ------------------------------------------------------
 
-    def barrier(self):
+    def barrier(self, async_op=False):
         """Block until every rank has called barrier."""
-        with self._lock:
-            seq = self._next_seq()
-            self._run(_barrier.barrier, self._transport, seq, self._timeout)
+        t, tmo = self._transport, self._timeout
+        return self._submit("barrier", lambda seq: _barrier.barrier(t, seq, tmo), None,
+                            async_op)
 
-    def broadcast(self, buf, root=0, algorithm="auto"):
+    def broadcast(self, buf, root=0, algorithm="auto", async_op=False):
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         root = self._check_root(root, "broadcast")
-        with self._lock:
-            seq = self._next_seq()
-            algo = self._broadcast_algorithm(algorithm, buf)
-            self._run(_broadcast.broadcast, self._transport, buf, root, algo, seq,
-                      self._timeout, self._segment_bytes)
-        return buf
+        algo = self._broadcast_algorithm(algorithm, buf)
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("broadcast", lambda seq: _broadcast.broadcast(
+            t, buf, root, algo, seq, tmo, seg), buf, async_op)
 
-    def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto"):
+    def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``."""
         op = self._check_op(op, "allreduce")
-        with self._lock:
-            seq = self._next_seq()
-            algo = self._allreduce_algorithm(algorithm, buf)
-            self._run(_allreduce.allreduce, self._transport, buf, op, algo, seq,
-                      self._timeout, self._segment_bytes)
-        return buf
+        algo = self._allreduce_algorithm(algorithm, buf)
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("allreduce", lambda seq: _allreduce.allreduce(
+            t, buf, op, algo, seq, tmo, seg), buf, async_op)
+
+    def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
+        """Reduce ``buf`` across ranks into root's ``buf``; other ranks' ``buf`` is untouched."""
+        root = self._check_root(root, "reduce")
+        op = self._check_op(op, "reduce")
+        if algorithm == "auto":
+            algorithm = "ring" if _nbytes(buf) >= RING_REDUCE_MIN_BYTES else "binomial"
+        algo = self._algorithm_code("reduce", algorithm, _rooted.REDUCE_ALGORITHMS)
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("reduce", lambda seq: _rooted.reduce(
+            t, buf, root, op, algo, seq, tmo, seg), buf, async_op)
+
+    def allgather(self, sendbuf, recvbuf=None, async_op=False):
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere."""
+        if recvbuf is None:
+            recvbuf = _blocks_like(sendbuf, self._size, "allgather")
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("allgather", lambda seq: _allgather.allgather(
+            t, sendbuf, recvbuf, None, seq, tmo, seg), recvbuf, async_op)
+
+    def allgatherv(self, sendbuf, recvbuf, counts, async_op=False):
+        """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("allgatherv", lambda seq: _allgather.allgather(
+            t, sendbuf, recvbuf, counts, seq, tmo, seg), recvbuf, async_op)
+
+    def gather(self, sendbuf, recvbuf=None, root=0, async_op=False):
+        """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
+        root = self._check_root(root, "gather")
+        if self._rank == root and recvbuf is None:
+            recvbuf = _blocks_like(sendbuf, self._size, "gather")
+        out = recvbuf if self._rank == root else None
+        t, tmo = self._transport, self._timeout
+        return self._submit("gather", lambda seq: _rooted.gather(
+            t, sendbuf, out, None, root, seq, tmo), out, async_op)
+
+    def gatherv(self, sendbuf, recvbuf, counts, root=0, async_op=False):
+        """gather with ``counts[r]`` elements from rank r, packed in rank order on root."""
+        root = self._check_root(root, "gatherv")
+        out = recvbuf if self._rank == root else None
+        t, tmo = self._transport, self._timeout
+        return self._submit("gatherv", lambda seq: _rooted.gather(
+            t, sendbuf, out, counts, root, seq, tmo), out, async_op)
+
+    def scatter(self, sendbuf, recvbuf, root=0, async_op=False):
+        """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``."""
+        root = self._check_root(root, "scatter")
+        send = sendbuf if self._rank == root else None
+        t, tmo = self._transport, self._timeout
+        return self._submit("scatter", lambda seq: _rooted.scatter(
+            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op)
+
+    def scatterv(self, sendbuf, counts, recvbuf, root=0, async_op=False):
+        """scatter with ``counts[r]`` elements for rank r, packed in rank order on root."""
+        root = self._check_root(root, "scatterv")
+        send = sendbuf if self._rank == root else None
+        t, tmo = self._transport, self._timeout
+        return self._submit("scatterv", lambda seq: _rooted.scatter(
+            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op)
+
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False):
+        """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
+        op = self._check_op(op, "reduce_scatter")
+        if recvbuf is None:
+            recvbuf = _block_of(sendbuf, self._size, "reduce_scatter")
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("reduce_scatter", lambda seq: _reduce_scatter.reduce_scatter(
+            t, sendbuf, recvbuf, None, op, seq, tmo, seg), recvbuf, async_op)
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, async_op=False):
+        """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
+        op = self._check_op(op, "reduce_scatterv")
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        return self._submit("reduce_scatterv", lambda seq: _reduce_scatter.reduce_scatter(
+            t, sendbuf, recvbuf, counts, op, seq, tmo, seg), recvbuf, async_op)
+
+    def alltoall(self, sendbuf, recvbuf=None, async_op=False):
+        """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
+        if recvbuf is None:
+            recvbuf = np.empty_like(_as_array(sendbuf, "alltoall"))
+        t, tmo = self._transport, self._timeout
+        return self._submit("alltoall", lambda seq: _alltoall.alltoall(
+            t, sendbuf, None, recvbuf, None, seq, tmo), recvbuf, async_op)
+
+    def alltoallv(self, sendbuf, sendcounts, recvbuf, recvcounts, async_op=False):
+        """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
+        t, tmo = self._transport, self._timeout
+        return self._submit("alltoallv", lambda seq: _alltoall.alltoall(
+            t, sendbuf, sendcounts, recvbuf, recvcounts, seq, tmo), recvbuf, async_op)
+
+    def allreduce_coalesced(self, bufs, op=ReduceOp.SUM, async_op=False):
+        """Allreduce many arrays in place with one collective per dtype; return ``bufs``."""
+        op = self._check_op(op, "allreduce_coalesced")
+        bufs = list(bufs)
+        groups = {}
+        for i, b in enumerate(bufs):
+            code, _ = _buffer.check(b, "allreduce_coalesced", "bufs[%d]" % i, True)
+            groups.setdefault(code, []).append(np.asarray(b))
+        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+
+        def run(seq):
+            # One collective per dtype, numbered seq, seq+1, ...
+            algo = None
+            for arrays in groups.values():
+                flat = np.concatenate([a.reshape(-1) for a in arrays])
+                algo = self._allreduce_algorithm("auto", flat)
+                _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg)
+                offset = 0
+                for a in arrays:
+                    a.reshape(-1)[...] = flat[offset:offset + a.size]
+                    offset += a.size
+                seq = (seq + 1) & 0xFFFFFFFF
+            return algo
+
+        if not groups:
+            return self._finished(bufs, async_op)
+        return self._submit("allreduce_coalesced", run, bufs, async_op, span=len(groups))
+
+    # -- object collectives (pickle: only with trusted peers) -------------
+
+    def broadcast_object(self, obj=None, root=0):
+        """Return root's ``obj`` on every rank (pickle protocol 5, buffers out of band)."""
+        root = self._check_root(root, "broadcast_object")
+        if self._rank == root:
+            buffers = []
+            main = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+            parts = [np.frombuffer(main, np.uint8)] + [
+                np.frombuffer(b.raw(), np.uint8) for b in buffers]
+            sizes = np.array([len(parts)] + [p.size for p in parts], np.int64)
+            head = np.array([sizes.size], np.int64)
+        else:
+            head = np.zeros(1, np.int64)
+        self.broadcast(head, root)
+        if self._rank != root:
+            sizes = np.zeros(int(head[0]), np.int64)
+        self.broadcast(sizes, root)
+        if self._rank != root:
+            parts = [np.empty(int(n), np.uint8) for n in sizes[1:]]
+        for p in parts:
+            self.broadcast(p, root)
+        if self._rank == root:
+            return obj
+        return pickle.loads(parts[0], buffers=parts[1:])
+
+    def allgather_object(self, obj):
+        """Return the list of every rank's ``obj`` in rank order (pickle)."""
+        data = np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
+        sizes = self.allgather(np.array([data.size], np.int64)).reshape(-1)
+        out = np.empty(int(sizes.sum()), np.uint8)
+        self.allgatherv(data, out, sizes.tolist())
+        return _unpickle_blocks(out, sizes)
+
+    def gather_object(self, obj, root=0):
+        """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
+        root = self._check_root(root, "gather_object")
+        data = np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
+        sizes = self.allgather(np.array([data.size], np.int64)).reshape(-1)
+        out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
+        self.gatherv(data, out, sizes.tolist(), root)
+        return _unpickle_blocks(out, sizes) if self._rank == root else None
+
+    def scatter_object(self, objs=None, root=0):
+        """Return ``objs[rank]`` of root's list on every rank (pickle)."""
+        root = self._check_root(root, "scatter_object")
+        if self._rank == root:
+            objs = list(objs)
+            if len(objs) != self._size:
+                raise InvalidArgument("scatter_object: root passed %d objects for %d ranks"
+                                      % (len(objs), self._size))
+            blobs = [pickle.dumps(o, protocol=5) for o in objs]
+            sizes = np.array([len(b) for b in blobs], np.int64)
+            data = np.frombuffer(b"".join(blobs), np.uint8)
+        else:
+            sizes, data = np.zeros(self._size, np.int64), None
+        self.broadcast(sizes, root)
+        mine = np.empty(int(sizes[self._rank]), np.uint8)
+        self.scatterv(data, sizes.tolist(), mine, root)
+        return pickle.loads(mine)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -113,6 +298,11 @@ class Context:
         if self._closed:
             return
         self._closed = True
+        runner = self._runner
+        if runner is not None and runner.pending():
+            self._transport.abort()       # queued work fails fast instead of waiting
+        if runner is not None:
+            runner.stop(self._timeout)
         self._transport.abort()
         with self._lock:
             self._transport.close()
@@ -127,35 +317,59 @@ class Context:
 
     # -- helpers ----------------------------------------------------------
 
-    def _next_seq(self):
-        if self._closed:
-            raise Error("rank %d: the context is closed" % self._rank)
-        if self._failure is not None:
-            raise type(self._failure)(
-                "rank %d: the context failed earlier and cannot be used; open a new "
-                "context (%s)" % (self._rank, self._failure))
-        return (self._seq + 1) & 0xFFFFFFFF
+    def _submit(self, name, op, result, async_op, span=1):
+        """Run ``op(seq)`` now or queue it; return ``result`` or a Work."""
+        if async_op or (self._runner is not None and self._runner.pending()):
+            if self._closed:
+                raise Error("rank %d: the context is closed" % self._rank)
+            work = Work("%s on rank %d" % (name, self._rank), result)
+            if self._runner is None:
+                self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
+            self._runner.submit((op, span), work)
+            return work if async_op else work.wait()
+        self._execute((op, span))
+        return result
 
-    def _run(self, fn, *args):
-        # A collective consumes its sequence number only once it reaches the
-        # wire: arguments refused on one rank must not shift its numbering.
-        try:
-            algo = fn(*args)
-        except Error as exc:
-            if self._transport.is_failed:
-                self._failure = exc
-                self._seq = (self._seq + 1) & 0xFFFFFFFF
-            raise
-        self._seq = (self._seq + 1) & 0xFFFFFFFF
+    def _finished(self, result, async_op):
+        if not async_op:
+            return result
+        work = Work("no-op on rank %d" % self._rank, result)
+        work._finish(None, None)
+        return work
+
+    def _execute(self, item):
+        """Run ``op(seq)``, which uses ``span`` sequence numbers, under the context lock."""
+        op, span = item
+        with self._lock:
+            if self._closed:
+                raise Error("rank %d: the context is closed" % self._rank)
+            if self._failure is not None:
+                raise type(self._failure)(
+                    "rank %d: the context failed earlier and cannot be used; open a new "
+                    "context (%s)" % (self._rank, self._failure))
+            seq = (self._seq + 1) & 0xFFFFFFFF
+            # A collective consumes its sequence number only once it reaches the
+            # wire: arguments refused on one rank must not shift its numbering.
+            try:
+                algo = op(seq)
+            except Error as exc:
+                if self._transport.is_failed:
+                    self._failure = exc
+                    self._seq = (seq + span - 1) & 0xFFFFFFFF
+                raise
+            self._seq = (seq + span - 1) & 0xFFFFFFFF
+        name = ALGORITHM_NAMES.get(algo) or None
         if self._debug:
             log.debug("rank %d: collective #%d ran %s", self._rank, self._seq,
-                      _ALGORITHM_NAME.get(algo, "the only algorithm"))
+                      name or "its only algorithm")
+        return name
 
     def _check_root(self, root, what):
-        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < self._size:
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) \
+                or not 0 <= root < self._size:
             raise InvalidArgument("%s: root %r is not a rank of this group (0..%d)"
                                   % (what, root, self._size - 1))
-        return root
+        return int(root)
 
     def _check_op(self, op, what):
         if type(op) is ReduceOp:
@@ -166,6 +380,13 @@ class Context:
             raise InvalidArgument("%s: unknown reduction op %r (use pycollect.ReduceOp)"
                                   % (what, op)) from None
 
+    def _algorithm_code(self, what, algorithm, table):
+        try:
+            return table[algorithm]
+        except (KeyError, TypeError):
+            raise InvalidArgument("%s: unknown algorithm %r (choose from %s)" % (
+                what, algorithm, ", ".join(("auto",) + tuple(table)))) from None
+
     def _allreduce_algorithm(self, algorithm, buf):
         if algorithm == "auto":
             nbytes = _nbytes(buf)
@@ -175,22 +396,14 @@ class Context:
                 algorithm = "ring"
             else:
                 algorithm = "ring_chunked"
-        try:
-            return _allreduce.ALGORITHMS[algorithm]
-        except (KeyError, TypeError):
-            raise InvalidArgument("allreduce: unknown algorithm %r (choose from %s)"
-                                  % (algorithm, ", ".join(ALLREDUCE_ALGORITHMS))) from None
+        return self._algorithm_code("allreduce", algorithm, _allreduce.ALGORITHMS)
 
     def _broadcast_algorithm(self, algorithm, buf):
         if algorithm == "auto":
             nbytes = _nbytes(buf)
             algorithm = ("pipelined" if self._size > 2 and nbytes >= PIPELINED_BCAST_MIN_BYTES
                          else "binomial")
-        try:
-            return _broadcast.ALGORITHMS[algorithm]
-        except (KeyError, TypeError):
-            raise InvalidArgument("broadcast: unknown algorithm %r (choose from %s)"
-                                  % (algorithm, ", ".join(BROADCAST_ALGORITHMS))) from None
+        return self._algorithm_code("broadcast", algorithm, _broadcast.ALGORITHMS)
 
 
 def _nbytes(buf):
@@ -201,3 +414,31 @@ def _nbytes(buf):
             return memoryview(buf).nbytes
         except TypeError:
             return 0   # the compiled gatekeeper rejects it with the reason
+
+
+def _as_array(buf, what):
+    _buffer.check(buf, what, "sendbuf", False)
+    return np.asarray(buf)
+
+
+def _blocks_like(sendbuf, size, what):
+    """A new array of ``size`` blocks shaped like ``sendbuf``: result[r] is rank r's block."""
+    arr = _as_array(sendbuf, what)
+    return np.empty((size,) + arr.shape, dtype=arr.dtype)
+
+
+def _block_of(sendbuf, size, what):
+    """A new flat array of len(sendbuf) / size elements."""
+    arr = _as_array(sendbuf, what)
+    if arr.size % size:
+        raise InvalidArgument("%s: 'sendbuf' holds %d elements, not a multiple of the group "
+                              "size %d" % (what, arr.size, size))
+    return np.empty(arr.size // size, dtype=arr.dtype)
+
+
+def _unpickle_blocks(data, sizes):
+    out, offset = [], 0
+    for n in sizes:
+        out.append(pickle.loads(data[offset:offset + int(n)]))
+        offset += int(n)
+    return out

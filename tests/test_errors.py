@@ -96,10 +96,12 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
         elif disagreement == "op":
             ctx.allreduce(np.ones(10), op=pc.MAX if me else pc.SUM)
         elif disagreement == "collective":
+            # Large enough for the ring, where every rank hears from its left
+            # neighbour; see test_disagreeing_collectives_that_exchange_nothing.
             if me:
-                ctx.broadcast(np.ones(10), root=0)
+                ctx.broadcast(np.ones(100000), root=0)
             else:
-                ctx.allreduce(np.ones(10))
+                ctx.allreduce(np.ones(100000))
         elif disagreement == "root":
             ctx.broadcast(np.ones(10), root=1 if me else 0)
             if size == 2:
@@ -126,6 +128,27 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
             assert isinstance(res, pc.MismatchError), (rank, res)
             assert "rank %d" % rank in str(res)
             assert isinstance(nxt, pc.MismatchError), (rank, nxt)
+    finally:
+        g.close()
+
+
+def test_disagreeing_collectives_that_exchange_nothing():
+    """Rank 2 waits on rank 0 and rank 0 on rank 2: no message can reveal the
+    disagreement, so both time out naming each other, within the deadline."""
+    g = ThreadGroup(3, timeout=2)
+
+    def body(ctx):
+        if ctx.rank == 2:
+            ctx.broadcast(np.ones(10), root=0)
+        else:
+            ctx.allreduce(np.ones(10), algorithm="recursive_doubling")
+
+    try:
+        t0 = time.monotonic()
+        results = g.outcomes(body, timeout=30)
+        assert time.monotonic() - t0 < 8
+        assert isinstance(results[0], pc.Timeout) and "rank 2" in str(results[0])
+        assert isinstance(results[2], pc.Error) and "rank 0" in str(results[2])
     finally:
         g.close()
 
@@ -166,9 +189,12 @@ def test_abort_from_another_thread_ends_a_blocked_collective():
         assert time.monotonic() - t0 < 5
         with pytest.raises(pc.Aborted, match="failed earlier"):
             ctx.barrier()
-        # The peer hears of it at once instead of waiting for its timeout.
+        # The peer hears of it at once instead of waiting for its timeout.  Its
+        # first allreduce may still complete: rank 0 had sent its part before
+        # it was aborted.
         t0 = time.monotonic()
         with pytest.raises(pc.PeerError, match="rank 0"):
+            g.contexts[1].allreduce(np.ones(4))
             g.contexts[1].allreduce(np.ones(4))
         assert time.monotonic() - t0 < 5
     finally:

@@ -23,7 +23,7 @@ cdef int dissemination_barrier(Transport t) noexcept nogil:
 
 
 def barrier(Transport t, unsigned int seq, double timeout):
-    """Return once every rank of ``t`` has entered the barrier; one nogil call."""
+    """Return once every rank of ``t`` has entered the barrier (one nogil call)."""
     cdef OpDesc d
     d.seq = seq
     d.coll = COLL_BARRIER
@@ -39,3 +39,4 @@ def barrier(Transport t, unsigned int seq, double timeout):
             rc = dissemination_barrier(t)
     if rc < 0:
         raise_error(t)
+    return ALGO_DISSEMINATION

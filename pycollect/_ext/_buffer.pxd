@@ -13,3 +13,7 @@ cdef class Buffer:
     cdef readonly bint readonly
 
 cdef Buffer as_buffer(object obj, str op, str arg, bint writable)
+
+cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL
+cdef int check_pair(Buffer send, Buffer recv, str op) except -1
+cdef int check_count(Buffer b, Py_ssize_t expected, str op, str arg, str why) except -1

@@ -8,6 +8,7 @@ argument and the reason.
 
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
                              PyBuffer_Release, PyObject_GetBuffer)
+from libc.stdlib cimport malloc
 cimport numpy as cnp
 
 from pycollect._ext._dtypes cimport *
@@ -160,3 +161,45 @@ def describe(obj, bint writable=False):
     """Return (dtype code, element count, byte count) as the gatekeeper sees ``obj``."""
     cdef Buffer b = as_buffer(obj, "describe", "obj", writable)
     return b.dtype, b.count, b.nbytes
+
+
+cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
+    """A malloc'd array of ``size`` element counts from a Python sequence (caller frees)."""
+    try:
+        values = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
+                      % (size, counts)) from None
+    if len(values) != size:
+        raise _reject(op, arg, "has %d entries; the group has %d ranks" % (len(values), size))
+    for i, c in enumerate(values):
+        if c < 0:
+            raise _reject(op, arg, "has a negative count %d for rank %d" % (c, i))
+    cdef size_t* out = <size_t*>malloc((size + 1) * sizeof(size_t))
+    if out == NULL:
+        raise MemoryError()
+    for i in range(size):
+        out[i] = values[i]
+    return out
+
+
+cdef int check_pair(Buffer send, Buffer recv, str op) except -1:
+    """Refuse a send and a receive buffer of different dtypes."""
+    if send.dtype != recv.dtype:
+        raise InvalidArgument("%s: 'sendbuf' holds %s but 'recvbuf' holds %s"
+                              % (op, DTYPES.get(send.dtype), DTYPES.get(recv.dtype)))
+    return 0
+
+
+cdef int check_count(Buffer b, Py_ssize_t expected, str op, str arg, str why) except -1:
+    """Refuse a buffer whose element count is not ``expected``."""
+    if b.count != expected:
+        raise _reject(op, arg, "holds %d elements but must hold %d (%s)"
+                      % (b.count, expected, why))
+    return 0
+
+
+def check(obj, str op, str arg, bint writable=False):
+    """Validate ``obj`` as the gatekeeper does for ``op``; return (dtype code, element count)."""
+    cdef Buffer b = as_buffer(obj, op, arg, writable)
+    return b.dtype, b.count

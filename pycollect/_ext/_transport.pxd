@@ -22,6 +22,17 @@ cdef enum Collective:
     COLL_BARRIER = 1
     COLL_BROADCAST = 2
     COLL_ALLREDUCE = 3
+    COLL_REDUCE = 4
+    COLL_ALLGATHER = 5
+    COLL_ALLGATHERV = 6
+    COLL_GATHER = 7
+    COLL_GATHERV = 8
+    COLL_SCATTER = 9
+    COLL_SCATTERV = 10
+    COLL_REDUCE_SCATTER = 11
+    COLL_REDUCE_SCATTERV = 12
+    COLL_ALLTOALL = 13
+    COLL_ALLTOALLV = 14
 
 cdef struct OpDesc:
     uint32_t seq        # the context's collective sequence number
@@ -51,8 +62,8 @@ cdef class Transport:
     cdef double timeout_s
     cdef TransportError err
     cdef int failed
-    cdef char* scratch_buf
-    cdef size_t scratch_cap
+    cdef char* scratch_buf[2]
+    cdef size_t scratch_cap[2]
     cdef object interrupt       # a KeyboardInterrupt (or other signal exception) that ended an op
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
@@ -63,6 +74,8 @@ cdef class Transport:
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil
+    cdef char* work_area(self, size_t nbytes) noexcept nogil
+    cdef char* _area(self, int which, size_t nbytes) noexcept nogil
 
 cdef int raise_error(Transport t) except -1
 
@@ -76,3 +89,19 @@ cdef enum Algorithm:
     ALGO_DISSEMINATION = 5
     ALGO_LOCAL = 6
     ALGO_RECURSIVE_DOUBLING = 7
+    ALGO_HALVING_DOUBLING = 8
+    ALGO_BCUBE = 9
+    ALGO_BINOMIAL_REDUCE = 10
+    ALGO_LINEAR = 11
+    ALGO_PAIRWISE = 12
+
+
+cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int redop, int algo,
+                           int root, unsigned long long count) noexcept nogil:
+    d.seq = seq
+    d.coll = coll
+    d.dtype = dtype
+    d.redop = redop
+    d.algo = algo
+    d.root = root
+    d.count = count

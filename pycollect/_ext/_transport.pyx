@@ -8,12 +8,22 @@ from posix.stdlib cimport posix_memalign
 from pycollect.errors import (Aborted, Error, MismatchError, PeerError, Timeout)
 from pycollect.types import DTYPES, ReduceOp
 
-COLLECTIVE_NAMES = {COLL_BARRIER: "barrier", COLL_BROADCAST: "broadcast",
-                    COLL_ALLREDUCE: "allreduce"}
+COLLECTIVE_NAMES = {
+    COLL_BARRIER: "barrier", COLL_BROADCAST: "broadcast", COLL_ALLREDUCE: "allreduce",
+    COLL_REDUCE: "reduce", COLL_ALLGATHER: "allgather", COLL_ALLGATHERV: "allgatherv",
+    COLL_GATHER: "gather", COLL_GATHERV: "gatherv", COLL_SCATTER: "scatter",
+    COLL_SCATTERV: "scatterv", COLL_REDUCE_SCATTER: "reduce_scatter",
+    COLL_REDUCE_SCATTERV: "reduce_scatterv", COLL_ALLTOALL: "alltoall",
+    COLL_ALLTOALLV: "alltoallv"}
+ROOTED = (COLL_BROADCAST, COLL_REDUCE, COLL_GATHER, COLL_GATHERV, COLL_SCATTER, COLL_SCATTERV)
+REDUCING = (COLL_ALLREDUCE, COLL_REDUCE, COLL_REDUCE_SCATTER, COLL_REDUCE_SCATTERV)
 ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_chunked",
                    ALGO_BINOMIAL: "binomial", ALGO_PIPELINED: "pipelined",
                    ALGO_DISSEMINATION: "dissemination", ALGO_LOCAL: "local",
-                   ALGO_RECURSIVE_DOUBLING: "recursive_doubling"}
+                   ALGO_RECURSIVE_DOUBLING: "recursive_doubling",
+                   ALGO_HALVING_DOUBLING: "halving_doubling", ALGO_BCUBE: "bcube",
+                   ALGO_BINOMIAL_REDUCE: "binomial", ALGO_LINEAR: "linear",
+                   ALGO_PAIRWISE: "pairwise"}
 ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
                ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
 
@@ -22,12 +32,12 @@ def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned lon
     """A human description of an operation descriptor, as errors print it."""
     name = COLLECTIVE_NAMES.get(coll, "collective#%d" % coll)
     parts = ["%s x %d" % (DTYPES.get(dtype, "dtype#%d" % dtype), count)]
-    if coll == COLL_ALLREDUCE:
+    if coll in REDUCING:
         try:
             parts.append(ReduceOp(redop).name)
         except ValueError:
             parts.append("op#%d" % redop)
-    if coll == COLL_BROADCAST:
+    if coll in ROOTED:
         parts.append("root %d" % root)
     if algo:
         parts.append(ALGORITHM_NAMES.get(algo, "algorithm#%d" % algo))
@@ -42,16 +52,17 @@ cdef class Transport:
     """Base of every transport: request bookkeeping lives in subclasses."""
 
     def __cinit__(self):
-        self.scratch_buf = NULL
-        self.scratch_cap = 0
+        self.scratch_buf[0] = self.scratch_buf[1] = NULL
+        self.scratch_cap[0] = self.scratch_cap[1] = 0
         self.failed = 0
         memset(&self.err, 0, sizeof(TransportError))
         self.err.peer = -1
         self.err.blamed = -1
 
     def __dealloc__(self):
-        free(self.scratch_buf)
-        self.scratch_buf = NULL
+        free(self.scratch_buf[0])
+        free(self.scratch_buf[1])
+        self.scratch_buf[0] = self.scratch_buf[1] = NULL
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
         return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement begin")
@@ -83,17 +94,24 @@ cdef class Transport:
         return -1
 
     cdef char* scratch(self, size_t nbytes) noexcept nogil:
-        """A reusable 64-byte aligned scratch area of at least nbytes, or NULL."""
+        """A reusable 64-byte aligned area for receives that feed a reduction, or NULL."""
+        return self._area(0, nbytes)
+
+    cdef char* work_area(self, size_t nbytes) noexcept nogil:
+        """A second reusable area, for a working copy of the caller's data, or NULL."""
+        return self._area(1, nbytes)
+
+    cdef char* _area(self, int which, size_t nbytes) noexcept nogil:
         cdef void* p = NULL
-        if nbytes <= self.scratch_cap:
-            return self.scratch_buf
+        if nbytes <= self.scratch_cap[which]:
+            return self.scratch_buf[which]
         if posix_memalign(&p, 64, nbytes) != 0:
             self.set_error(ERR_INTERNAL, -1, "posix_memalign", 0, "out of memory for scratch")
             return NULL
-        free(self.scratch_buf)
-        self.scratch_buf = <char*>p
-        self.scratch_cap = nbytes
-        return self.scratch_buf
+        free(self.scratch_buf[which])
+        self.scratch_buf[which] = <char*>p
+        self.scratch_cap[which] = nbytes
+        return <char*>p
 
     def peer_address(self, int peer):
         """The address of ``peer`` as errors print it."""
