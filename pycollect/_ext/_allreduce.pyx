@@ -8,6 +8,16 @@ hold the same bits.  Finally rank i hands the result back to rank P2 + i.
 log2(P2) exchanges (+2 hops when size is not a power of two), each one
 message each way: at 2 ranks a single simultaneous swap.
 
+Halving-doubling (Rabenseifner; bandwidth-optimal in log steps): after the
+same fold as above, rank r halves its working range log2(P2) times, each time
+keeping one half and swapping the other with partner r ^ mask (mask from
+P2/2 down to 1) and reducing what it receives: a reduce-scatter in log2(P2)
+steps that moves (P2-1)/P2 of the buffer.  Then the ranges double back
+(mask from 1 up to P2/2), each rank swapping everything it holds, until all
+hold everything; the extra ranks get the result last.  Every element is
+reduced along one tree, lower rank's operand first, so all ranks hold the
+same bits.
+
 ``ring`` and ``ring_chunked`` run the ring's reduce-scatter and allgather
 (see _ring.pyx).  Every chunk is reduced along one chain and then copied, so
 all ranks end with the same bits even for floating-point sums.  ``ring``
@@ -25,7 +35,8 @@ from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
 
-ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING, "ring": ALGO_RING,
+ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
+              "halving_doubling": ALGO_HALVING_DOUBLING, "ring": ALGO_RING,
               "ring_chunked": ALGO_RING_CHUNKED}
 
 cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
@@ -72,6 +83,83 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
     return 0
 
 
+cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
+                                    int op) noexcept nogil:
+    """Allreduce in place: recursive-halving reduce-scatter, recursive-doubling allgather."""
+    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner, steps = 0, k
+    cdef size_t lo = 0, hi = n, mid, keep_lo, keep_hi, give_lo, give_hi
+    cdef size_t los[32]
+    cdef size_t his[32]
+    cdef char* other
+    if P > 1 and n > 0:
+        while p2 * 2 <= P:
+            p2 *= 2
+        other = t.scratch(n * es)
+        if other == NULL:
+            return -1
+        if r >= p2:
+            if t.post_send(r - p2, buf, n * es) < 0:
+                return -1
+            if t.wait(t.post_recv(r - p2, buf, n * es)) < 0:
+                return -1
+        else:
+            if r + p2 < P:
+                if t.wait(t.post_recv(r + p2, other, n * es)) < 0:
+                    return -1
+                reduce_into(buf, buf, other, n, dtype, op)
+            # Reduce-scatter: halve the range, keeping the half on our side of mask.
+            mask = p2 >> 1
+            while mask > 0:
+                partner = r ^ mask
+                mid = lo + (hi - lo) // 2
+                if r < partner:
+                    keep_lo, keep_hi, give_lo, give_hi = lo, mid, mid, hi
+                else:
+                    keep_lo, keep_hi, give_lo, give_hi = mid, hi, lo, mid
+                if t.post_send(partner, buf + give_lo * es, (give_hi - give_lo) * es) < 0:
+                    return -1
+                if t.post_recv(partner, other + keep_lo * es, (keep_hi - keep_lo) * es) < 0:
+                    return -1
+                if t.wait_all() < 0:
+                    return -1
+                if r < partner:
+                    reduce_into(buf + keep_lo * es, buf + keep_lo * es, other + keep_lo * es,
+                                keep_hi - keep_lo, dtype, op)
+                else:
+                    reduce_into(buf + keep_lo * es, other + keep_lo * es, buf + keep_lo * es,
+                                keep_hi - keep_lo, dtype, op)
+                los[steps] = lo
+                his[steps] = hi
+                steps += 1
+                lo, hi = keep_lo, keep_hi
+                mask >>= 1
+            # Allgather: retrace the halvings, swapping what each side holds.
+            mask = 1
+            k = steps - 1
+            while mask < p2:
+                partner = r ^ mask
+                if t.post_send(partner, buf + lo * es, (hi - lo) * es) < 0:
+                    return -1
+                if lo == los[k]:
+                    give_lo, give_hi = hi, his[k]
+                else:
+                    give_lo, give_hi = los[k], lo
+                if t.post_recv(partner, buf + give_lo * es, (give_hi - give_lo) * es) < 0:
+                    return -1
+                if t.wait_all() < 0:
+                    return -1
+                lo, hi = los[k], his[k]
+                k -= 1
+                mask <<= 1
+            if r + p2 < P and t.post_send(r + p2, buf, n * es) < 0:
+                return -1
+            if t.wait_all() < 0:
+                return -1
+    if op == OP_AVG and P > 1:
+        divide_by(buf, n, dtype, P)
+    return 0
+
+
 cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                         size_t seg, int window) noexcept nogil:
     """Allreduce in place over the ring; seg is the segment length in elements."""
@@ -110,7 +198,7 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef size_t n = b.count
     cdef size_t seg
     cdef int window, rc
-    if algo == ALGO_RECURSIVE_DOUBLING:
+    if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING:
         seg = 0
         window = 0
     elif algo == ALGO_RING:
@@ -126,6 +214,8 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
         if rc == 0:
             if algo == ALGO_RECURSIVE_DOUBLING:
                 rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
+            elif algo == ALGO_HALVING_DOUBLING:
+                rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
             else:
                 rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
     if rc < 0:
