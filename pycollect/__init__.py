@@ -8,7 +8,7 @@
 from .errors import (Aborted, Error, InvalidArgument, MismatchError, PeerError,
                      PluginError, StoreError, Timeout)
 from .types import ReduceOp
-from .context import Context
+from .context import ANY_SOURCE, ANY_TAG, Context
 from .work import Work
 from .plugins.store import PrefixStore, Store
 from .plugins.hash_store import HashStore
@@ -29,7 +29,7 @@ BXOR = ReduceOp.BXOR
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "Work", "DEFAULT_TIMEOUT",
+    "init", "Context", "Work", "DEFAULT_TIMEOUT", "ANY_SOURCE", "ANY_TAG",
     "ReduceOp", "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
     "Store", "PrefixStore", "HashStore", "FileStore", "TCPStore", "TCPStoreServer", "plugins",
     "Error", "InvalidArgument", "PeerError", "Timeout", "MismatchError", "Aborted",

@@ -13,17 +13,23 @@ and a blocking call made while some are queued waits its turn.
 import logging
 import pickle
 import threading
+import zlib
 
 import numpy as np
 
-from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer,
+from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer, _p2p,
                    _reduce_scatter, _rooted)
+from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Error, InvalidArgument
 from .types import ReduceOp
-from .work import Runner, Work
+from .work import Later, Runner, Work
 
-__all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS"]
+__all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS",
+           "ANY_SOURCE", "ANY_TAG"]
+
+ANY_SOURCE = _p2p.ANY_SOURCE
+ANY_TAG = _p2p.ANY_TAG
 
 log = logging.getLogger("pycollect")
 
@@ -43,7 +49,7 @@ class Context:
     """A connected group of ``size`` ranks, seen from ``rank``."""
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,
-                 on_close=(), debug=False):
+                 on_close=(), debug=False, lock=None, group_id=0):
         self._rank = rank
         self._size = size
         self._transport = transport
@@ -52,7 +58,9 @@ class Context:
         if self._segment_bytes < 1:
             raise InvalidArgument("segment_bytes must be >= 1, got %r" % segment_bytes)
         self._seq = 0
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()     # shared with sub-groups
+        self._group_id = group_id
+        self._groups_made = 0
         self._failure = None
         self._closed = False
         self._on_close = list(on_close)
@@ -226,6 +234,77 @@ class Context:
             return self._finished(bufs, async_op)
         return self._submit("allreduce_coalesced", run, bufs, async_op, span=len(groups))
 
+    # -- point to point --------------------------------------------------
+
+    def send(self, buf, dst, tag=0, async_op=False):
+        """Send ``buf`` to rank ``dst``; a rank receives another's messages in send order."""
+        dst = self._check_peer(dst, "send", "dst")
+        tag = self._check_tag(tag, "send", allow_any=False)
+        t, tmo = self._transport, self._timeout
+        return self._submit("send", lambda seq: _p2p.send(t, buf, dst, tag, tmo), None,
+                            async_op, span=0)
+
+    def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False):
+        """Receive a message (at most ``buf``'s size) into ``buf``; return the source rank.
+
+        With ``async_op=True`` the Work's result is (source rank, element count).
+        """
+        if src != ANY_SOURCE:
+            src = self._check_peer(src, "recv", "src")
+        tag = self._check_tag(tag, "recv", allow_any=True)
+        t, tmo = self._transport, self._timeout
+        got = Later()
+
+        def run(seq):
+            got.value = _p2p.recv(t, buf, src, tag, tmo)
+            return None
+
+        if async_op:
+            return self._submit("recv", run, got, True, span=0)
+        self._submit("recv", run, None, False, span=0)
+        return got.value[0]
+
+    # -- sub-groups -------------------------------------------------------
+
+    def split(self, color, key=0):
+        """MPI_Comm_split: ranks with the same ``color`` form a group ordered by (key, rank).
+
+        Every rank calls it; a rank passing ``color=None`` (or a negative color)
+        gets None.  The group reuses this context's connections.
+        """
+        mine = -1 if color is None else int(color)
+        table = self.allgather(np.array([mine, int(key)], np.int64)).reshape(self._size, 2)
+        number = self._groups_made
+        self._groups_made += 1
+        if mine < 0:
+            return None
+        members = sorted((r for r in range(self._size) if table[r, 0] == mine),
+                         key=lambda r: (table[r, 1], r))
+        return self._group(members, ("split", number, mine))
+
+    def new_group(self, ranks):
+        """A group of ``ranks`` (group rank i is ``ranks[i]``); None on ranks outside it.
+
+        Every rank of this context calls it, with the same list, in the same order
+        as its other new_group and split calls.
+        """
+        members = [self._check_rank(r, "new_group") for r in ranks]
+        if len(set(members)) != len(members) or not members:
+            raise InvalidArgument("new_group: ranks must be distinct and non-empty, got %r"
+                                  % (list(ranks),))
+        number = self._groups_made
+        self._groups_made += 1
+        if self._rank not in members:
+            return None
+        return self._group(members, ("new_group", number, tuple(members)))
+
+    def _group(self, members, recipe):
+        gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
+        transport = GroupTransport(self._transport, members, gid)
+        return Context(members.index(self._rank), len(members), transport,
+                       timeout=self._timeout, segment_bytes=self._segment_bytes,
+                       debug=self._debug, lock=self._lock, group_id=gid)
+
     # -- object collectives (pickle: only with trusted peers) -------------
 
     def broadcast_object(self, obj=None, root=0):
@@ -355,21 +434,35 @@ class Context:
             except Error as exc:
                 if self._transport.is_failed:
                     self._failure = exc
-                    self._seq = (seq + span - 1) & 0xFFFFFFFF
                 raise
-            self._seq = (seq + span - 1) & 0xFFFFFFFF
+            self._seq = (self._seq + span) & 0xFFFFFFFF
         name = ALGORITHM_NAMES.get(algo) or None
         if self._debug:
             log.debug("rank %d: collective #%d ran %s", self._rank, self._seq,
                       name or "its only algorithm")
         return name
 
-    def _check_root(self, root, what):
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool) \
-                or not 0 <= root < self._size:
-            raise InvalidArgument("%s: root %r is not a rank of this group (0..%d)"
-                                  % (what, root, self._size - 1))
-        return int(root)
+    def _check_rank(self, rank, what, arg="root"):
+        if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) \
+                or not 0 <= rank < self._size:
+            raise InvalidArgument("%s: %s %r is not a rank of this group (0..%d)"
+                                  % (what, arg, rank, self._size - 1))
+        return int(rank)
+
+    _check_root = _check_rank
+
+    def _check_peer(self, peer, what, arg):
+        peer = self._check_rank(peer, what, arg)
+        if peer == self._rank:
+            raise InvalidArgument("%s: %s %d is this rank itself" % (what, arg, peer))
+        return peer
+
+    def _check_tag(self, tag, what, allow_any):
+        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) \
+                or not (0 <= tag < 2 ** 31 or allow_any and tag == ANY_TAG):
+            raise InvalidArgument("%s: tag %r must be an int in 0..2**31-1%s"
+                                  % (what, tag, " or ANY_TAG" if allow_any else ""))
+        return int(tag)
 
     def _check_op(self, op, what):
         if type(op) is ReduceOp:

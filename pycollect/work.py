@@ -5,7 +5,16 @@ import threading
 
 from .errors import Error, Timeout
 
-__all__ = ["Work"]
+__all__ = ["Work", "Later"]
+
+
+class Later:
+    """A result that the operation itself produces (a receive's source and count)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = None
 
 
 class Work:
@@ -30,7 +39,7 @@ class Work:
             raise Timeout("%s did not complete within %g s" % (self.description, timeout))
         if self._exception is not None:
             raise self._exception
-        return self._result
+        return self.result()
 
     def is_completed(self):
         """True once the operation has ended, successfully or not."""
@@ -42,7 +51,8 @@ class Work:
 
     def result(self):
         """The operation's output (the same object wait() returns), once completed."""
-        return self._result
+        r = self._result
+        return r.value if isinstance(r, Later) else r
 
     def __repr__(self):
         state = ("failed" if self._exception else "done") if self._done.is_set() else "pending"

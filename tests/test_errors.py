@@ -134,7 +134,7 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
 
 def test_disagreeing_collectives_that_exchange_nothing():
     """Rank 2 waits on rank 0 and rank 0 on rank 2: no message can reveal the
-    disagreement, so both time out naming each other, within the deadline."""
+    disagreement, so they fail at the deadline, naming each other."""
     g = ThreadGroup(3, timeout=2)
 
     def body(ctx):
@@ -147,8 +147,10 @@ def test_disagreeing_collectives_that_exchange_nothing():
         t0 = time.monotonic()
         results = g.outcomes(body, timeout=30)
         assert time.monotonic() - t0 < 8
-        assert isinstance(results[0], pc.Timeout) and "rank 2" in str(results[0])
-        assert isinstance(results[2], pc.Error) and "rank 0" in str(results[2])
+        # Whichever times out first tells the other, which then raises PeerError.
+        for me, other in ((0, 2), (2, 0)):
+            assert isinstance(results[me], (pc.Timeout, pc.PeerError)), results[me]
+            assert "rank %d" % other in str(results[me])
     finally:
         g.close()
 

@@ -187,13 +187,7 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef OpDesc d
-    d.seq = seq
-    d.coll = COLL_ALLREDUCE
-    d.dtype = b.dtype
-    d.redop = op
-    d.algo = algo
-    d.root = 0
-    d.count = b.count
+    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
     cdef size_t es = b.itemsize
     cdef size_t n = b.count
     cdef size_t seg

@@ -25,13 +25,7 @@ cdef int dissemination_barrier(Transport t) noexcept nogil:
 def barrier(Transport t, unsigned int seq, double timeout):
     """Return once every rank of ``t`` has entered the barrier (one nogil call)."""
     cdef OpDesc d
-    d.seq = seq
-    d.coll = COLL_BARRIER
-    d.dtype = 0
-    d.redop = 0
-    d.algo = ALGO_DISSEMINATION
-    d.root = 0
-    d.count = 0
+    fill_desc(&d, seq, COLL_BARRIER, 0, 0, ALGO_DISSEMINATION, 0, 0)
     cdef int rc
     with nogil:
         rc = t.begin(&d, timeout)

@@ -79,13 +79,7 @@ def broadcast(Transport t, object buf, int root, int algo, unsigned int seq, dou
     """Copy root's ``buf`` into every rank's ``buf`` (one nogil call); return the algorithm code."""
     cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
     cdef OpDesc d
-    d.seq = seq
-    d.coll = COLL_BROADCAST
-    d.dtype = b.dtype
-    d.redop = 0
-    d.algo = algo
-    d.root = root
-    d.count = b.count
+    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, algo, root, b.count)
     cdef size_t nbytes = b.nbytes
     cdef size_t seg = segment_bytes if segment_bytes > 0 else 1
     cdef int rc

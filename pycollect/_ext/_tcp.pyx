@@ -110,7 +110,7 @@ cdef packed struct MsgHeader:
     uint8_t redop
     uint8_t algo
     int32_t root
-    uint32_t kind       # abort frames: the sender's error kind
+    uint32_t kind       # data frames: the context (group) id; abort frames: the error kind
     uint64_t count
     uint64_t nbytes
 
@@ -138,7 +138,7 @@ cdef struct Pair:
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
-    return (h.coll == d.coll and h.dtype == d.dtype and h.redop == d.redop
+    return (h.kind == d.context and h.coll == d.coll and h.dtype == d.dtype and h.redop == d.redop
             and h.algo == d.algo and h.root == d.root and h.count == d.count)
 
 
@@ -322,6 +322,73 @@ cdef class TcpTransport(Transport):
     cdef int wait_all(self) noexcept nogil:
         return self._progress(-1)
 
+    cdef int probe(self, int peer, Probe* out) noexcept nogil:
+        """Wait for a point-to-point message of this context at the head of ``peer``'s
+        stream (-1: of any peer's); describe it in ``out`` without consuming it."""
+        cdef int p, n, first, last, k, rc
+        cdef int64_t now, spin_end = pc_now_ns() + self.spin_ns
+        cdef Pair* pr
+        cdef uint64_t drained
+        cdef MsgHeader h
+        first = 0 if peer < 0 else peer
+        last = self.size - 1 if peer < 0 else peer
+        while True:
+            if self.failed:
+                return -1
+            if pc_atomic_load(&self.abort_flag):
+                return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            k = 1
+            for p in range(first, last + 1):
+                pr = &self.pairs[p]
+                if p == self.rank or pr.fd < 0 or (peer < 0 and (pr.data_waiting or pr.eof)):
+                    continue
+                n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+                if n == HDR_BYTES and h.magic == MAGIC_DATA and h.coll == COLL_P2P \
+                        and h.kind == self.op.context and (self.op.root < 0 or
+                                                           h.root == self.op.root):
+                    out.peer = p
+                    out.nbytes = h.nbytes
+                    out.desc.context = h.kind
+                    out.desc.seq = h.seq
+                    out.desc.coll = h.coll
+                    out.desc.dtype = h.dtype
+                    out.desc.redop = h.redop
+                    out.desc.algo = h.algo
+                    out.desc.root = h.root
+                    out.desc.count = h.count
+                    return p
+                if n == HDR_BYTES and h.magic == MAGIC_DATA and peer < 0:
+                    pr.data_waiting = 1     # the head is for another operation
+                    continue
+                if n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
+                    # A mismatch, an abort frame, or end of stream: let the
+                    # receive path name it.
+                    rc = self.post_recv(p, NULL, 0)
+                    if rc < 0 or self._do_recv(p) < 0:
+                        return -1
+                    return self.set_error(ERR_INTERNAL, p, "", 0, "probe lost its message")
+                self.pfds[k].fd = pr.fd
+                self.pfds[k].events = POLLIN
+                self.pfds[k].revents = 0
+                k += 1
+            now = pc_now_ns()
+            if now >= self.deadline_ns:
+                return self.set_error(ERR_TIMEOUT, peer, "", 0,
+                                      "waiting for a message" if peer >= 0 else
+                                      "waiting for a message from any rank")
+            if now < spin_end:
+                if self.yield_spin:
+                    sched_yield()
+                continue
+            if self._signalled():
+                return -1
+            self.pfds[0].fd = self.wake_fd
+            self.pfds[0].events = POLLIN
+            self.pfds[0].revents = 0
+            n = (self.deadline_ns - now) // 1000000 + 1
+            if poll(self.pfds, k, n if n < 1000 else 1000) > 0 and self.pfds[0].revents:
+                c_read(self.wake_fd, &drained, 8)
+
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
         if self.failed:
@@ -333,6 +400,7 @@ cdef class TcpTransport(Transport):
     # -- the engine -----------------------------------------------------
 
     cdef inline void _fill_desc(self, MsgHeader* h) noexcept nogil:
+        h.kind = self.op.context
         h.seq = self.op.seq
         h.coll = self.op.coll
         h.dtype = self.op.dtype
@@ -452,6 +520,7 @@ cdef class TcpTransport(Transport):
     cdef void _note_theirs(self, const MsgHeader* h) noexcept nogil:
         if self.failed:
             return
+        self.err.theirs.context = h.kind if h.magic == MAGIC_DATA else self.op.context
         self.err.theirs.seq = h.seq
         self.err.theirs.coll = h.coll
         self.err.theirs.dtype = h.dtype
@@ -538,10 +607,12 @@ cdef class TcpTransport(Transport):
             return 0
         if h.magic == MAGIC_DATA:
             # An early message is normal when the peer is ahead (a later
-            # collective).  One of this collective that no receive here will
-            # ever match, or one of an earlier collective, means disagreement.
-            if n == HDR_BYTES and (<int32_t>(h.seq - self.op.seq) < 0 or (
-                    h.seq == self.op.seq and not _same_op(&h, &self.op))):
+            # collective, or another group's).  One of this collective that no
+            # receive here will ever match, or one of an earlier collective of
+            # this group, means disagreement.
+            if n == HDR_BYTES and h.kind == self.op.context and (
+                    <int32_t>(h.seq - self.op.seq) < 0 or (
+                        h.seq == self.op.seq and not _same_op(&h, &self.op))):
                 self._note_theirs(&h)
                 return self.set_error(ERR_MISMATCH, peer, "", 0, "")
             pr.data_waiting = 1

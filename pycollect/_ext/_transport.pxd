@@ -33,8 +33,10 @@ cdef enum Collective:
     COLL_REDUCE_SCATTERV = 12
     COLL_ALLTOALL = 13
     COLL_ALLTOALLV = 14
+    COLL_P2P = 15
 
 cdef struct OpDesc:
+    uint32_t context    # the group: 0 for a top-level context, a derived id for sub-groups
     uint32_t seq        # the context's collective sequence number
     uint8_t coll
     uint8_t dtype
@@ -54,6 +56,11 @@ cdef struct TransportError:
     OpDesc theirs       # the peer's descriptor (mismatch, reported errors)
     int has_theirs
 
+cdef struct Probe:
+    int peer            # who sent the message
+    uint64_t nbytes     # its payload size
+    OpDesc desc         # its descriptor
+
 cdef class Transport:
     cdef readonly int rank
     cdef readonly int size
@@ -71,11 +78,13 @@ cdef class Transport:
     cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil
     cdef int wait(self, int req) noexcept nogil
     cdef int wait_all(self) noexcept nogil
+    cdef int probe(self, int peer, Probe* out) noexcept nogil
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil
     cdef char* work_area(self, size_t nbytes) noexcept nogil
     cdef char* _area(self, int which, size_t nbytes) noexcept nogil
+    cdef void copy_error(self, Transport src) noexcept nogil
 
 cdef int raise_error(Transport t) except -1
 
@@ -98,6 +107,7 @@ cdef enum Algorithm:
 
 cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int redop, int algo,
                            int root, unsigned long long count) noexcept nogil:
+    d.context = 0
     d.seq = seq
     d.coll = coll
     d.dtype = dtype

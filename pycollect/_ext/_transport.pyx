@@ -14,7 +14,7 @@ COLLECTIVE_NAMES = {
     COLL_GATHER: "gather", COLL_GATHERV: "gatherv", COLL_SCATTER: "scatter",
     COLL_SCATTERV: "scatterv", COLL_REDUCE_SCATTER: "reduce_scatter",
     COLL_REDUCE_SCATTERV: "reduce_scatterv", COLL_ALLTOALL: "alltoall",
-    COLL_ALLTOALLV: "alltoallv"}
+    COLL_ALLTOALLV: "alltoallv", COLL_P2P: "send/recv"}
 ROOTED = (COLL_BROADCAST, COLL_REDUCE, COLL_GATHER, COLL_GATHERV, COLL_SCATTER, COLL_SCATTERV)
 REDUCING = (COLL_ALLREDUCE, COLL_REDUCE, COLL_REDUCE_SCATTER, COLL_REDUCE_SCATTERV)
 ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_chunked",
@@ -45,7 +45,13 @@ def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned lon
 
 
 cdef str _desc(const OpDesc* d):
-    return "%s #%d" % (describe_op(d.coll, d.dtype, d.redop, d.algo, d.root, d.count), d.seq)
+    if d.coll == COLL_P2P:
+        text = "send/recv(%s x %d, tag %d)" % (DTYPES.get(d.dtype, "?"), d.count, d.root)
+    else:
+        text = "%s #%d" % (describe_op(d.coll, d.dtype, d.redop, d.algo, d.root, d.count), d.seq)
+    if d.context:
+        text += " in group %08x" % d.context
+    return text
 
 
 cdef class Transport:
@@ -78,6 +84,15 @@ cdef class Transport:
 
     cdef int wait_all(self) noexcept nogil:
         return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement wait")
+
+    cdef int probe(self, int peer, Probe* out) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement probe")
+
+    cdef void copy_error(self, Transport src) noexcept nogil:
+        """Adopt ``src``'s recorded error (a sub-group reporting its parent's failure)."""
+        if not self.failed and src.failed:
+            self.err = src.err
+            self.failed = 1
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
@@ -134,7 +149,7 @@ cdef int raise_error(Transport t) except -1:
         raise exc
     me = "rank %d" % t.rank
     what = _desc(&e.mine)
-    peer = ""
+    peer = "a peer"
     if e.peer >= 0:
         peer = "rank %d (%s)" % (e.peer, t.peer_address(e.peer))
     detail = e.detail.decode("utf-8", "replace")

@@ -172,7 +172,8 @@ class _Mesh:
                                if p != self.rank and self.socks[p] is None]
                     raise Timeout("rank %d: connecting the TCP mesh timed out; no connection "
                                   "with rank(s) %s (%s)" % (self.rank, missing, ", ".join(
-                                      addrs[p] for p in missing)))
+                                      _format_addr(addrs[p]["host"], addrs[p]["port"])
+                                      for p in missing)))
                 for key, events in self.sel.select(timeout=min(left, 0.5)):
                     kind, state = key.data
                     if kind == "listen":

@@ -1,0 +1,117 @@
+"""Sub-groups: a transport that is a subset of another transport's ranks.
+
+A GroupTransport renumbers its members 0..n-1 and sends over its parent's
+connections (no new sockets).  Every message it sends carries the group's
+context id, so traffic of different groups, or of a group and its parent,
+can never be taken for one another: a receive that meets another group's
+message fails with MismatchError instead of corrupting data.  Operations on
+a group and its parent share one lock and run one at a time.
+"""
+
+from libc.stdlib cimport calloc, free
+
+from pycollect._ext._transport cimport *
+
+
+cdef class GroupTransport(Transport):
+    """The members ``members`` (parent ranks, in group-rank order) of ``parent``."""
+
+    cdef Transport parent
+    cdef int* members
+    cdef int* index
+    cdef uint32_t gid
+
+    def __cinit__(self):
+        self.members = NULL
+        self.index = NULL
+
+    def __init__(self, Transport parent, members, unsigned int gid):
+        cdef int i, p
+        if parent.rank not in members:
+            raise ValueError("GroupTransport: this rank is not a member")
+        self.parent = parent
+        self.gid = gid
+        self.size = len(members)
+        self.rank = list(members).index(parent.rank)
+        self.members = <int*>calloc(self.size, sizeof(int))
+        self.index = <int*>calloc(parent.size, sizeof(int))
+        if self.members == NULL or self.index == NULL:
+            raise MemoryError()
+        for p in range(parent.size):
+            self.index[p] = -1
+        for i, p in enumerate(members):
+            self.members[i] = p
+            self.index[p] = i
+
+    def __dealloc__(self):
+        free(self.members)
+        free(self.index)
+
+    cdef int _mirror(self, int rc) noexcept nogil:
+        """Adopt the parent's error after a failed call, peers renumbered into the group."""
+        if rc < 0:
+            self.copy_error(self.parent)
+            if 0 <= self.err.peer < self.parent.size:
+                self.err.peer = self.index[self.err.peer]
+        return rc
+
+    cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
+        self.op = op[0]
+        self.op.context = self.gid
+        self.timeout_s = timeout_s
+        if self.failed:
+            return -1
+        return self._mirror(self.parent.begin(&self.op, timeout_s))
+
+    cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self._mirror(self.parent.post_send(self.members[peer], buf, nbytes))
+
+    cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil:
+        return self._mirror(self.parent.post_recv(self.members[peer], buf, nbytes))
+
+    cdef int wait(self, int req) noexcept nogil:
+        return self._mirror(self.parent.wait(req))
+
+    cdef int wait_all(self) noexcept nogil:
+        return self._mirror(self.parent.wait_all())
+
+    cdef int probe(self, int peer, Probe* out) noexcept nogil:
+        cdef int rc = self._mirror(self.parent.probe(
+            self.members[peer] if peer >= 0 else -1, out))
+        if rc >= 0:
+            out.peer = self.index[rc]
+            rc = out.peer
+        return rc
+
+    cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
+                       const char* detail) noexcept nogil:
+        if not self.parent.failed:
+            self.parent.err.theirs = self.err.theirs
+            self.parent.err.has_theirs = self.err.has_theirs
+        self.parent.set_error(kind, self.members[peer] if 0 <= peer < self.size else -1,
+                              syscall, errnum, detail)
+        return self._mirror(-1)
+
+    def peer_address(self, int peer):
+        if 0 <= peer < self.size:
+            return "global rank %d, %s" % (self.members[peer],
+                                           self.parent.peer_address(self.members[peer]))
+        return "?"
+
+    @property
+    def is_failed(self):
+        return bool(self.failed or self.parent.failed)
+
+    @property
+    def members_in_parent(self):
+        """The parent ranks of the members, in group-rank order."""
+        return [self.members[i] for i in range(self.size)]
+
+    def abort(self):
+        """Abort the shared connections (the parent and every group on them)."""
+        self.parent.abort()
+
+    def close(self):
+        """A group owns no sockets: closing it only ends its own use."""
+        with nogil:
+            Transport.set_error(self, ERR_INTERNAL, -1, "", 0, "the group is closed")

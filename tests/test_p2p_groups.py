@@ -1,0 +1,183 @@
+"""Tagged send/recv (Gloo's patterns) and sub-groups over the parent's connections."""
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+
+
+@pytest.fixture(scope="module")
+def quad():
+    g = ThreadGroup(4, timeout=20)
+    yield g
+    g.close()
+
+
+def test_all_to_all_by_send_and_recv(quad):
+    """Every rank sends to every other (lower ranks first), then receives from each."""
+    def body(ctx):
+        r, n = ctx.rank, ctx.size
+        for d in range(n):
+            if d != r:
+                ctx.send(np.full(100, r * 10 + d, np.int32), d, tag=7)
+        got = {}
+        for s in range(n):
+            if s != r:
+                buf = np.zeros(100, np.int32)
+                assert ctx.recv(buf, src=s, tag=7) == s
+                got[s] = int(buf[0])
+        return got
+    for r, got in enumerate(quad.run(body)):
+        assert got == {s: s * 10 + r for s in range(4) if s != r}
+
+
+def test_receive_from_any_source(quad):
+    def body(ctx):
+        if ctx.rank == 0:
+            seen = []
+            for _ in range(3):
+                buf = np.zeros(4)
+                src = ctx.recv(buf, tag=3)
+                assert np.all(buf == src)
+                seen.append(src)
+            return sorted(seen)
+        ctx.send(np.full(4, float(ctx.rank)), 0, tag=3)
+    assert quad.run(body)[0] == [1, 2, 3]
+
+
+def test_zero_byte_and_smaller_messages(quad):
+    def body(ctx):
+        if ctx.rank == 1:
+            ctx.send(np.zeros(0, np.float32), 2, tag=0)
+            ctx.send(np.arange(3, dtype=np.float32), 2, tag=1)
+        elif ctx.rank == 2:
+            empty = np.zeros(0, np.float32)
+            assert ctx.recv(empty, src=1, tag=0) == 1
+            big = np.full(10, -1, np.float32)
+            work = ctx.recv(big, src=1, tag=1, async_op=True)
+            assert work.wait(timeout=10) == (1, 3)
+            assert np.array_equal(big[:3], [0, 1, 2]) and np.all(big[3:] == -1)
+        ctx.barrier()
+    quad.run(body)
+
+
+def test_many_in_flight(quad):
+    """Several async sends and receives outstanding at once complete in issue order."""
+    def body(ctx):
+        peer = ctx.rank ^ 1
+        outs = [np.full(1000, ctx.rank * 100 + i, np.int64) for i in range(16)]
+        ins = [np.zeros(1000, np.int64) for _ in range(16)]
+        works = []
+        for i in range(16):
+            works.append(ctx.send(outs[i], peer, tag=i, async_op=True))
+            works.append(ctx.recv(ins[i], src=peer, tag=i, async_op=True))
+        for w in works:
+            w.wait(timeout=20)
+        return [int(x[0]) for x in ins]
+    for r, firsts in enumerate(quad.run(body)):
+        assert firsts == [(r ^ 1) * 100 + i for i in range(16)]
+
+
+def test_a_wrong_tag_is_a_mismatch():
+    g = ThreadGroup(2, timeout=10)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.zeros(3), 1, tag=1)
+            else:
+                ctx.recv(np.zeros(3), src=0, tag=2)
+        res = g.outcomes(body)
+        assert isinstance(res[1], pc.MismatchError) and "tag 1" in str(res[1]), res[1]
+    finally:
+        g.close()
+
+
+def test_a_message_larger_than_the_buffer_is_refused():
+    g = ThreadGroup(2, timeout=10)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.zeros(30), 1)
+            else:
+                ctx.recv(np.zeros(3), src=0)
+        assert isinstance(g.outcomes(body)[1], pc.MismatchError)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda ctx: ctx.send(np.zeros(2), ctx.rank), "itself"),
+    (lambda ctx: ctx.send(np.zeros(2), 9), "not a rank"),
+    (lambda ctx: ctx.recv(np.zeros(2), src=-5), "not a rank"),
+    (lambda ctx: ctx.send(np.zeros(2), (ctx.rank + 1) % 4, tag=-1), "tag"),
+    (lambda ctx: ctx.recv(b"ro", src=(ctx.rank + 1) % 4), "read-only"),
+    (lambda ctx: ctx.new_group([0, 0]), "distinct"),
+])
+def test_p2p_bad_arguments(quad, call, words):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match=words):
+            call(ctx)
+        ctx.barrier()
+    quad.run(body)
+
+
+def test_split_like_mpi(quad):
+    def body(ctx):
+        sub = ctx.split(ctx.rank % 2, key=-ctx.rank)     # reversed order inside a color
+        total = sub.allreduce(np.array([ctx.rank + 1.0]))
+        seen = sub.allgather(np.array([ctx.rank]))
+        none = ctx.split(None if ctx.rank == 0 else 1)
+        return sub.rank, sub.size, float(total[0]), seen.reshape(-1).tolist(), none
+    res = quad.run(body)
+    assert res[0][:4] == (1, 2, 4.0, [2, 0]) and res[2][:4] == (0, 2, 4.0, [2, 0])
+    assert res[1][:4] == (1, 2, 6.0, [3, 1]) and res[3][:4] == (0, 2, 6.0, [3, 1])
+    assert res[0][4] is None and all(r[4] is not None for r in res[1:])
+
+
+def test_groups_and_parent_interleave_without_mixing(quad):
+    """Collectives alternate between two overlapping groups and the parent."""
+    def body(ctx):
+        low = ctx.new_group([0, 1, 2])
+        high = ctx.new_group([3, 2, 1])
+        out = []
+        for i in range(5):
+            if low is not None:
+                out.append(("low", float(low.allreduce(np.array([1.0 * i]))[0])))
+            if high is not None:
+                out.append(("high", float(high.allreduce(np.array([2.0 * i]))[0])))
+            out.append(("all", float(ctx.allreduce(np.array([1.0]))[0])))
+        return out, (high.rank if high else None)
+    res = quad.run(body)
+    assert res[1][1] == 2 and res[3][1] == 0       # group rank follows the list order
+    for r, (out, _) in enumerate(res):
+        for i in range(5):
+            if r <= 2:
+                assert ("low", 3.0 * i) in out
+            if r >= 1:
+                assert ("high", 6.0 * i) in out
+        assert out.count(("all", 4.0)) == 5
+
+
+def test_a_group_collective_that_meets_the_parent_is_a_mismatch():
+    g = ThreadGroup(2, timeout=10)
+    try:
+        subs = g.run(lambda ctx: ctx.new_group([0, 1]))
+        def body(ctx):
+            if ctx.rank == 0:
+                subs[0].allreduce(np.ones(5))
+            else:
+                ctx.allreduce(np.ones(5))
+        res = g.outcomes(body)
+        assert all(isinstance(x, pc.MismatchError) for x in res), res
+        assert "group" in str(res[0]) or "group" in str(res[1])
+    finally:
+        g.close()
+
+
+def test_sub_groups_open_no_sockets(quad):
+    import os
+    before = len(os.listdir("/proc/self/fd"))
+    groups = quad.run(lambda ctx: ctx.split(0))
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert [s.size for s in groups] == [4] * 4
