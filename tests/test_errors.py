@@ -147,7 +147,8 @@ def test_disagreeing_collectives_that_exchange_nothing():
         t0 = time.monotonic()
         results = g.outcomes(body, timeout=30)
         assert time.monotonic() - t0 < 8
-        # Whichever times out first tells the other, which then raises PeerError.
+        # Whichever times out first tells the others (directly or relayed by
+        # rank 1), which then raise PeerError naming it.
         for me, other in ((0, 2), (2, 0)):
             assert isinstance(results[me], (pc.Timeout, pc.PeerError)), results[me]
             assert "rank %d" % other in str(results[me])

@@ -419,9 +419,15 @@ cdef class TcpTransport(Transport):
         memset(&h, 0, sizeof(h))
         h.magic = MAGIC_ABORT
         self._fill_desc(&h)
-        h.kind = self.err.kind
-        # Abort frames carry no payload: their byte count names the rank the
-        # sender blames, plus one (0: none).
+        # An abort frame carries the failure as first seen: the kind, the rank
+        # that failed first (in msgno, plus one) and the rank it blamed (in
+        # nbytes, plus one; 0: none), so a relayed failure keeps its origin.
+        if self.err.origin >= 0:
+            h.kind = self.err.origin_kind
+            h.msgno = <uint32_t>(self.err.origin + 1)
+        else:
+            h.kind = self.err.kind
+            h.msgno = <uint32_t>(self.rank + 1)
         h.nbytes = <uint64_t>((self.err.blamed if self.err.blamed >= 0 else self.err.peer) + 1)
         for p in range(self.size):
             pr = &self.pairs[p]
@@ -483,15 +489,26 @@ cdef class TcpTransport(Transport):
         cdef MsgHeader* h = &r.hdr
         cdef Pair* pr = &self.pairs[peer]
         cdef char detail[200]
-        cdef int blamed
+        cdef int blamed, origin
         if h.magic == MAGIC_ABORT:
             self._note_theirs(h)
             blamed = <int>h.nbytes - 1 if h.nbytes <= <uint64_t>self.size else -1
+            origin = <int>h.msgno - 1 if 0 < h.msgno <= <uint32_t>self.size else peer
             if not self.failed:
                 self.err.blamed = blamed
+                self.err.origin = origin
+                self.err.origin_kind = h.kind
             if h.kind == ERR_MISMATCH:
-                return self.set_error(ERR_MISMATCH, peer, "", 0, "it reported that ranks disagree")
-            if blamed >= 0 and blamed != peer:
+                if origin == peer:
+                    snprintf(detail, sizeof(detail), "it reported that ranks disagree")
+                else:
+                    snprintf(detail, sizeof(detail), "it relayed rank %d's report that ranks "
+                             "disagree", origin)
+                return self.set_error(ERR_MISMATCH, peer, "", 0, detail)
+            if origin != peer:
+                snprintf(detail, sizeof(detail), "relayed that rank %d failed (%s error "
+                         "involving rank %d)", origin, _kind_name(h.kind), blamed)
+            elif blamed >= 0 and blamed != peer:
                 snprintf(detail, sizeof(detail), "failed (%s error involving rank %d) and "
                          "left the group", _kind_name(h.kind), blamed)
             else:

@@ -49,6 +49,8 @@ cdef struct TransportError:
     int kind
     int peer            # the peer involved, -1 when none
     int blamed          # for an error a peer reported: the rank it blamed
+    int origin          # for an error a peer reported: the rank that failed first
+    int origin_kind     # ... and its error kind
     int sys_errno
     char syscall[16]
     char detail[200]

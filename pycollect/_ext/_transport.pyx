@@ -64,6 +64,7 @@ cdef class Transport:
         memset(&self.err, 0, sizeof(TransportError))
         self.err.peer = -1
         self.err.blamed = -1
+        self.err.origin = -1
 
     def __dealloc__(self):
         free(self.scratch_buf[0])
