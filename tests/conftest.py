@@ -2,7 +2,7 @@ import pytest
 
 from group import ThreadGroup
 
-WORLD_SIZES = [1, 2, 3, 4, 5, 8]
+WORLD_SIZES = [1, 2, 3, 4, 5, 7, 8]
 # A tiny maximum segment, so that small counts already take the multi-segment
 # paths of ring_chunked and the pipelined broadcast.
 TINY_SEGMENT_BYTES = 64
