@@ -110,12 +110,24 @@ class Context:
             t, buf, root, algo, seq, tmo, seg), buf, async_op)
 
     def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False):
-        """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``."""
+        """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
+
+        ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
+        "ring_chunked", or "bcube" (base 4; "bcube:B" for base B).
+        """
         op = self._check_op(op, "allreduce")
+        base = _allreduce.DEFAULT_BCUBE_BASE
+        if isinstance(algorithm, str) and algorithm.startswith("bcube:"):
+            algorithm, _, digits = algorithm.partition(":")
+            try:
+                base = int(digits)
+            except ValueError:
+                raise InvalidArgument("allreduce: bcube base %r is not an integer"
+                                      % digits) from None
         algo = self._allreduce_algorithm(algorithm, buf)
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("allreduce", lambda seq: _allreduce.allreduce(
-            t, buf, op, algo, seq, tmo, seg), buf, async_op)
+            t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
 
     def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` across ranks into root's ``buf``; other ranks' ``buf`` is untouched."""

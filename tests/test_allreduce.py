@@ -8,7 +8,8 @@ from conftest import counts_for
 from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, ops_for,
                        reduce_reference)
 
-ALGORITHMS = ["recursive_doubling", "halving_doubling", "ring", "ring_chunked", "auto"]
+ALGORITHMS = ["recursive_doubling", "halving_doubling", "bcube", "bcube:3", "ring",
+              "ring_chunked", "auto"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -45,8 +46,8 @@ def test_allreduce_any_shape(group, shape):
         assert np.all(res == group.size * (group.size + 1) / 2)
 
 
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "ring",
-                                       "ring_chunked"])
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "bcube",
+                                       "bcube:3", "ring", "ring_chunked"])
 def test_allreduce_floats_bitwise_identical_on_every_rank(group, algorithm):
     """Every rank computes each element with the same operands in the same order."""
     def body(ctx):

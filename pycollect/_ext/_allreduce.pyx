@@ -18,6 +18,14 @@ hold everything; the extra ranks get the result last.  Every element is
 reduced along one tree, lower rank's operand first, so all ranks hold the
 same bits.
 
+BCube with base b generalises halving-doubling to radix b: with PB the
+largest power of b <= size (extra ranks fold in and out as above), rank r
+writes its index in base b; in step j the b ranks that differ only in digit
+j cut their current range into b parts, each keeps the part of its own digit
+and receives it from the b-1 others (reduce-scatter in log_b(PB) steps of
+b-1 concurrent messages), then the ranges grow back the same way.  Fewer,
+wider steps than halving-doubling: b = 2 is halving-doubling.
+
 ``ring`` and ``ring_chunked`` run the ring's reduce-scatter and allgather
 (see _ring.pyx).  Every chunk is reduced along one chain and then copied, so
 all ranks end with the same bits even for floating-point sums.  ``ring``
@@ -26,6 +34,7 @@ chunks into segments so reduction overlaps the wire (the choice for large
 buffers).  AVG sums and divides once at the end.
 """
 
+from pycollect._ext._algo cimport chunk_length, chunk_offset
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
@@ -36,8 +45,13 @@ from pycollect._ext._transport cimport *
 from pycollect.errors import InvalidArgument
 
 ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
-              "halving_doubling": ALGO_HALVING_DOUBLING, "ring": ALGO_RING,
-              "ring_chunked": ALGO_RING_CHUNKED}
+              "halving_doubling": ALGO_HALVING_DOUBLING, "bcube": ALGO_BCUBE,
+              "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED}
+DEFAULT_BCUBE_BASE = 4
+
+cdef enum:
+    MAX_BCUBE_BASE = 16
+    MAX_BCUBE_STEPS = 64
 
 cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                                       int op) noexcept nogil:
@@ -160,6 +174,92 @@ cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es,
     return 0
 
 
+cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
+                         int base) noexcept nogil:
+    """Allreduce in place over base-``base`` digit groups (see the module notes)."""
+    cdef int P = t.size, r = t.rank, pb = 1, steps = 0, j, d, mine, stride, peer, k
+    cdef size_t lo = 0, hi = n, span, part_lo, part_len
+    cdef size_t los[MAX_BCUBE_STEPS]
+    cdef size_t his[MAX_BCUBE_STEPS]
+    cdef int strides[MAX_BCUBE_STEPS]
+    cdef char* other
+    if P > 1 and n > 0:
+        while pb * base <= P:
+            pb *= base
+        other = t.scratch(base * (n // base + 1) * es)
+        if other == NULL:
+            return -1
+        if r >= pb:
+            # Extra ranks (there may be several per core rank when base > 2)
+            # fold into rank r mod pb and get the result back from it.
+            if t.post_send(r % pb, buf, n * es) < 0:
+                return -1
+            if t.wait(t.post_recv(r % pb, buf, n * es)) < 0:
+                return -1
+        else:
+            k = r + pb
+            while k < P:
+                if t.wait(t.post_recv(k, other, n * es)) < 0:
+                    return -1
+                reduce_into(buf, buf, other, n, dtype, op)
+                k += pb
+            # Reduce-scatter: one digit per step, largest stride first.
+            stride = pb // base
+            while stride > 0:
+                mine = (r // stride) % base
+                span = hi - lo
+                part_lo = lo + chunk_offset(span, base, mine)
+                part_len = chunk_length(span, base, mine)
+                for d in range(base):
+                    if d == mine:
+                        continue
+                    peer = r + (d - mine) * stride
+                    if t.post_send(peer, buf + (lo + chunk_offset(span, base, d)) * es,
+                                   chunk_length(span, base, d) * es) < 0:
+                        return -1
+                    if t.post_recv(peer, other + d * part_len * es, part_len * es) < 0:
+                        return -1
+                if t.wait_all() < 0:
+                    return -1
+                for d in range(base):
+                    if d != mine:
+                        reduce_into(buf + part_lo * es, buf + part_lo * es,
+                                    other + d * part_len * es, part_len, dtype, op)
+                los[steps] = lo
+                his[steps] = hi
+                strides[steps] = stride
+                steps += 1
+                lo, hi = part_lo, part_lo + part_len
+                stride //= base
+            # Allgather: retrace the steps, each rank sharing the part it holds.
+            for k in range(steps - 1, -1, -1):
+                stride = strides[k]
+                mine = (r // stride) % base
+                span = his[k] - los[k]
+                for d in range(base):
+                    if d == mine:
+                        continue
+                    peer = r + (d - mine) * stride
+                    if t.post_send(peer, buf + lo * es, (hi - lo) * es) < 0:
+                        return -1
+                    if t.post_recv(peer, buf + (los[k] + chunk_offset(span, base, d)) * es,
+                                   chunk_length(span, base, d) * es) < 0:
+                        return -1
+                if t.wait_all() < 0:
+                    return -1
+                lo, hi = los[k], his[k]
+            k = r + pb
+            while k < P:
+                if t.post_send(k, buf, n * es) < 0:
+                    return -1
+                k += pb
+            if t.wait_all() < 0:
+                return -1
+    if op == OP_AVG and P > 1:
+        divide_by(buf, n, dtype, P)
+    return 0
+
+
 cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                         size_t seg, int window) noexcept nogil:
     """Allreduce in place over the ring; seg is the segment length in elements."""
@@ -182,7 +282,7 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
 
 
 def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
-              size_t segment_bytes):
+              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE):
     """Reduce ``buf`` in place across all ranks of ``t`` (one nogil call); return the algorithm code."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
@@ -192,7 +292,9 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef size_t n = b.count
     cdef size_t seg
     cdef int window, rc
-    if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING:
+    if algo == ALGO_BCUBE and not 2 <= base <= MAX_BCUBE_BASE:
+        raise InvalidArgument("allreduce: bcube base %d is outside 2..%d" % (base, MAX_BCUBE_BASE))
+    if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING or algo == ALGO_BCUBE:
         seg = 0
         window = 0
     elif algo == ALGO_RING:
@@ -210,6 +312,8 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
                 rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
             elif algo == ALGO_HALVING_DOUBLING:
                 rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
+            elif algo == ALGO_BCUBE:
+                rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
             else:
                 rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
     if rc < 0:

@@ -1,0 +1,81 @@
+"""Allreduce algorithm crossovers: every fixed algorithm and "auto" over Gloo's sweep.
+
+Run under the launcher, e.g.
+
+    pycollect-run -n 2 python benchmarks/crossover.py
+    pycollect-run -n 4 python benchmarks/crossover.py --json crossover-4.json
+
+Each size runs every algorithm back to back, interleaved round by round so
+drift hits all of them alike; a call's latency is the slowest rank's.  Rank
+0 prints p50 per algorithm, the best fixed choice, what auto picked, and
+auto's p50 relative to the best.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import pycollect as pc
+from pycollect.context import ALLREDUCE_ALGORITHMS
+
+GLOO_SWEEP = [100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000,
+              500000, 1000000, 2000000, 5000000]
+
+
+def measure(ctx, buf, algorithm, iters):
+    """Per-call latencies (seconds) of ``iters`` back-to-back allreduces, slowest rank's."""
+    times = np.empty(iters)
+    for i in range(iters):
+        t0 = time.perf_counter()
+        ctx.allreduce(buf, algorithm=algorithm)
+        times[i] = time.perf_counter() - t0
+    ctx.allreduce(times, op=pc.MAX)
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--elements", type=int, nargs="*", default=GLOO_SWEEP)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size")
+    parser.add_argument("--budget", type=float, default=1.0,
+                        help="seconds per size and algorithm, at most")
+    parser.add_argument("--json", help="write the results here (rank 0)")
+    args = parser.parse_args()
+    algorithms = [a for a in ALLREDUCE_ALGORITHMS if a != "auto"] + ["auto"]
+    results = []
+    with pc.init() as ctx:
+        for n in args.elements:
+            buf = np.ones(n, np.float32)
+            for a in algorithms:                      # warm up, and size the rounds
+                measure(ctx, buf, a, 3)
+            probe = measure(ctx, buf, "ring", 3)
+            per_round = int(max(3, min(2000, args.budget / args.rounds / max(np.median(probe), 1e-6))))
+            per_round = int(ctx.allreduce(np.array([per_round]), op=pc.MIN)[0])
+            samples = {a: [] for a in algorithms}
+            for _ in range(args.rounds):
+                for a in algorithms:
+                    samples[a].append(measure(ctx, buf, a, per_round))
+            p50 = {a: float(np.median(np.concatenate(s))) for a, s in samples.items()}
+            chosen = ctx._allreduce_algorithm("auto", buf)
+            from pycollect._ext._transport import ALGORITHM_NAMES
+            fixed = {a: v for a, v in p50.items() if a != "auto"}
+            best = min(fixed, key=fixed.get)
+            row = {"elements": n, "bytes": n * 4, "p50_us": {a: v * 1e6 for a, v in p50.items()},
+                   "best": best, "auto": ALGORITHM_NAMES[chosen],
+                   "auto_vs_best": p50["auto"] / fixed[best]}
+            results.append(row)
+            if ctx.rank == 0:
+                print("%9d  %s  best %-18s auto %-18s auto/best %.2f" % (
+                    n, "  ".join("%s %8.1f" % (a[:5], row["p50_us"][a]) for a in algorithms),
+                    best, row["auto"], row["auto_vs_best"]), flush=True)
+        if ctx.rank == 0 and args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": ctx.size, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
