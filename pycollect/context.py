@@ -21,7 +21,7 @@ from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buf
                    _reduce_scatter, _rooted)
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
-from .errors import Error, InvalidArgument
+from .errors import Aborted, Error, InvalidArgument
 from .types import ReduceOp
 from .work import Later, Runner, Work
 
@@ -54,9 +54,9 @@ class Context:
         self._size = size
         self._transport = transport
         self._timeout = float(timeout)
-        self._segment_bytes = int(segment_bytes or DEFAULT_SEGMENT_BYTES)
-        if self._segment_bytes < 1:
-            raise InvalidArgument("segment_bytes must be >= 1, got %r" % segment_bytes)
+        self._segment_bytes = DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes
+        if not isinstance(self._segment_bytes, int) or self._segment_bytes < 1:
+            raise InvalidArgument("segment_bytes must be an int >= 1, got %r" % (segment_bytes,))
         self._seq = 0
         self._lock = lock or threading.Lock()     # shared with sub-groups
         self._group_id = group_id
@@ -66,6 +66,7 @@ class Context:
         self._on_close = list(on_close)
         self._debug = debug
         self._runner = None
+        self._busy = False      # a collective of this context is running
 
     # -- properties -------------------------------------------------------
 
@@ -390,11 +391,10 @@ class Context:
             return
         self._closed = True
         runner = self._runner
-        if runner is not None and runner.pending():
-            self._transport.abort()       # queued work fails fast instead of waiting
+        if self._busy or (runner is not None and runner.pending()):
+            self._transport.abort()       # work in flight or queued fails fast
         if runner is not None:
             runner.stop(self._timeout)
-        self._transport.abort()
         with self._lock:
             self._transport.close()
             for fn in self._on_close:
@@ -441,12 +441,16 @@ class Context:
             seq = (self._seq + 1) & 0xFFFFFFFF
             # A collective consumes its sequence number only once it reaches the
             # wire: arguments refused on one rank must not shift its numbering.
+            self._busy = True
             try:
                 algo = op(seq)
-            except Error as exc:
+            except BaseException as exc:    # KeyboardInterrupt fails the context too
                 if self._transport.is_failed:
-                    self._failure = exc
+                    self._failure = exc if isinstance(exc, Error) else Aborted(
+                        "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
                 raise
+            finally:
+                self._busy = False
             self._seq = (self._seq + span) & 0xFFFFFFFF
         name = ALGORITHM_NAMES.get(algo) or None
         if self._debug:

@@ -37,6 +37,8 @@ GRACE_S = 5.0
 REAP_S = 5.0
 # How long to wait for the output threads to drain once the ranks are gone.
 DRAIN_S = 2.0
+# After a rank fails, how long to wait for the exits it causes before blaming one.
+FAILURE_WINDOW_S = 0.3
 # Longest piece of a line read in one go; a longer line is passed on in pieces.
 MAX_LINE = 1 << 16
 # Exit status when --timeout ends the job (as timeout(1) does).
@@ -202,8 +204,9 @@ class _Job:
             raise
 
     def _wait_rank(self, rank, proc):
-        """Report the rank's exit, in the order ranks exit."""
-        self.exits.put((rank, proc.wait()))
+        """Report the rank's exit with the time it was seen."""
+        returncode = proc.wait()
+        self.exits.put((time.monotonic(), rank, returncode))
 
     def running(self):
         """Return the ranks that have not exited yet."""
@@ -269,6 +272,19 @@ def _signals_caught(job):
             signal.signal(signum, handler)
 
 
+def _more_exits(job, seconds):
+    """Exits reported within ``seconds`` from now."""
+    seen, deadline = [], time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return seen
+        try:
+            seen.append(job.exits.get(timeout=left))
+        except queue.Empty:
+            return seen
+
+
 def _supervise(job, size, timeout, received):
     """Wait for the ranks and return the launcher's exit status."""
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -285,13 +301,20 @@ def _supervise(job, size, timeout, received):
             job.stop(signal.SIGTERM)
             return TIMEOUT_EXIT
         try:
-            rank, returncode = job.exits.get(timeout=0.1)
+            exit_ = job.exits.get(timeout=0.1)
         except queue.Empty:
             continue
         finished += 1
-        if returncode != 0:
+        if exit_[2] != 0:
+            # A failing rank usually takes others down with it within
+            # milliseconds; their exits can be seen in any order, so blame the
+            # earliest one seen in a short window.
+            failed = [exit_] + _more_exits(job, FAILURE_WINDOW_S)
+            failed = sorted(e for e in failed if e[2] != 0)
+            _, rank, returncode = failed[0]
             others = len(job.running())
             _fail(f"rank {rank} {_describe(returncode)}"
+                  + "".join(f"; then rank {r} {_describe(c)}" for _, r, c in failed[1:])
                   + (f"; terminating the other {others} rank(s)" if others else ""))
             job.stop(signal.SIGTERM)
             return _exit_status(returncode)

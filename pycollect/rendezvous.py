@@ -50,7 +50,7 @@ def _debug_enabled():
     return False
 
 
-def init(rank=None, size=None, store=None, transport="tcp", timeout=None, interface=None,
+def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
          *, segment_bytes=None):
     """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
 

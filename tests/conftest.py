@@ -8,10 +8,16 @@ WORLD_SIZES = [1, 2, 3, 4, 5, 7, 8]
 TINY_SEGMENT_BYTES = 64
 
 
-@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: "size%d" % n)
+# Every world size over shared memory (the default for ranks of one host),
+# and the sizes that reach every algorithm's special cases over TCP.
+GROUPS = [(n, "auto") for n in WORLD_SIZES] + [(n, "tcp") for n in (2, 3, 5, 8)]
+
+
+@pytest.fixture(scope="module", params=GROUPS, ids=lambda p: "size%d-%s" % p)
 def group(request):
     """Thread ranks of every world size, sharing one set of connections per module."""
-    g = ThreadGroup(request.param, segment_bytes=TINY_SEGMENT_BYTES)
+    size, transport = request.param
+    g = ThreadGroup(size, segment_bytes=TINY_SEGMENT_BYTES, transport=transport)
     yield g
     g.close()
 

@@ -181,3 +181,13 @@ def test_sub_groups_open_no_sockets(quad):
     groups = quad.run(lambda ctx: ctx.split(0))
     assert len(os.listdir("/proc/self/fd")) == before
     assert [s.size for s in groups] == [4] * 4
+
+
+def test_closing_a_group_leaves_the_parent_usable(quad):
+    subs = quad.run(lambda ctx: ctx.split(ctx.rank % 2))
+    for sub in subs:
+        sub.close()
+    with pytest.raises(pc.Error, match="closed"):
+        subs[0].barrier()
+    res = quad.run(lambda ctx: ctx.allreduce(np.ones(3)))
+    assert all(np.all(r == 4) for r in res)

@@ -14,3 +14,12 @@ static inline int64_t pc_now_ns(void) {
 static inline int pc_atomic_load(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void pc_atomic_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 #endif
+
+#ifndef PYCOLLECT_SYS_ATOMIC64
+#define PYCOLLECT_SYS_ATOMIC64
+static inline uint64_t pc_load_u64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void pc_store_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline void pc_store_u32_sc(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
+static inline uint32_t pc_exchange_u32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+static inline void pc_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+#endif

@@ -33,6 +33,8 @@ from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec, readv
 
 from pycollect._ext._transport cimport *
+from pycollect._ext._shm cimport (Ring, RingHeader, Segment, cma_read, ring_attach, ring_peek, ring_read,
+                                  ring_used, ring_write)
 
 import os
 
@@ -40,6 +42,11 @@ cdef extern from "_sys.h" nogil:
     int64_t pc_now_ns()
     int pc_atomic_load(int* p)
     void pc_atomic_store(int* p, int v)
+    uint64_t pc_load_u64(uint64_t* p)
+    void pc_store_u64(uint64_t* p, uint64_t v)
+    void pc_store_u32_sc(uint32_t* p, uint32_t v)
+    uint32_t pc_exchange_u32(uint32_t* p, uint32_t v)
+    void pc_fence()
 
 cdef extern from "<sys/socket.h>" nogil:
     ctypedef unsigned int socklen_t
@@ -99,7 +106,10 @@ cdef extern from "<fcntl.h>" nogil:
 cdef enum:
     MAGIC_DATA = 0x314d4350     # "PCM1" little-endian
     MAGIC_ABORT = 0x414d4350    # "PCMA"
+    MAGIC_CMA = 0x434d4350      # "PCMC": a data message whose payload the receiver reads
+                                # from the sender's memory (the stream carries its address)
     HDR_BYTES = 40
+    CMA_CHUNK = 4 << 20         # bytes copied per pass, so other pairs keep moving
 
 cdef packed struct MsgHeader:
     uint32_t magic
@@ -124,6 +134,10 @@ cdef struct Req:
     int next
     uint32_t hdr_done
     MsgHeader hdr
+    int cma             # payload by cross-memory attach
+    uint64_t addr       # ... at this address in the sender
+    uint32_t addr_done  # bytes of the address streamed
+    uint64_t ack_needed # a sender's large message is done when the peer's acks reach this
 
 cdef struct Pair:
     int fd
@@ -135,6 +149,15 @@ cdef struct Pair:
     uint32_t recv_msgs
     int eof             # the peer shut its side down (or reset)
     int data_waiting    # a message is queued that no receive is posted for yet
+    int shm             # same host: messages go through rings, the socket only wakes and
+                        # signals the end
+    int cma             # this peer can read our memory: large messages go by address
+    int pid             # the peer's process, for reading its memory
+    Ring out            # our ring to the peer
+    Ring inn            # the peer's ring to us
+    uint64_t cma_sent   # large messages sent by address
+    int ack_head        # sent by address, waiting for the peer to copy them out
+    int ack_tail
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
@@ -162,6 +185,8 @@ cdef class TcpTransport(Transport):
     cdef int* pfd_peer
     cdef list addrs
     cdef unsigned long main_thread
+    cdef Segment segment
+    cdef size_t cma_min
 
     def __cinit__(self):
         self.pairs = NULL
@@ -195,6 +220,7 @@ cdef class TcpTransport(Transport):
             self.pairs[p].fd = fd
             self.pairs[p].send_head = self.pairs[p].send_tail = -1
             self.pairs[p].recv_head = self.pairs[p].recv_tail = -1
+            self.pairs[p].ack_head = self.pairs[p].ack_tail = -1
             if p != rank:
                 if fd < 0:
                     raise ValueError("TcpTransport: no socket for peer %d" % p)
@@ -205,6 +231,35 @@ cdef class TcpTransport(Transport):
         self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.wake_fd < 0:
             raise OSError(errno, os.strerror(errno), "eventfd")
+
+    def attach_shared(self, Segment segment, local_of, size_t ring_bytes, pids, cma_peers,
+                      size_t cma_min_bytes):
+        """Route same-host peers through ``segment``'s rings.
+
+        ``local_of[p]`` is rank p's index on this host (-1 elsewhere);
+        ``cma_peers`` are the peers that can read this process's memory.
+        """
+        cdef int p, other, me = local_of[self.rank]
+        cdef int nlocal = sum(1 for x in local_of if x >= 0)
+        cdef size_t stride = sizeof(RingHeader) + ring_bytes
+        cdef Pair* pr
+        self.segment = segment
+        self.cma_min = cma_min_bytes
+        for p in range(self.size):
+            if p == self.rank or local_of[p] < 0:
+                continue
+            pr = &self.pairs[p]
+            other = local_of[p]
+            ring_attach(&pr.out, segment.base + (me * nlocal + other) * stride, ring_bytes)
+            ring_attach(&pr.inn, segment.base + (other * nlocal + me) * stride, ring_bytes)
+            pr.pid = pids[p]
+            pr.cma = p in cma_peers
+            pr.shm = 1
+
+    def pair_kinds(self):
+        """How each peer is reached: "self", "tcp", "shm" or "shm+cma"."""
+        return ["self" if p == self.rank else ("shm+cma" if self.pairs[p].cma else "shm")
+                if self.pairs[p].shm else "tcp" for p in range(self.size)]
 
     def __dealloc__(self):
         self._close_fds()
@@ -286,6 +341,10 @@ cdef class TcpTransport(Transport):
         cdef Req* r = &self.reqs[idx]
         cdef Pair* pr = &self.pairs[peer]
         r.hdr.magic = MAGIC_DATA
+        if pr.cma and nbytes >= self.cma_min:
+            r.hdr.magic = MAGIC_CMA
+            r.cma = 1
+            r.addr = <uint64_t>buf
         r.hdr.msgno = pr.sent_msgs
         pr.sent_msgs += 1
         self._fill_desc(&r.hdr)
@@ -342,7 +401,7 @@ cdef class TcpTransport(Transport):
                 pr = &self.pairs[p]
                 if p == self.rank or pr.fd < 0 or (peer < 0 and (pr.data_waiting or pr.eof)):
                     continue
-                n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+                n = self._peek_header(p, &h)
                 if n == HDR_BYTES and h.magic == MAGIC_DATA and h.coll == COLL_P2P \
                         and h.kind == self.op.context and (self.op.root < 0 or
                                                            h.root == self.op.root):
@@ -386,8 +445,11 @@ cdef class TcpTransport(Transport):
             self.pfds[0].events = POLLIN
             self.pfds[0].revents = 0
             n = (self.deadline_ns - now) // 1000000 + 1
-            if poll(self.pfds, k, n if n < 1000 else 1000) > 0 and self.pfds[0].revents:
-                c_read(self.wake_fd, &drained, 8)
+            if not self._arm_rings():
+                rc = poll(self.pfds, k, n if n < 1000 else 1000)
+                self._disarm_rings()
+                if rc > 0 and self.pfds[0].revents:
+                    c_read(self.wake_fd, &drained, 8)
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
@@ -413,6 +475,7 @@ cdef class TcpTransport(Transport):
         """Tell every peer we failed (abort frame where possible), then shut down."""
         cdef MsgHeader h
         cdef Pair* pr
+        cdef iovec iov
         cdef int p, head
         if self.pairs == NULL:
             return
@@ -435,8 +498,82 @@ cdef class TcpTransport(Transport):
                 continue
             head = pr.send_head
             if head < 0 or (self.reqs[head].hdr_done == 0):
-                send(pr.fd, &h, HDR_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT)
+                if not pr.shm:
+                    send(pr.fd, &h, HDR_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT)
+                elif pr.out.size - ring_used(&pr.out) >= HDR_BYTES:
+                    iov.iov_base = &h
+                    iov.iov_len = HDR_BYTES
+                    ring_write(&pr.out, &iov, 1)
+                    _wake_reader(pr)
             shutdown(pr.fd, SHUT_WR)
+
+    cdef int _shm_send(self, int peer) noexcept nogil:
+        """Copy queued messages into ``peer``'s ring until it is full; 1 if progress."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Req* r
+        cdef iovec iov[2]
+        cdef int cnt, progressed = 0
+        cdef size_t n, hrem, body, sent
+        cdef uint64_t acks = pc_load_u64(&pr.out.hdr.acks)
+        while pr.ack_head >= 0 and self.reqs[pr.ack_head].ack_needed <= acks:
+            r = &self.reqs[pr.ack_head]
+            r.complete = 1
+            pr.ack_head = r.next
+            if pr.ack_head < 0:
+                pr.ack_tail = -1
+            progressed = 1
+        while pr.send_head >= 0:
+            r = &self.reqs[pr.send_head]
+            if pr.eof:
+                return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context "
+                                      "(shared memory)")
+            cnt = 0
+            hrem = HDR_BYTES - r.hdr_done
+            if hrem:
+                iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
+                iov[0].iov_len = hrem
+                cnt = 1
+            # A large message streams only its address; the peer copies the rest.
+            body = 8 if r.cma else r.nbytes
+            sent = r.addr_done if r.cma else r.done
+            if sent < body:
+                iov[cnt].iov_base = ((<char*>&r.addr) + sent) if r.cma else (r.buf + sent)
+                iov[cnt].iov_len = body - sent
+                cnt += 1
+            n = ring_write(&pr.out, iov, cnt)
+            if n == 0:
+                break
+            progressed = 1
+            if n >= hrem:
+                r.hdr_done = HDR_BYTES
+                if r.cma:
+                    r.addr_done += <uint32_t>(n - hrem)
+                else:
+                    r.done += n - hrem
+            else:
+                r.hdr_done += <uint32_t>n
+            if r.hdr_done < HDR_BYTES or (r.addr_done if r.cma else r.done) < body:
+                break
+            pr.send_head = r.next
+            if pr.send_head < 0:
+                pr.send_tail = -1
+            if r.cma:
+                pr.cma_sent += 1
+                r.ack_needed = pr.cma_sent
+                r.next = -1
+                if pr.ack_tail >= 0:
+                    self.reqs[pr.ack_tail].next = self.reqs_index(r)
+                else:
+                    pr.ack_head = self.reqs_index(r)
+                pr.ack_tail = self.reqs_index(r)
+            else:
+                r.complete = 1
+        if progressed:
+            _wake_reader(pr)
+        return progressed
+
+    cdef inline int reqs_index(self, Req* r) noexcept nogil:
+        return <int>(r - self.reqs)
 
     cdef int _do_send(self, int peer) noexcept nogil:
         """Write queued messages to ``peer`` until the socket is full; 1 if progress."""
@@ -447,6 +584,8 @@ cdef class TcpTransport(Transport):
         cdef ssize_t n
         cdef size_t hrem
         cdef int progressed = 0
+        if pr.shm:
+            return self._shm_send(peer)
         memset(&msg, 0, sizeof(msg))
         msg.msg_iov = iov
         while pr.send_head >= 0:
@@ -515,7 +654,7 @@ cdef class TcpTransport(Transport):
                 snprintf(detail, sizeof(detail), "failed (%s error) and left the group",
                          _kind_name(h.kind))
             return self.set_error(ERR_PEER, peer, "", 0, detail)
-        if h.magic != MAGIC_DATA:
+        if h.magic != MAGIC_DATA and h.magic != MAGIC_CMA:
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
             return self.set_error(ERR_PEER, peer, "", 0, detail)
@@ -547,6 +686,87 @@ cdef class TcpTransport(Transport):
         self.err.theirs.count = h.count
         self.err.has_theirs = 1
 
+    cdef int _gone(self, int peer) noexcept nogil:
+        """A same-host peer whose socket ended and whose ring is drained has left."""
+        return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context before "
+                              "sending what this rank waits for (shared memory)")
+
+    cdef ssize_t _ring_take(self, int peer, char* dst, size_t want) noexcept nogil:
+        """Read up to ``want`` bytes from ``peer``'s ring: the count, or -1 once it is gone."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef iovec iov
+        iov.iov_base = dst
+        iov.iov_len = want
+        cdef size_t n = ring_read(&pr.inn, &iov, 1)
+        if n == 0 and pr.eof and ring_used(&pr.inn) == 0:
+            return self._gone(peer)
+        return <ssize_t>n
+
+    cdef int _shm_recv(self, int peer) noexcept nogil:
+        """Copy messages out of ``peer``'s ring (or its memory) into posted receives."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Req* r
+        cdef size_t want
+        cdef ssize_t got
+        cdef int progressed = 0
+        while pr.recv_head >= 0:
+            r = &self.reqs[pr.recv_head]
+            if r.hdr_done < HDR_BYTES:
+                got = self._ring_take(peer, (<char*>&r.hdr) + r.hdr_done,
+                                      HDR_BYTES - r.hdr_done)
+                if got < 0:
+                    return -1
+                if got == 0:
+                    break
+                progressed = 1
+                r.hdr_done += <uint32_t>got
+                if r.hdr_done < HDR_BYTES:
+                    break
+                if self._check_header(peer, r) < 0:
+                    return -1
+                r.cma = r.hdr.magic == MAGIC_CMA
+            if r.cma:
+                if r.addr_done < 8:
+                    got = self._ring_take(peer, (<char*>&r.addr) + r.addr_done, 8 - r.addr_done)
+                    if got < 0:
+                        return -1
+                    if got == 0:
+                        break
+                    progressed = 1
+                    r.addr_done += <uint32_t>got
+                    if r.addr_done < 8:
+                        break
+                want = r.nbytes - r.done
+                if want > CMA_CHUNK:
+                    want = CMA_CHUNK
+                if want:
+                    got = cma_read(pr.pid, r.buf + r.done, r.addr + r.done, want)
+                    if got <= 0:
+                        return self.set_error(ERR_PEER, peer, "process_vm_readv", errno,
+                                              "cannot read the peer's memory")
+                    r.done += <size_t>got
+                    progressed = 1
+                    if r.done < r.nbytes:
+                        break       # the next pass copies more; other pairs move meanwhile
+                pc_store_u64(&pr.inn.hdr.acks, pr.inn.hdr.acks + 1)
+            elif r.done < r.nbytes:
+                got = self._ring_take(peer, r.buf + r.done, r.nbytes - r.done)
+                if got < 0:
+                    return -1
+                if got == 0:
+                    break
+                progressed = 1
+                r.done += <size_t>got
+                if r.done < r.nbytes:
+                    break
+            r.complete = 1
+            pr.recv_head = r.next
+            if pr.recv_head < 0:
+                pr.recv_tail = -1
+        if progressed:
+            _wake_writer(pr)
+        return progressed
+
     cdef int _do_recv(self, int peer) noexcept nogil:
         """Read into posted receives from ``peer`` until the socket is empty; 1 if progress."""
         cdef Pair* pr = &self.pairs[peer]
@@ -557,6 +777,8 @@ cdef class TcpTransport(Transport):
         cdef size_t hrem
         cdef int progressed = 0
         cdef char detail[200]
+        if pr.shm:
+            return self._shm_recv(peer)
         while pr.recv_head >= 0:
             r = &self.reqs[pr.recv_head]
             hrem = HDR_BYTES - r.hdr_done
@@ -608,12 +830,48 @@ cdef class TcpTransport(Transport):
                 return progressed
         return progressed
 
+    cdef int _peek_header(self, int peer, MsgHeader* h) noexcept nogil:
+        """Copy the next header from ``peer``'s stream without consuming it: byte count,
+        0 at the end of the stream, -1 (errno EAGAIN) when it is not all there yet."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef size_t n
+        if not pr.shm:
+            return <int>recv(pr.fd, h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+        self._drain_doorbell(peer)
+        n = ring_peek(&pr.inn, h, HDR_BYTES)
+        if n == HDR_BYTES or (n == 0 and pr.eof):
+            return <int>n
+        errno = EAGAIN
+        return -1
+
+    cdef void _drain_doorbell(self, int peer) noexcept nogil:
+        """Consume wake-up bytes on a same-host peer's socket; note its end."""
+        cdef char junk[64]
+        cdef ssize_t n
+        cdef Pair* pr = &self.pairs[peer]
+        while not pr.eof:
+            n = recv(pr.fd, junk, sizeof(junk), MSG_DONTWAIT)
+            if n == 0 or (n < 0 and not _would_block(errno) and errno != EINTR):
+                pr.eof = 1
+            elif n < 0:
+                break
+
     cdef int _peek_idle(self, int peer) noexcept nogil:
         """A peer we expect nothing from became readable: an abort frame, EOF or early data."""
         cdef Pair* pr = &self.pairs[peer]
         cdef MsgHeader h
-        cdef ssize_t n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
-        if n == 0:
+        cdef iovec iov
+        cdef ssize_t n
+        if pr.shm:
+            self._drain_doorbell(peer)
+            n = <ssize_t>ring_peek(&pr.inn, &h, HDR_BYTES)
+            if n == HDR_BYTES and h.magic == MAGIC_ABORT:
+                iov.iov_base = &h
+                iov.iov_len = HDR_BYTES
+                ring_read(&pr.inn, &iov, 1)
+        else:
+            n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+        if n == 0 and not pr.shm:
             pr.eof = 1
             return 0
         if n < 0:
@@ -622,7 +880,7 @@ cdef class TcpTransport(Transport):
             return 0
         if n < 4:
             return 0
-        if h.magic == MAGIC_DATA:
+        if h.magic == MAGIC_DATA or h.magic == MAGIC_CMA:
             # An early message is normal when the peer is ahead (a later
             # collective, or another group's).  One of this collective that no
             # receive here will ever match, or one of an earlier collective of
@@ -636,7 +894,8 @@ cdef class TcpTransport(Transport):
             return 0
         if h.magic == MAGIC_ABORT and n < HDR_BYTES:
             return 0
-        n = recv(pr.fd, &h, HDR_BYTES, MSG_DONTWAIT)
+        if not pr.shm:
+            n = recv(pr.fd, &h, HDR_BYTES, MSG_DONTWAIT)
         cdef Req fake
         memset(&fake, 0, sizeof(Req))
         fake.hdr = h
@@ -647,7 +906,8 @@ cdef class TcpTransport(Transport):
         if target >= 0:
             return self.reqs[target].complete
         for p in range(self.size):
-            if self.pairs[p].send_head >= 0 or self.pairs[p].recv_head >= 0:
+            if (self.pairs[p].send_head >= 0 or self.pairs[p].recv_head >= 0
+                    or self.pairs[p].ack_head >= 0):
                 return 0
         return 1
 
@@ -659,7 +919,7 @@ cdef class TcpTransport(Transport):
         off = snprintf(detail, sizeof(detail), "waiting for")
         for p in range(self.size):
             pr = &self.pairs[p]
-            if p == self.rank or (pr.recv_head < 0 and pr.send_head < 0):
+            if p == self.rank or (pr.recv_head < 0 and pr.send_head < 0 and pr.ack_head < 0):
                 continue
             if off < <int>sizeof(detail) - 40:
                 off += snprintf(detail + off, sizeof(detail) - off, " rank %d (%s)", p,
@@ -667,7 +927,8 @@ cdef class TcpTransport(Transport):
         self.err.blamed = -1
         cdef int first = -1
         for p in range(self.size):
-            if p != self.rank and (self.pairs[p].recv_head >= 0 or self.pairs[p].send_head >= 0):
+            if p != self.rank and (self.pairs[p].recv_head >= 0 or self.pairs[p].send_head >= 0
+                                   or self.pairs[p].ack_head >= 0):
                 first = p
                 break
         return self.set_error(ERR_TIMEOUT, first, "", 0, detail)
@@ -684,14 +945,28 @@ cdef class TcpTransport(Transport):
         self.pfds[0].revents = 0
         n = 1
         for p in range(self.size):
+            # Early messages already in a ring from a peer we expect nothing
+            # from: look at them now (an abort, a disagreement, or later work).
+            pr = &self.pairs[p]
+            if pr.shm and pr.recv_head < 0 and not pr.data_waiting \
+                    and ring_used(&pr.inn) >= HDR_BYTES and self._peek_idle(p) < 0:
+                return -1
+        if self._arm_rings():
+            return 0        # something arrived while we got ready to sleep
+        for p in range(self.size):
             pr = &self.pairs[p]
             if p == self.rank or pr.fd < 0:
                 continue
             ev = 0
-            if pr.send_head >= 0:
-                ev |= POLLOUT
-            if pr.recv_head >= 0 or not (pr.eof or pr.data_waiting):
-                ev |= POLLIN
+            if pr.shm:
+                # Same host: the socket carries only wake-ups and the end of stream.
+                if not pr.eof:
+                    ev = POLLIN
+            else:
+                if pr.send_head >= 0:
+                    ev |= POLLOUT
+                if pr.recv_head >= 0 or not (pr.eof or pr.data_waiting):
+                    ev |= POLLIN
             if ev:
                 self.pfds[n].fd = pr.fd
                 self.pfds[n].events = ev
@@ -703,6 +978,7 @@ cdef class TcpTransport(Transport):
         if self._signalled():
             return -1
         rc = poll(self.pfds, n, <int>left_ms)
+        self._disarm_rings()
         if rc < 0:
             if errno == EINTR:
                 return -1 if self._signalled() else 0
@@ -711,10 +987,51 @@ cdef class TcpTransport(Transport):
             c_read(self.wake_fd, &drained, 8)
         for i in range(1, n):
             p = self.pfd_peer[i]
-            if self.pfds[i].revents and self.pairs[p].recv_head < 0:
+            if not self.pfds[i].revents:
+                continue
+            if self.pairs[p].shm:
+                self._drain_doorbell(p)
+                if self.pairs[p].recv_head < 0 and self._peek_idle(p) < 0:
+                    return -1
+            elif self.pairs[p].recv_head < 0:
                 if self._peek_idle(p) < 0:
                     return -1
         return 0
+
+    cdef int _arm_rings(self) noexcept nogil:
+        """Ask same-host peers to ring our doorbell; 1 if there is already work."""
+        cdef int p, ready = 0
+        cdef Pair* pr
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if not pr.shm or pr.eof:
+                continue
+            if not pr.data_waiting:
+                pc_store_u32_sc(&pr.inn.hdr.reader_sleeping, 1)
+            if pr.send_head >= 0 or pr.ack_head >= 0:
+                pc_store_u32_sc(&pr.out.hdr.writer_sleeping, 1)
+        pc_fence()
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if not pr.shm or pr.eof:
+                continue
+            if ring_used(&pr.inn) and (pr.recv_head >= 0 or not pr.data_waiting):
+                ready = 1
+            if pr.send_head >= 0 and ring_used(&pr.out) < pr.out.size:
+                ready = 1
+            if pr.ack_head >= 0 and \
+                    pc_load_u64(&pr.out.hdr.acks) >= self.reqs[pr.ack_head].ack_needed:
+                ready = 1
+        if ready:
+            self._disarm_rings()
+        return ready
+
+    cdef void _disarm_rings(self) noexcept nogil:
+        cdef int p
+        for p in range(self.size):
+            if self.pairs[p].shm:
+                pc_store_u32_sc(&self.pairs[p].inn.hdr.reader_sleeping, 0)
+                pc_store_u32_sc(&self.pairs[p].out.hdr.writer_sleeping, 0)
 
     cdef int _signalled(self) noexcept nogil:
         """On the main thread, run Python's signal handlers; a raising one ends the op."""
@@ -743,7 +1060,7 @@ cdef class TcpTransport(Transport):
             progressed = 0
             for p in range(self.size):
                 pr = &self.pairs[p]
-                if pr.send_head >= 0:
+                if pr.send_head >= 0 or pr.ack_head >= 0:
                     rc = self._do_send(p)
                     if rc < 0:
                         return -1
@@ -767,6 +1084,22 @@ cdef class TcpTransport(Transport):
                 continue
             if self._block(now) < 0:
                 return -1
+
+
+cdef inline void _wake_reader(Pair* pr) noexcept nogil:
+    """After writing into a ring: ring the peer's doorbell if it sleeps on it."""
+    cdef char bell = 1
+    pc_fence()
+    if pr.out.hdr.reader_sleeping and pc_exchange_u32(&pr.out.hdr.reader_sleeping, 0):
+        send(pr.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
+
+
+cdef inline void _wake_writer(Pair* pr) noexcept nogil:
+    """After reading from a ring or acknowledging: wake a writer waiting for it."""
+    cdef char bell = 1
+    pc_fence()
+    if pr.inn.hdr.writer_sleeping and pc_exchange_u32(&pr.inn.hdr.writer_sleeping, 0):
+        send(pr.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
 
 
 cdef const char* _kind_name(uint32_t kind) noexcept nogil:

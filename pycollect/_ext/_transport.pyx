@@ -31,6 +31,8 @@ ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch
 def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned long long count):
     """A human description of an operation descriptor, as errors print it."""
     name = COLLECTIVE_NAMES.get(coll, "collective#%d" % coll)
+    if coll == COLL_BARRIER:
+        return "barrier()"
     parts = ["%s x %d" % (DTYPES.get(dtype, "dtype#%d" % dtype), count)]
     if coll in REDUCING:
         try:

@@ -23,7 +23,8 @@ import socket
 import struct
 import time
 
-from ..errors import InvalidArgument, PeerError, Timeout
+from ..errors import InvalidArgument, PeerError, StoreError, Timeout
+from .interfaces import choose_address
 
 log = logging.getLogger("pycollect.tcp")
 
@@ -43,88 +44,6 @@ def _host_identity():
     except OSError:
         boot = ""
     return "%s/%s" % (socket.gethostname(), boot)
-
-
-def _store_host(store):
-    """The host name of the server behind ``store`` (unwrapping prefixes), if any."""
-    seen = 0
-    while store is not None and seen < 16:
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        store = getattr(store, "store", None)
-        seen += 1
-    return None
-
-
-def _interface_address(name):
-    """The first address of network interface ``name`` (IPv4 first, then IPv6)."""
-    import fcntl
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                             struct.pack("256s", name.encode()[:15]))
-        return socket.inet_ntoa(packed[20:24])
-    except OSError:
-        pass
-    finally:
-        s.close()
-    try:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) >= 6 and fields[5] == name:
-                    raw = fields[0]
-                    addr = ":".join(raw[i:i + 4] for i in range(0, 32, 4))
-                    return str(ipaddress.ip_address(addr))
-    except OSError:
-        pass
-    return None
-
-
-def _route_source(host):
-    """The local address the kernel would use to reach ``host`` (no packet is sent)."""
-    for family, _, _, _, sockaddr in socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM):
-        s = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            s.connect(sockaddr)
-            return s.getsockname()[0]
-        except OSError:
-            continue
-        finally:
-            s.close()
-    return None
-
-
-def choose_address(interface, store):
-    """Pick the address to listen on: explicit, PYCOLLECT_SOCKET_IFNAME, or by route."""
-    spec = interface or os.environ.get("PYCOLLECT_SOCKET_IFNAME")
-    if spec:
-        try:
-            return str(ipaddress.ip_address(spec)), "given address"
-        except ValueError:
-            pass
-        addr = _interface_address(spec)
-        if addr is None:
-            raise InvalidArgument("interface %r has no IPv4 or IPv6 address (known "
-                                  "interfaces: %s)" % (spec, ", ".join(
-                                      n for _, n in socket.if_nameindex())))
-        return addr, "interface %s" % spec
-    host = _store_host(store)
-    if host:
-        try:
-            addr = _route_source(host)
-        except OSError as exc:
-            raise InvalidArgument("cannot find a route to the store host %r: %s" % (host, exc))
-        if addr:
-            return addr, "route to store host %s" % host
-    try:
-        addr = socket.gethostbyname(socket.gethostname())
-        if not ipaddress.ip_address(addr).is_loopback:
-            return addr, "host name %s" % socket.gethostname()
-    except OSError:
-        pass
-    return "127.0.0.1", "loopback (no store host, host name does not resolve elsewhere)"
 
 
 def _format_addr(host, port):
@@ -304,11 +223,25 @@ class _Mesh:
 
 
 def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
-                         spin_us=None):
-    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport."""
+                         spin_us=None, shared_memory="never"):
+    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport.
+
+    ``shared_memory``: "never" (TCP to every peer), "local" (same-host peers
+    through shared memory, see plugins/shm.py) or "all" (every peer must be
+    on this host).
+    """
     from .._ext._tcp import TcpTransport
 
     deadline = time.monotonic() + timeout
+    if spin_us is None:
+        raw = os.environ.get("PYCOLLECT_SPIN_US", "50")
+        try:
+            spin_us = float(raw)
+        except ValueError:
+            spin_us = -1.0
+        if not 0 <= spin_us <= 1e6:
+            raise InvalidArgument("PYCOLLECT_SPIN_US=%r is not a number of microseconds "
+                                  "in 0..1000000" % raw)
     host, why = choose_address(interface, store)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
@@ -350,16 +283,35 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
         fds.append(sock.detach())
     local = sum(1 for a in addrs if a["hostid"] == me["hostid"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if spin_us is None:
-        spin_us = float(os.environ.get("PYCOLLECT_SPIN_US", "50"))
     transport = TcpTransport(rank, size, fds,
                              [_format_addr(a["host"], a["port"]) for a in addrs],
                              spin_us=spin_us, yield_spin=local > cores)
-    # Everyone has read every address once the mesh stands: leave the store clean.
-    store.delete("tcp/addr/%d" % rank)
-    if rank == 0:
-        store.delete("tcp/token")
+    # Everyone has read every address once the mesh stands: leave the store clean
+    # (best effort: a store hosted by a rank that already finished may be gone).
+    _forget(store, ["tcp/addr/%d" % rank] + (["tcp/token"] if rank == 0 else []))
+    if shared_memory != "never":
+        from .shm import attach_shared_memory
+        if shared_memory == "all" and local < size:
+            transport.close()
+            raise InvalidArgument("rank %d: transport 'shm' needs every rank on this host, "
+                                  "but only %d of %d are; use transport='auto'"
+                                  % (rank, local, size))
+        try:
+            attach_shared_memory(transport, rank, addrs, store, token + context, deadline,
+                                 required=shared_memory == "all")
+        except BaseException:
+            transport.close()
+            raise
     return transport
+
+
+def _forget(store, keys):
+    """Delete rendezvous keys nobody needs any more, if the store is still there."""
+    try:
+        for key in keys:
+            store.delete(key)
+    except StoreError as exc:
+        log.debug("rendezvous keys left in the store: %s", exc)
 
 
 def _check_spans_hosts(rank, addrs):

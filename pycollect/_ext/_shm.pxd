@@ -1,0 +1,32 @@
+# Shared-memory rings between ranks on one host, and single-copy reads
+# (cross-memory attach) for large messages.
+from libc.stdint cimport uint32_t, uint64_t
+from posix.uio cimport iovec
+
+cdef struct RingHeader:
+    uint64_t head               # bytes ever written (the writer's)
+    char pad0[56]
+    uint64_t tail               # bytes ever consumed (the reader's)
+    char pad1[56]
+    uint32_t reader_sleeping    # the reader waits in poll: ring its doorbell after writing
+    uint32_t writer_sleeping    # the writer waits for space or acks: ring after reading
+    char pad2[56]
+    uint64_t acks               # large messages the reader has copied out (the reader's)
+    char pad3[56]
+
+cdef struct Ring:
+    RingHeader* hdr
+    char* data
+    uint64_t size               # a power of two
+
+cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil
+cdef size_t ring_read(Ring* r, iovec* iov, int cnt) noexcept nogil
+cdef size_t ring_peek(Ring* r, void* out, size_t n) noexcept nogil
+cdef uint64_t ring_used(Ring* r) noexcept nogil
+cdef void ring_attach(Ring* r, char* base, uint64_t ring_bytes) noexcept nogil
+cdef ssize_t cma_read(int pid, void* local, uint64_t remote, size_t n) noexcept nogil
+
+cdef class Segment:
+    cdef char* base
+    cdef size_t length
+    cdef readonly str path

@@ -1,0 +1,114 @@
+"""The shared-memory path: rings, single-copy reads, cleanup, and failure."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+
+
+def _leftovers():
+    return glob.glob("/dev/shm/pycollect-*")
+
+
+def _check_sums(g, n):
+    res = g.run(lambda ctx: ctx.allreduce(np.full(n, ctx.rank + 1.0),
+                                          algorithm="ring_chunked"))
+    for r in res:
+        assert np.all(r == g.size * (g.size + 1) / 2)
+
+
+def test_same_host_pairs_use_shared_memory_by_default():
+    g = ThreadGroup(3)
+    try:
+        assert g.contexts[0]._transport.pair_kinds() == ["self", "shm+cma", "shm+cma"]
+        assert not _leftovers(), "the segment is unlinked once every rank mapped it"
+        _check_sums(g, 3 << 20)
+    finally:
+        g.close()
+    assert not _leftovers()
+
+
+def test_tcp_can_be_forced():
+    g = ThreadGroup(2, transport="tcp")
+    try:
+        assert g.contexts[1]._transport.pair_kinds() == ["tcp", "self"]
+        _check_sums(g, 1000)
+    finally:
+        g.close()
+
+
+def test_rings_alone_carry_large_messages(monkeypatch):
+    """Without cross-memory reads, messages larger than a ring wrap around it."""
+    monkeypatch.setenv("PYCOLLECT_CMA", "0")
+    g = ThreadGroup(2, transport="shm")
+    try:
+        assert g.contexts[0]._transport.pair_kinds() == ["self", "shm"]
+        _check_sums(g, 5 << 20)
+        res = g.run(lambda ctx: ctx.broadcast(np.arange(3 << 20, dtype=np.float32)
+                                              if ctx.rank == 0 else
+                                              np.zeros(3 << 20, np.float32)))
+        assert np.array_equal(res[1], np.arange(3 << 20, dtype=np.float32))
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("cma_min", ["1", "100000000"])
+def test_every_message_size_by_either_path(monkeypatch, cma_min):
+    monkeypatch.setenv("PYCOLLECT_CMA_MIN_BYTES", cma_min)
+    g = ThreadGroup(4)
+    try:
+        for n in (0, 1, 7, 4096, 100003):
+            _check_sums(g, n)
+    finally:
+        g.close()
+
+
+_VICTIM = r"""
+import os, signal, sys, time
+import numpy as np
+import pycollect as pc
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
+ctx.barrier()
+buf = np.ones(4 << 20, np.float32)
+t0 = time.monotonic()
+try:
+    for i in range(1000):
+        if rank == 2 and i == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        ctx.allreduce(buf)
+except pc.PeerError as exc:
+    print("rank %d PeerError after %.2f s: %s" % (rank, time.monotonic() - t0, exc))
+    sys.exit(0)
+sys.exit("rank %d finished without an error" % rank)
+"""
+
+
+def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
+    script = tmp_path / "victim.py"
+    script.write_text(_VICTIM)
+    store = "file://%s" % (tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(3)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert procs[2].returncode == -signal.SIGKILL
+    for r in (0, 1):
+        assert procs[r].returncode == 0, outs[r]
+        line = outs[r][0]
+        assert "PeerError" in line and "rank 2" in line, line
+        assert float(line.split(" after ")[1].split(" s")[0]) < 10, line
+    assert not _leftovers()
+
+
+def test_nothing_left_in_dev_shm():
+    """Run last in this file: no test above left a segment behind."""
+    assert not _leftovers()
