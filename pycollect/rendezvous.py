@@ -1,24 +1,63 @@
-"""``pycollect.init()``: read the job's shape, open the store, connect the transport.
+"""``pycollect.init()``: read the job's shape, open the store, join the run, connect.
 
-Precedence for each setting: the keyword argument, then the environment
-(``PYCOLLECT_RANK``, ``PYCOLLECT_SIZE``, ``PYCOLLECT_STORE``,
-``PYCOLLECT_TIMEOUT``, ``PYCOLLECT_SOCKET_IFNAME``, ``PYCOLLECT_MAX_SEGMENT_BYTES``),
-then the documented default.
+Where each setting comes from, first match wins:
+
+1. the keyword argument;
+2. ``PYCOLLECT_RANK``, ``PYCOLLECT_SIZE``, ``PYCOLLECT_STORE`` (each on its
+   own; ``pycollect-run`` sets all three), likewise ``PYCOLLECT_TIMEOUT``,
+   ``PYCOLLECT_SOCKET_IFNAME``, ``PYCOLLECT_MAX_SEGMENT_BYTES``;
+3. the first launcher found in the environment (``LAUNCHERS``): torchrun
+   (``RANK``, ``WORLD_SIZE``, store ``tcp://MASTER_ADDR:MASTER_PORT`` that
+   rank 0 hosts), Open MPI (``OMPI_COMM_WORLD_RANK``/``_SIZE``) and MPICH
+   (``PMI_RANK``/``PMI_SIZE``), both with store ``mpi://``, then SLURM
+   (``SLURM_PROCID``, ``SLURM_NTASKS``; the store must come from
+   ``PYCOLLECT_STORE``);
+4. the default: size 1 with a private in-process store.
+
+A missing piece is an ``InvalidArgument`` naming the variable to set; with
+``PYCOLLECT_DEBUG=1`` what was chosen, and why, is logged.
+
+A store may hold keys of an earlier run that crashed (a reused directory, a
+long-lived server).  Before connecting, the ranks therefore join a fresh run:
+rank 0 publishes a random run id, every other rank answers with a random
+nonce under that id, and rank 0 echoes each nonce back.  A rank accepts a run
+only when its own nonce comes back, so a stale id (or a stale echo) is never
+taken for the live one; every key of the context then lives under the new
+id, out of reach of whatever the old run left.
 """
 
 import logging
 import os
+import secrets
 import threading
+import time
+from urllib.parse import urlsplit, urlunsplit
 
 from .context import Context
-from .errors import InvalidArgument, PluginError
+from .errors import Error, InvalidArgument, Timeout
 from .plugins.registry import get_transport, open_store
-from .plugins.store import DEFAULT_TIMEOUT, PrefixStore, Store
+from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, backoff_delays
 
-__all__ = ["init", "DEFAULT_TIMEOUT"]
+__all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
 log = logging.getLogger("pycollect")
 
+# (name, rank variable, size variable): launchers in order of precedence.
+LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE"),
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("MPICH", "PMI_RANK", "PMI_SIZE"),
+    ("SLURM", "SLURM_PROCID", "SLURM_NTASKS"),
+)
+MPI_LAUNCHERS = ("Open MPI", "MPICH")
+# torchrun's agent hosts its own store on MASTER_PORT when this says True;
+# pycollect's embedded store then takes the next port.
+TORCH_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+# How long a joining rank waits for its nonce to come back before it reads the
+# run id again (doubling from the first to the cap).
+JOIN_SLICE_FIRST_S = 0.05
+JOIN_SLICE_CAP_S = 0.5
 
 # Contexts opened through one store are numbered per rank, in creation order,
 # so every rank of a group derives the same namespace without talking.
@@ -26,16 +65,20 @@ _context_counter = {}
 _counter_lock = threading.Lock()
 
 
-def _from_env(value, var, parse, what):
-    if value is not None:
-        return value
-    raw = os.environ.get(var)
-    if raw is None or raw == "":
-        return None
+def _parse(raw, var, parse, what):
     try:
         return parse(raw)
     except ValueError:
         raise InvalidArgument("%s=%r is not a valid %s" % (var, raw, what)) from None
+
+
+def _from_env(value, var, parse, what, environ=None):
+    if value is not None:
+        return value
+    raw = (os.environ if environ is None else environ).get(var)
+    if raw is None or raw == "":
+        return None
+    return _parse(raw, var, parse, what)
 
 
 def _debug_enabled():
@@ -50,23 +93,104 @@ def _debug_enabled():
     return False
 
 
-def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
-         *, segment_bytes=None):
-    """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
+def redact(url):
+    """``url`` with any password replaced by ``***``, for logs and messages."""
+    if not isinstance(url, str):
+        return getattr(url, "url", repr(url))
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc="%s:***@%s" % (user, host)))
+    except ValueError:
+        return url
 
-    ``store`` is a URL (``tcp://host:port``, ``file:///dir``, ``hash://name``,
-    optionally with ``?prefix=NAME``) or a ``pycollect.Store``.  ``timeout``
-    (seconds, default 120) bounds the rendezvous and every collective.
+
+def _present(environ, var):
+    return environ.get(var, "") != ""
+
+
+def _torchrun_store(environ):
+    """``tcp://MASTER_ADDR:MASTER_PORT`` (the next port when torch's agent holds that one)."""
+    from .plugins.tcp_store import tcp_url
+    missing = [var for var in ("MASTER_ADDR", "MASTER_PORT") if not _present(environ, var)]
+    if missing:
+        raise InvalidArgument("init: running under torchrun (RANK is set) but %s %s not; set "
+                              "%s, or set PYCOLLECT_STORE" % (
+                                  " and ".join(missing), "is" if len(missing) == 1 else "are",
+                                  " and ".join(missing)))
+    port = _parse(environ["MASTER_PORT"], "MASTER_PORT", int, "port")
+    why = "MASTER_ADDR and MASTER_PORT"
+    if environ.get(TORCH_AGENT_STORE_ENV, "").lower() == "true":
+        port += 1
+        why += " + 1 (%s=True: torch's own store holds MASTER_PORT)" % TORCH_AGENT_STORE_ENV
+    if not 0 < port < 65536:
+        raise InvalidArgument("init: MASTER_PORT=%r gives no valid port" % environ["MASTER_PORT"])
+    return tcp_url(environ["MASTER_ADDR"].strip("[]"), port), why
+
+
+def detect_launcher(environ=None):
+    """What the environment says about this job: a dict, or None outside any launcher.
+
+    Keys: ``launcher``, ``rank``, ``size``, ``store`` (URL or None), ``why``
+    (variables each came from).
     """
+    environ = os.environ if environ is None else environ
+    for name, rank_var, size_var in LAUNCHERS:
+        if not _present(environ, rank_var):
+            continue
+        if not _present(environ, size_var):
+            raise InvalidArgument("init: running under %s (%s is set) but %s is not; set %s "
+                                  "(or PYCOLLECT_SIZE)" % (name, rank_var, size_var, size_var))
+        found = {"launcher": name,
+                 "rank": _parse(environ[rank_var], rank_var, int, "rank"),
+                 "size": _parse(environ[size_var], size_var, int, "size"),
+                 "store": None, "why": "%s and %s" % (rank_var, size_var)}
+        if name == "torchrun":
+            found["store"], found["store_why"] = _torchrun_store(environ)
+        elif name in MPI_LAUNCHERS:
+            found["store"], found["store_why"] = "mpi://", "mpirun, no PYCOLLECT_STORE"
+        return found
+    return None
+
+
+def _job(rank, size, store):
+    """Fill in rank, size and store from the environment; log where each came from."""
+    sources = {}
+    for field, value, var, what in (("rank", rank, "PYCOLLECT_RANK", "rank"),
+                                    ("size", size, "PYCOLLECT_SIZE", "size")):
+        if value is not None:
+            sources[field] = "argument"
+        elif _present(os.environ, var):
+            sources[field] = var
     rank = _from_env(rank, "PYCOLLECT_RANK", int, "rank")
     size = _from_env(size, "PYCOLLECT_SIZE", int, "size")
-    store = _from_env(store, "PYCOLLECT_STORE", str, "store URL")
-    timeout = _from_env(timeout, "PYCOLLECT_TIMEOUT", float, "timeout in seconds")
-    segment_bytes = _from_env(segment_bytes, "PYCOLLECT_MAX_SEGMENT_BYTES", int, "byte count")
-    if timeout is None:
-        timeout = DEFAULT_TIMEOUT
+    if store is not None:
+        sources["store"] = "argument"
+    elif _present(os.environ, "PYCOLLECT_STORE"):
+        store, sources["store"] = os.environ["PYCOLLECT_STORE"], "PYCOLLECT_STORE"
+    launcher = None
+    if rank is None or size is None or store is None:
+        try:
+            launcher = detect_launcher()
+        except InvalidArgument:
+            if rank is None or size is None:
+                raise
+            # Rank and size are given: an incomplete launcher environment is not used.
+    if launcher is not None:
+        for field in ("rank", "size"):
+            if field not in sources:
+                sources[field] = "%s (%s)" % (launcher["launcher"], launcher["why"])
+        rank = launcher["rank"] if rank is None else rank
+        size = launcher["size"] if size is None else size
+        if store is None and launcher["store"] is not None:
+            store = launcher["store"]
+            sources["store"] = "%s (%s)" % (launcher["launcher"], launcher["store_why"])
     if size is None:
-        raise InvalidArgument("init: the group size is unknown; pass size= or set PYCOLLECT_SIZE")
+        raise InvalidArgument("init: the group size is unknown; pass size=, set PYCOLLECT_SIZE, "
+                              "or start the ranks with pycollect-run, torchrun, mpirun or srun")
     if rank is None:
         raise InvalidArgument("init: this process's rank is unknown; pass rank= or set "
                               "PYCOLLECT_RANK")
@@ -77,18 +201,90 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
         raise InvalidArgument("init: size must be >= 1, got %d" % size)
     if not 0 <= rank < size:
         raise InvalidArgument("init: rank %d is outside 0..%d" % (rank, size - 1))
-    if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgument("init: timeout must be a positive number of seconds, got %r"
-                              % (timeout,))
     if store is None:
         if size > 1:
-            raise InvalidArgument("init: no store to rendezvous through; pass store= or set "
-                                  "PYCOLLECT_STORE (e.g. tcp://HOST:PORT, file:///shared/dir)")
-        store = "hash://pycollect-single-%d" % os.getpid()
+            where = " under %s" % launcher["launcher"] if launcher else ""
+            raise InvalidArgument("init: no store to rendezvous through%s; pass store= or set "
+                                  "PYCOLLECT_STORE (e.g. tcp://HOST:PORT, file:///shared/dir, "
+                                  "redis://HOST:PORT)" % where)
+        store, sources["store"] = "hash://pycollect-single-%d" % os.getpid(), "default (size 1)"
+    if sources.get("rank") == sources.get("size"):
+        shape = "rank %d of %d from %s" % (rank, size, sources.get("rank", "?"))
+    else:
+        shape = "rank %d from %s, size %d from %s" % (rank, sources.get("rank", "?"), size,
+                                                       sources.get("size", "?"))
+    log.debug("init: %s; store %s from %s", shape, redact(store), sources.get("store", "?"))
+    return rank, size, store
+
+
+def _join_run(scoped, rank, size, deadline):
+    """Agree on a fresh run id under ``scoped`` (see the module docstring); return it."""
+    def left():
+        return max(deadline.remaining(), 0.001)
+
+    if rank == 0:
+        run = secrets.token_hex(8)
+        scoped.set("run", run.encode())
+        joins = ["%s/join/%d" % (run, peer) for peer in range(1, size)]
+        scoped.wait(joins, timeout=left())
+        for peer, key in enumerate(joins, start=1):
+            scoped.set("%s/ack/%d" % (run, peer), scoped.get(key, timeout=left()))
+        return run
+    nonce = secrets.token_hex(8).encode()
+    joined = None
+    for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
+        run = scoped.get("run", timeout=left()).decode("ascii", "replace")
+        if run != joined:
+            scoped.set("%s/join/%d" % (run, rank), nonce)
+            joined = run
+        try:
+            if scoped.get("%s/ack/%d" % (run, rank), timeout=min(slice_s, left())) == nonce:
+                return run
+            time.sleep(min(slice_s, deadline.remaining()))  # an echo left by an earlier run
+        except Timeout:
+            pass
+        if deadline.expired():
+            raise Timeout("rank %d: timed out after %g s joining the run in store %s: rank 0 "
+                          "never answered this rank (is rank 0 running, with the same store "
+                          "and size?)" % (rank, deadline.timeout, scoped.url))
+
+
+def _leave_run(scoped, run, rank):
+    """Delete this rank's join keys once the transport stands (every rank is past joining).
+
+    Best effort: a store that rank 0 hosted may already be gone with rank 0.
+    """
+    keys = ["run"] if rank == 0 else ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank)]
+    try:
+        for key in keys:
+            scoped.delete(key)
+    except Error as exc:
+        log.debug("rank %d: could not delete join keys %s: %s", rank, keys, exc)
+
+
+def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
+         *, segment_bytes=None):
+    """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
+
+    ``store`` is a URL (``tcp://host:port``, ``file:///dir``, ``redis://host:port``,
+    ``mpi://``, ``hash://name``, optionally with ``?prefix=NAME``) or a
+    ``pycollect.Store``.  Left out, rank, size and store come from the
+    environment (module docstring).  ``timeout`` (seconds, default 120) bounds
+    the rendezvous and every collective.
+    """
+    debug = _debug_enabled()
+    rank, size, store = _job(rank, size, store)
+    timeout = _from_env(timeout, "PYCOLLECT_TIMEOUT", float, "timeout in seconds")
+    segment_bytes = _from_env(segment_bytes, "PYCOLLECT_MAX_SEGMENT_BYTES", int, "byte count")
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgument("init: timeout must be a positive number of seconds, got %r"
+                              % (timeout,))
     if not isinstance(transport, str):
         raise InvalidArgument("init: transport must be a name such as 'tcp', got %r"
                               % (transport,))
-    debug = _debug_enabled()
+    deadline = Deadline(float(timeout))
     factory = get_transport(transport)
     owns_store = not isinstance(store, Store)
     base = open_store(store, timeout=timeout, rank=rank, size=size)
@@ -99,14 +295,20 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
             _context_counter[key] = number + 1
         name = "pycollect/ctx%d" % number
         scoped = PrefixStore(name, base)
-        context_id = "%s#%s" % (getattr(base, "url", ""), name)
-        t = factory(rank, size, scoped, timeout=float(timeout), interface=interface,
+        run = _join_run(scoped, rank, size, deadline) if size > 1 else "single"
+        # Not the store's URL: ranks may spell one store differently
+        # (localhost, 127.0.0.1); the run id is random and shared by all.
+        context_id = "%s/%s" % (name, run)
+        t = factory(rank, size, PrefixStore(run, scoped),
+                    timeout=max(deadline.remaining(), 0.001), interface=interface,
                     context_id=context_id)
+        if size > 1:
+            _leave_run(scoped, run, rank)
     except BaseException:
         if owns_store:
             base.close()
         raise
-    log.debug("rank %d of %d: connected over %s through %s", rank, size, transport,
-              getattr(base, "url", base))
+    log.debug("rank %d of %d: connected over %s through %s (run %s)", rank, size, transport,
+              redact(getattr(base, "url", base)), run)
     return Context(rank, size, t, timeout=timeout, segment_bytes=segment_bytes,
                    on_close=[base.close] if owns_store else [], debug=debug)

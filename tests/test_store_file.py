@@ -2,6 +2,8 @@
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -88,16 +90,70 @@ def test_key_files_stay_inside_the_directory(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
 
-def test_a_held_lock_makes_add_time_out(tmp_path):
+def _hold_lock(lock_path, held, release):
+    """Run in a child process: hold a POSIX lock on ``lock_path`` until ``release`` is set."""
     import fcntl
-    store = FileStore(tmp_path, timeout=0.2)
-    with open(tmp_path / ".lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
+    with open(lock_path, "w") as lock_file:
+        fcntl.lockf(lock_file, fcntl.LOCK_EX)
+        held.set()
+        release.wait(20)
+
+
+def test_a_lock_held_by_another_process_makes_add_time_out(tmp_path):
+    context = multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    held, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold_lock, args=(str(tmp_path / ".lock"), held, release))
+    holder.start()
+    try:
+        assert held.wait(20)
+        store = FileStore(tmp_path, timeout=0.2)
         started = time.monotonic()
         with pytest.raises(pc.Timeout, match="lock"):
             store.add("counter", 1)
         assert time.monotonic() - started < 3
+    finally:
+        release.set()
+        holder.join(20)
     assert store.add("counter", 1) == 1
+
+
+def test_two_stores_of_one_process_take_turns_on_the_lock(tmp_path):
+    first, second = FileStore(tmp_path, timeout=5), FileStore(tmp_path, timeout=5)
+    with first._add_locked("counter"):
+        blocked = threading.Thread(target=second.add, args=("counter", 1))
+        blocked.start()
+        blocked.join(0.2)
+        assert blocked.is_alive(), "the second store did not wait for the first one's lock"
+    blocked.join(5)
+    assert second.get("counter") == b"1"
+
+
+def _overwrite(directory, worker, rounds):
+    """Run in a child process: set one key over and over to a large value of its own."""
+    with FileStore(directory, timeout=20) as store:
+        for index in range(rounds):
+            store.set("contested", bytes([worker]) * (64 * 1024 + index))
+
+
+def test_concurrent_writers_of_one_key_never_show_a_torn_value(tmp_path):
+    directory = str(tmp_path / "shared")
+    context = multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    writers = [context.Process(target=_overwrite, args=(directory, worker, 40))
+               for worker in (1, 2, 3)]
+    for writer in writers:
+        writer.start()
+    seen = set()
+    with FileStore(directory, timeout=20) as reader:
+        reader.get("contested")
+        while any(writer.is_alive() for writer in writers) and len(seen) < 2000:
+            value = reader.get("contested")
+            assert len(set(value)) == 1 and len(value) >= 64 * 1024, "a torn value"
+            seen.add(value[0])
+    for writer in writers:
+        writer.join(30)
+    assert [writer.exitcode for writer in writers] == [0, 0, 0]
 
 
 def test_unusable_directory_is_a_store_error(tmp_path):
@@ -118,3 +174,60 @@ def test_open_file_store_takes_an_absolute_file_url(tmp_path):
 def test_bad_file_urls_are_invalid_arguments(url):
     with pytest.raises(pc.InvalidArgument):
         open_file_store(url)
+
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rendezvous_worker.py")
+
+
+def _start_ranks(directory, size, ranks, timeout):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCOLLECT_")}
+    return [subprocess.Popen([sys.executable, WORKER, "--timeout", str(timeout)],
+                             env=dict(env, PYCOLLECT_RANK=str(rank), PYCOLLECT_SIZE=str(size),
+                                      PYCOLLECT_STORE=f"file://{directory}"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL) for rank in ranks]
+
+
+def _finish(procs, limit=45):
+    deadline = time.monotonic() + limit
+    outputs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=5)
+        outputs.append((proc.returncode, out.decode(errors="replace")))
+    return outputs
+
+
+def test_a_directory_left_by_a_crashed_run_serves_the_next_run(tmp_path):
+    directory = tmp_path / "rdv"
+    # A run of three whose rank 2 never comes: ranks 0 and 1 time out and leave keys behind.
+    crashed = _finish(_start_ranks(directory, 3, [0, 1], timeout=1))
+    assert all(code != 0 and "Timeout" in out for code, out in crashed), crashed
+    left = sorted(name for name in os.listdir(directory) if name.startswith("k."))
+    assert any("run" in name for name in left) and any("join" in name for name in left)
+    started = time.monotonic()
+    outputs = _finish(_start_ranks(directory, 3, [2, 1, 0], timeout=20))
+    assert all(code == 0 for code, _ in outputs), outputs
+    assert time.monotonic() - started < 20
+    # The new run removed its own keys; only the crashed run's may remain.
+    assert sorted(name for name in os.listdir(directory) if name.startswith("k.")) <= left
+
+
+def test_stale_keys_of_an_earlier_run_are_never_read(tmp_path):
+    """Everything a crashed run could leave: a run id, echoes, a token and dead addresses."""
+    from jobs import allreduce_job
+    stale = FileStore(tmp_path)
+    for key, value in [("pycollect/ctx0/run", b"0123456789abcdef"),
+                       ("pycollect/ctx0/0123456789abcdef/ack/1", b"old-nonce"),
+                       ("pycollect/ctx0/0123456789abcdef/ack/2", b"old-nonce"),
+                       ("pycollect/ctx0/0123456789abcdef/tcp/token", b"x" * 32),
+                       ("pycollect/ctx0/0123456789abcdef/tcp/addr/0",
+                        b'{"host": "127.0.0.1", "port": 9, "hostid": "gone", "pid": 1}'),
+                       ("pycollect/ctx0/tcp/addr/1", b"not json")]:
+        stale.set(key, value)
+    allreduce_job(3, f"file://{tmp_path}", timeout=20)
+    assert not stale.check(["pycollect/ctx0/run"])
+    assert stale.get("pycollect/ctx0/0123456789abcdef/tcp/token") == b"x" * 32

@@ -86,3 +86,20 @@ def test_many_contexts_on_one_store_stay_apart():
         for ctxs in opened:
             for ctx in ctxs:
                 ctx.close()
+
+
+def test_ranks_may_spell_the_store_differently():
+    """One embedded TCP store reached as localhost by one rank, 127.0.0.1 by the other."""
+    import socket
+    from group import run_ranks
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    urls = ["tcp://127.0.0.1:%d" % port, "tcp://localhost:%d" % port]
+    ctxs = run_ranks(2, lambda r: pc.init(rank=r, size=2, store=urls[r], timeout=20))
+    try:
+        res = run_ranks(2, lambda r: ctxs[r].allreduce(np.full(4, r + 1.0)))
+        assert all(np.all(x == 3.0) for x in res)
+    finally:
+        for c in reversed(ctxs):
+            c.close()

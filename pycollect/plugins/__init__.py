@@ -2,6 +2,8 @@
 
 from .file_store import FileStore
 from .hash_store import HashStore
+from .mpi_store import MPIStore
+from .redis_store import RedisStore
 from .registry import available, get_transport, open_store
 from .store import PrefixStore, Store
 from .tcp_store import TCPStore, TCPStoreServer
@@ -9,7 +11,9 @@ from .tcp_store import TCPStore, TCPStoreServer
 __all__ = [
     "FileStore",
     "HashStore",
+    "MPIStore",
     "PrefixStore",
+    "RedisStore",
     "Store",
     "TCPStore",
     "TCPStoreServer",

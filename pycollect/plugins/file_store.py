@@ -24,6 +24,19 @@ LONGEST_READABLE_NAME = 200
 LOCK_FILE_NAME = ".lock"
 TEMP_FILE_PREFIX = ".tmp-"
 
+# POSIX record locks (fcntl) belong to the process, not to the descriptor:
+# two threads both "hold" one, and closing any descriptor of the file drops
+# it.  So the threads of one process take turns through one in-process lock
+# per lock file, and only the holder opens the file.
+_process_locks = {}
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(lock_path):
+    """The in-process lock that guards ``lock_path`` for every FileStore of this process."""
+    with _process_locks_guard:
+        return _process_locks.setdefault(os.path.realpath(lock_path), threading.Lock())
+
 
 def key_file_name(key):
     """The file name of ``key``: percent-encoded and prefixed, or hashed when too long."""
@@ -43,9 +56,10 @@ class FileStore(Store):
         except TypeError:
             raise InvalidArgument(f"FileStore needs a directory path, got {path!r}") from None
         self.url = "file://" + quote(self.path)
-        self._add_lock = threading.Lock()
         with self._storage_errors("create the directory"):
             os.makedirs(self.path, exist_ok=True)
+        self._lock_path = os.path.join(self.path, LOCK_FILE_NAME)
+        self._add_lock = _process_lock(self._lock_path)
 
     @contextlib.contextmanager
     def _storage_errors(self, action):
@@ -90,9 +104,13 @@ class FileStore(Store):
 
     @contextlib.contextmanager
     def _add_locked(self, key):
-        """Hold the store's lock file (and this process's lock) until the block ends."""
+        """Hold a POSIX lock on the store's lock file (and this process's lock) for the block.
+
+        ``fcntl`` record locks, unlike ``flock``, reach the NFS lock manager and
+        the cluster filesystems that honour POSIX locks.
+        """
         deadline = Deadline(self.timeout)
-        lock_path = os.path.join(self.path, LOCK_FILE_NAME)
+        lock_path = self._lock_path
         if not self._add_lock.acquire(timeout=deadline.timeout):
             raise self._lock_timeout(key, lock_path, deadline)
         try:
@@ -101,15 +119,15 @@ class FileStore(Store):
             try:
                 for delay in backoff_delays(POLL_FIRST_S, POLL_CAP_S):
                     try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                         break
-                    except BlockingIOError:
+                    except (BlockingIOError, PermissionError):   # EAGAIN or EACCES: held
                         if deadline.expired():
                             raise self._lock_timeout(key, lock_path, deadline) from None
                         time.sleep(min(delay, deadline.remaining()))
                 yield
             finally:
-                os.close(fd)  # closing the descriptor releases the flock
+                os.close(fd)  # closing the descriptor releases the record lock
         finally:
             self._add_lock.release()
 

@@ -1,0 +1,366 @@
+"""The Redis store against a real redis-server on a free loopback port, with and without a password."""
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+import pycollect as pc
+from pycollect.plugins import open_store
+from pycollect.plugins.interfaces import choose_address
+from abstract import StoreSuite
+from jobs import allreduce_job
+
+hiredis = pytest.importorskip("hiredis", reason="the redis store needs hiredis: "
+                                                "pip install 'pycollect[redis]'")
+from pycollect.plugins.redis_store import RedisStore, parse_redis_url  # noqa: E402
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(shutil.which("redis-server") is None,
+                       reason="redis-server is not installed (apt-get install redis-server)"),
+]
+
+PASSWORD = "p@ss:w/rd"
+SERVER_START_S = 10.0
+
+
+def _free_port(below=65536):
+    """A free loopback port under ``below`` (a cluster node also binds port + 10000)."""
+    for _ in range(200):   # bounded: the kernel hands out ports all over its range
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < below:
+            return port
+    raise RuntimeError(f"found no free loopback port below {below}")
+
+
+def _command(port, *args, password=None, db=0, timeout=5.0):
+    """One command on a fresh connection (an admin's view of the server); returns the reply."""
+    reader = hiredis.Reader()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        commands = ([("AUTH", password)] if password else []) + \
+            ([("SELECT", db)] if db else []) + [args]
+        sock.sendall(b"".join(hiredis.pack_command(c) for c in commands))
+        replies = []
+        while len(replies) < len(commands):   # bounded by the socket timeout
+            reply = reader.gets()
+            if reply is not False:
+                replies.append(reply)
+                continue
+            data = sock.recv(65536)
+            assert data, "redis-server closed the connection"
+            reader.feed(data)
+    return replies[-1]
+
+
+class RedisServer:
+    """A redis-server child process on a free loopback port, in memory only."""
+
+    def __init__(self, directory, password=None, extra=(), port_below=65536):
+        self.directory, self.password, self.extra = directory, password, list(extra)
+        self.port = _free_port(port_below)
+        self.proc = None
+        self.start()
+
+    def start(self):
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+                "--daemonize", "no", "--loglevel", "warning", *self.extra]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.log = self.directory / "redis.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + SERVER_START_S
+        while True:   # bounded by the deadline
+            with contextlib.suppress(OSError):
+                if _command(self.port, "PING", password=self.password, timeout=1) == b"PONG":
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("redis-server did not start: "
+                                   + self.log.read_text(errors="replace")[-2000:])
+            time.sleep(0.02)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def command(self, *args, db=0):
+        return _command(self.port, *args, password=self.password, db=db)
+
+    def url(self, db=0, query=""):
+        auth = ":" + PASSWORD.replace("@", "%40").replace(":", "%3A").replace("/", "%2F") \
+            + "@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}{query}"
+
+    def keys(self, db=0):
+        return sorted(self.command("KEYS", "*", db=db))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    redis = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture(scope="module")
+def password_server(tmp_path_factory):
+    redis = RedisServer(tmp_path_factory.mktemp("redis-auth"), password=PASSWORD)
+    yield redis
+    redis.stop()
+
+
+class TestRedisStore(StoreSuite):
+    @pytest.fixture
+    def store(self, server):
+        with RedisStore("127.0.0.1", server.port, timeout=10) as store:
+            yield store
+        assert server.keys() == [], "the handle left keys behind"
+
+
+class TestPasswordRedisStore(StoreSuite):
+    @pytest.fixture
+    def store(self, password_server):
+        with open_store(password_server.url(db=2), timeout=10) as store:
+            yield store
+        assert password_server.keys(db=2) == [], "the handle left keys behind"
+
+
+def test_url_forms_parse():
+    assert parse_redis_url("redis://h:1/3?ttl=5") == {
+        "host": "h", "port": 1, "db": 3, "password": None, "username": None, "key_ttl": 5.0}
+    parsed = parse_redis_url("redis://:p%40ss@[::1]:6380")
+    assert (parsed["host"], parsed["port"], parsed["db"], parsed["password"]) == \
+        ("::1", 6380, 0, "p@ss")
+    assert parse_redis_url("redis://user:pw@host/")["username"] == "user"
+    assert parse_redis_url("redis://host")["port"] == 6379
+
+
+@pytest.mark.parametrize("url", ["redis://", "redis://h:0x/", "redis://h:1/db2",
+                                 "redis://h:1/?mode=x", "redis://h:1/?ttl=-1",
+                                 "redis://h:1/#frag"])
+def test_bad_urls_are_invalid_arguments(url):
+    with pytest.raises(pc.InvalidArgument):
+        parse_redis_url(url)
+
+
+def test_prefix_query_and_registry(server):
+    assert pc.plugins.available()["stores"]["redis"] == "pycollect"
+    with open_store(server.url(query="?prefix=job7"), timeout=5) as store:
+        assert isinstance(store.store, RedisStore)
+        store.set("rank0", b"x")
+        assert server.keys() == [b"job7/rank0"]
+        assert store.url.endswith("?prefix=job7")
+    assert server.keys() == []
+
+
+def test_keys_expire_unless_ttl_is_zero(server):
+    with RedisStore("127.0.0.1", server.port, timeout=5, key_ttl=60) as store:
+        store.set("a", b"1")
+        store.add("n", 1)
+        assert 0 < server.command("PTTL", "a") <= 60_000
+        assert 0 < server.command("PTTL", "n") <= 60_000
+    with open_store(server.url(query="?ttl=0"), timeout=5) as store:
+        store.set("a", b"1")
+        assert server.command("PTTL", "a") == -1
+
+
+def test_a_handle_deletes_only_what_it_wrote(server):
+    with RedisStore("127.0.0.1", server.port, timeout=5) as mine, \
+            RedisStore("127.0.0.1", server.port, timeout=5) as theirs:
+        theirs.set("theirs", b"1")
+        mine.set("mine", b"1")
+        mine.add("counter", 1)
+        mine.set("gone", b"1")
+        mine.delete("gone")
+        mine.close()
+        assert server.keys() == [b"theirs"]
+    assert server.keys() == []
+
+
+def test_password_is_required_and_never_shown(password_server):
+    port = password_server.port
+    with pytest.raises(pc.StoreError, match="needs a password"):
+        RedisStore("127.0.0.1", port, timeout=2)
+    with pytest.raises(pc.StoreError, match="refused the password") as caught:
+        RedisStore("127.0.0.1", port, password="wrong-secret", timeout=2)
+    assert "wrong-secret" not in str(caught.value)
+    with open_store(password_server.url(), timeout=5) as store:
+        assert PASSWORD not in store.url and PASSWORD not in repr(store)
+        assert store.url == f"redis://:***@127.0.0.1:{port}/0"
+
+
+def test_databases_are_separate(server):
+    with open_store(server.url(db=3), timeout=5) as three, \
+            open_store(server.url(db=0), timeout=5) as zero:
+        three.set("k", b"3")
+        assert not zero.check(["k"])
+        assert server.keys(db=3) == [b"k"]
+
+
+def test_a_dropped_connection_is_reopened(server):
+    with RedisStore("127.0.0.1", server.port, timeout=5) as store:
+        store.set("before", b"1")
+        assert server.command("CLIENT", "KILL", "TYPE", "normal") >= 1
+        assert store.get("before") == b"1"
+        store.set("after", b"2")
+        assert store.add("counter", 2) == 2
+
+
+def test_a_restarted_server_is_reached_within_the_deadline(tmp_path):
+    redis = RedisServer(tmp_path)
+    try:
+        store = RedisStore("127.0.0.1", redis.port, timeout=10)
+        store.set("key", b"v")
+        redis.stop()
+        restarter = threading.Timer(0.3, redis.start)
+        restarter.start()
+        started = time.monotonic()
+        store.set("key", b"again")            # retried until the server is back
+        restarter.join()
+        assert time.monotonic() - started < 8
+        assert store.get("key") == b"again"
+        store.close()
+        assert redis.keys() == []
+    finally:
+        redis.stop()
+
+
+def test_an_unreachable_server_is_a_store_error_within_the_deadline():
+    port = _free_port()
+    started = time.monotonic()
+    with pytest.raises(pc.StoreError, match=f"127.0.0.1:{port}.*tried for 0.5 s"):
+        RedisStore("127.0.0.1", port, timeout=0.5)
+    assert time.monotonic() - started < 3
+
+
+def test_redis_cluster_is_refused(tmp_path):
+    redis = RedisServer(tmp_path, extra=["--cluster-enabled", "yes", "--cluster-config-file",
+                                         str(tmp_path / "nodes.conf")], port_below=55000)
+    try:
+        started = time.monotonic()
+        with pytest.raises(pc.StoreError, match="Redis Cluster.*cluster_enabled"):
+            RedisStore("127.0.0.1", redis.port, timeout=5)
+        assert time.monotonic() - started < 3
+    finally:
+        redis.stop()
+
+
+class _FakeRedis:
+    """A loopback server speaking just enough RESP: INFO says standalone, ``answer`` the rest."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        self.listener.settimeout(10)
+        with contextlib.suppress(OSError):
+            while True:   # bounded: accept times out, close ends it
+                conn, _ = self.listener.accept()
+                with conn:
+                    conn.settimeout(10)
+                    self._answer_all(conn)
+
+    def _answer_all(self, conn):
+        """Answer commands until the client leaves or ``answer`` says to hang up (None)."""
+        reader = hiredis.Reader()
+        while True:   # bounded by the socket timeout
+            data = conn.recv(65536)
+            if not data:
+                return
+            reader.feed(data)
+            command = reader.gets()
+            while command is not False:
+                if command[0].upper() == b"INFO":
+                    reply = b"$17\r\ncluster_enabled:0\r\n"
+                else:
+                    reply = self.answer(command)
+                if reply is None:
+                    return
+                conn.sendall(reply)
+                command = reader.gets()
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept
+        self.listener.close()
+        self.thread.join(5)
+
+
+def test_moved_replies_are_a_clear_error_not_a_hang():
+    fake = _FakeRedis(lambda command: b"-MOVED 3999 127.0.0.1:6381\r\n")
+    try:
+        store = RedisStore("127.0.0.1", fake.port, timeout=5)
+        started = time.monotonic()
+        with pytest.raises(pc.StoreError, match="Redis Cluster.*MOVED"):
+            store.get("key", timeout=5)
+        assert time.monotonic() - started < 2
+        store.close()
+    finally:
+        fake.close()
+
+
+def test_an_increment_whose_reply_is_lost_is_not_repeated():
+    fake = _FakeRedis(lambda command: None if command[0] == b"INCRBY" else b":0\r\n")
+    try:
+        store = RedisStore("127.0.0.1", fake.port, timeout=5, key_ttl=0)
+        with pytest.raises(pc.StoreError, match="INCRBY.*not retried"):
+            store.add("counter", 1)
+        store.close()
+    finally:
+        fake.close()
+
+
+def test_missing_hiredis_names_the_extra(monkeypatch):
+    from pycollect.plugins import redis_store
+    monkeypatch.setattr(redis_store, "hiredis", None)
+    with pytest.raises(pc.PluginError, match=r"pycollect\[redis\]"):
+        open_store("redis://127.0.0.1:1/")
+
+
+@pytest.mark.parametrize("fixture", ["server", "password_server"])
+def test_init_rendezvous_through_redis_leaves_no_keys(request, fixture):
+    redis = request.getfixturevalue(fixture)
+    allreduce_job(3, redis.url(query="?prefix=job-%d" % os.getpid()), timeout=20)
+    assert redis.keys() == []
+
+
+def _ipv6_loopback_works():
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback_works(), reason="no IPv6 loopback")
+def test_an_ipv6_url_in_brackets_reaches_the_server_and_the_ranks_listen_on_ipv6(tmp_path):
+    redis = RedisServer(tmp_path, extra=["--bind", "127.0.0.1", "::1"])
+    try:
+        url = f"redis://[::1]:{redis.port}/0"
+        with open_store(url, timeout=5) as store:
+            assert store.host == "::1" and store.url == url
+            store.set("v6", b"yes")
+            assert redis.keys() == [b"v6"]
+        allreduce_job(2, url, timeout=20)
+        assert redis.keys() == []
+        with RedisStore("::1", redis.port, timeout=5) as store:
+            assert choose_address(None, store) == ("::1", "route to store host ::1")
+    finally:
+        redis.stop()
