@@ -37,9 +37,12 @@ ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS)
 BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS)
 REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
-# Crossovers for algorithm="auto", measured on loopback (see docs/algorithms.md).
-RECURSIVE_DOUBLING_MAX_BYTES = 16 << 10  # up to here: whole-buffer swaps
-RING_CHUNKED_MIN_BYTES = 256 << 10       # from here: segments overlap reduction and wire
+# Crossovers for algorithm="auto", measured with benchmarks/crossover.py on
+# this project's 2-core machines (see docs/algorithms.md).
+RECURSIVE_DOUBLING_MAX_BYTES = 32 << 10  # up to here, at 2 ranks: one whole-buffer swap
+RECURSIVE_DOUBLING_MAX_BYTES_MANY = 8 << 10   # ... with more ranks
+RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overlap reduction
+                                         # and wire; otherwise halving-doubling
 PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
 RING_REDUCE_MIN_BYTES = 256 << 10        # below: binomial tree reduce
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -499,12 +502,14 @@ class Context:
     def _allreduce_algorithm(self, algorithm, buf):
         if algorithm == "auto":
             nbytes = _nbytes(buf)
-            if nbytes <= RECURSIVE_DOUBLING_MAX_BYTES:
+            small = (RECURSIVE_DOUBLING_MAX_BYTES if self._size == 2
+                     else RECURSIVE_DOUBLING_MAX_BYTES_MANY)
+            if nbytes <= small:
                 algorithm = "recursive_doubling"
-            elif nbytes < RING_CHUNKED_MIN_BYTES:
-                algorithm = "ring"
-            else:
+            elif nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
                 algorithm = "ring_chunked"
+            else:
+                algorithm = "halving_doubling"
         return self._algorithm_code("allreduce", algorithm, _allreduce.ALGORITHMS)
 
     def _broadcast_algorithm(self, algorithm, buf):

@@ -232,7 +232,7 @@ def test_async_handles_complete_in_issue_order(group):
         c = ctx.allreduce(np.ones(3))     # a blocking call waits its turn
         assert all(w.is_completed() for w in works)
         assert works[0].wait() is a and works[0].exception() is None
-        assert works[0].algorithm == "ring_chunked"   # 800 KB
+        assert works[0].algorithm == "halving_doubling"    # 800 KB: between the crossovers
         return a, b, works[3].wait(timeout=10), c
 
     s = group.size
