@@ -14,6 +14,7 @@ import logging
 import pickle
 import threading
 import zlib
+from time import monotonic as _now
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buf
                    _reduce_scatter, _rooted)
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
-from .errors import Aborted, Error, InvalidArgument
+from .errors import Aborted, Error, InvalidArgument, Timeout
 from .types import ReduceOp
 from .work import Later, Runner, Work
 
@@ -30,6 +31,7 @@ __all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_AL
 
 ANY_SOURCE = _p2p.ANY_SOURCE
 ANY_TAG = _p2p.ANY_TAG
+_MONITOR_TAG = -2           # below every user tag: monitored_barrier's messages
 
 log = logging.getLogger("pycollect")
 
@@ -279,6 +281,40 @@ class Context:
             return self._submit("recv", run, got, True, span=0)
         self._submit("recv", run, None, False, span=0)
         return got.value[0]
+
+    def monitored_barrier(self, timeout=None):
+        """A barrier whose failure names every rank that did not arrive in ``timeout`` seconds.
+
+        Rank 0 collects one message from every other rank, then releases them
+        all.  On expiry rank 0 raises ``Timeout`` listing the missing ranks, and
+        the context fails on every rank (the others learn it at once).
+        """
+        timeout = self._timeout if timeout is None else float(timeout)
+        if not timeout > 0:
+            raise InvalidArgument("monitored_barrier: timeout must be > 0, got %r" % (timeout,))
+        t, token = self._transport, np.zeros(1, np.uint8)
+
+        def run(seq):
+            if self._rank != 0:
+                _p2p.send(t, token, 0, _MONITOR_TAG, timeout)
+                _p2p.recv(t, token, 0, _MONITOR_TAG, timeout)
+                return None
+            arrived, end = {0}, _now() + timeout
+            try:
+                while len(arrived) < self._size:
+                    src, _ = _p2p.recv(t, token, ANY_SOURCE, _MONITOR_TAG,
+                                       max(end - _now(), 1e-3))
+                    arrived.add(src)
+            except Timeout:
+                missing = sorted(set(range(self._size)) - arrived)
+                raise Timeout("rank 0: monitored_barrier: rank(s) %s did not arrive within "
+                              "%g s (arrived: %s)" % (", ".join(map(str, missing)), timeout,
+                                                      sorted(arrived))) from None
+            for r in range(1, self._size):
+                _p2p.send(t, token, r, _MONITOR_TAG, max(end - _now(), 1e-3))
+            return None
+
+        return self._submit("monitored_barrier", run, None, False, span=0)
 
     # -- sub-groups -------------------------------------------------------
 

@@ -191,3 +191,32 @@ def test_closing_a_group_leaves_the_parent_usable(quad):
         subs[0].barrier()
     res = quad.run(lambda ctx: ctx.allreduce(np.ones(3)))
     assert all(np.all(r == 4) for r in res)
+
+
+def test_monitored_barrier_passes_when_all_arrive(quad):
+    quad.run(lambda ctx: [ctx.monitored_barrier(timeout=10) for _ in range(3)])
+    res = quad.run(lambda ctx: ctx.allreduce(np.ones(2)))      # still in step
+    assert all(np.all(r == 4) for r in res)
+
+
+def test_monitored_barrier_names_the_missing_ranks():
+    import time
+    g = ThreadGroup(4, timeout=30)
+    try:
+        def body(ctx):
+            if ctx.rank in (2, 3):
+                time.sleep(1.5)         # late: arrive after rank 0 gave up
+            t0 = time.monotonic()
+            try:
+                ctx.monitored_barrier(timeout=0.5)
+            except pc.Error as exc:
+                return exc, time.monotonic() - t0
+            return None, time.monotonic() - t0
+        res = g.run(body)
+        exc, elapsed = res[0]
+        assert isinstance(exc, pc.Timeout) and elapsed < 3, (exc, elapsed)
+        assert "rank(s) 2, 3 did not arrive" in str(exc), exc
+        for r in (1, 2, 3):
+            assert isinstance(res[r][0], pc.Error) and res[r][1] < 5, res[r]
+    finally:
+        g.close()
