@@ -1,0 +1,780 @@
+"""pycollect against torch.distributed's Gloo and mpi4py on Open MPI, interleaved in one run.
+
+    python benchmarks/compare.py                 # 2 and 4 ranks, every peer found; ~5 minutes
+    python benchmarks/compare.py --quick         # a smoke run: 2 ranks, 3 sizes, short budgets
+    python benchmarks/compare.py --peers pycollect-tcp,gloo --ranks 2 --no-write
+
+Each peer runs as its own group of long-lived worker processes (MPI's under
+mpirun).  The driver hands one case at a time to one group over a loopback
+control socket; the other groups sleep in a socket read meanwhile, so they take
+no CPU.  For every case the peers take turns, in a rotated order, for --rounds
+rounds.  Every peer times the same way (pycollect.bench.time_calls): a warmup,
+an iteration count agreed on from the slowest rank's warmup, back-to-back
+calls, and per call the slowest rank's time.  The results go into
+docs/performance.md (between the compare.py markers) and docs/img/*.png.
+
+Peers: pycollect over each --transport given, torch 2.13.0 (the CPU wheel) with
+backend gloo, and mpi4py on Open MPI with its default (shared memory) and with
+TCP forced (--mca pml ob1 --mca btl tcp,self).  A peer that is not installed
+is left out and named in the report.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import secrets
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))   # run from a checkout without installing
+from pycollect.bench import busbw_factor, latency_stats, time_calls  # noqa: E402
+
+MPI_TCP_ARGS = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", "lo"]
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+ALLREDUCE_COUNTS = (1, 256, 4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+OTHER_CASES = (("broadcast", 1 << 20), ("allgather", 1 << 20), ("barrier", 0))
+SETUP_S = 120.0
+BEGIN_MARK = "<!-- compare.py: begin (generated; edit benchmarks/compare.py instead) -->"
+END_MARK = "<!-- compare.py: end -->"
+COLORS = {"pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf", "gloo": "#ff7f0e",
+          "mpi-shm": "#d62728", "mpi-tcp": "#9467bd"}
+LABELS = {"gloo": "torch gloo", "mpi-shm": "MPI shm", "mpi-tcp": "MPI TCP",
+          "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp"}
+
+
+def label(peer):
+    """The name a person reads for a peer."""
+    return LABELS.get(peer, peer.replace("pycollect-", "pycollect "))
+
+
+# -- workers ----------------------------------------------------------------------
+
+
+class Peer:
+    """One library's side of a worker: setup, the calls of each case, agree and barrier."""
+
+    def __init__(self, kind, rank, size, rdv):
+        self.kind = kind
+        if kind.startswith("pycollect-"):
+            import pycollect as pc
+            self.pc, self.ctx = pc, pc.init(rank=rank, size=size, store=rdv, transport=kind[10:])
+            self.rank, self.size = rank, size
+            self.barrier = self.ctx.barrier
+        elif kind == "gloo":
+            import torch
+            import torch.distributed as dist
+            from datetime import timedelta
+            dist.init_process_group("gloo", init_method=rdv, rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=SETUP_S))
+            self.torch, self.dist = torch, dist
+            self.rank, self.size = rank, size
+            self.barrier = dist.barrier
+        else:
+            from mpi4py import MPI
+            self.MPI, self.comm = MPI, MPI.COMM_WORLD
+            self.rank, self.size = self.comm.rank, self.comm.size
+            self.barrier = self.comm.Barrier
+
+    def agree_max(self, value):
+        """The largest ``value`` over the group."""
+        buf = np.array([value], np.float64)
+        if self.kind == "gloo":
+            t = self.torch.from_numpy(buf)
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        elif self.kind.startswith("pycollect-"):
+            self.ctx.allreduce(buf, op=self.pc.MAX)
+        else:
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+        return float(buf[0])
+
+    def call(self, collective, send, recv):
+        """Return a no-argument function that runs one ``collective`` on these buffers."""
+        if self.kind.startswith("pycollect-"):
+            ctx = self.ctx
+            return {"allreduce": lambda: ctx.allreduce(send),
+                    "broadcast": lambda: ctx.broadcast(send, 0),
+                    "allgather": lambda: ctx.allgather(send, recv),
+                    "barrier": ctx.barrier}[collective]
+        if self.kind == "gloo":
+            dist, torch = self.dist, self.torch
+            ts = torch.from_numpy(send)
+            tr = torch.from_numpy(recv) if recv is not None else None
+            return {"allreduce": lambda: dist.all_reduce(ts),
+                    "broadcast": lambda: dist.broadcast(ts, 0),
+                    "allgather": lambda: dist.all_gather_into_tensor(tr, ts),
+                    "barrier": dist.barrier}[collective]
+        comm, MPI = self.comm, self.MPI
+        return {"allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM),
+                "broadcast": lambda: comm.Bcast(send, root=0),
+                "allgather": lambda: comm.Allgather(send, recv),
+                "barrier": comm.Barrier}[collective]
+
+    def close(self):
+        """Leave the group."""
+        if self.kind.startswith("pycollect-"):
+            self.ctx.close()
+        elif self.kind == "gloo":
+            self.dist.destroy_process_group()
+
+
+def run_case(peer, command):
+    """Check one call of the case, then time it; return this rank's seconds per call."""
+    collective, count = command["collective"], command["count"]
+    n, rank = peer.size, peer.rank
+    send = np.zeros(count, np.float32)
+    recv = np.zeros(count * n, np.float32) if collective == "allgather" else None
+    call = peer.call(collective, send, recv)
+    # One checked call: every peer must compute the right thing before it is timed.
+    send[:] = rank + 1
+    call()
+    if collective == "allreduce":
+        ok = bool(np.all(send == n * (n + 1) / 2))
+    elif collective == "broadcast":
+        ok = bool(np.all(send == 1))
+    elif collective == "allgather":
+        ok = bool(np.all(recv.reshape(n, count) == np.arange(1, n + 1, dtype=np.float32)[:, None]))
+    else:
+        ok = True
+    if not ok:
+        raise RuntimeError(f"{peer.kind} {collective} of {count} gave a wrong result on rank {rank}")
+    send[:] = 0   # timed calls reduce zeros: nothing grows, no denormals
+    times = time_calls(call, peer.barrier, peer.agree_max, command["warmup"], command["budget"],
+                       None, command["min_iters"], command["max_iters"])
+    return times.tolist()
+
+
+def worker(args):
+    """Serve the driver's commands on one rank until it says quit."""
+    host, port = args.control.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=SETUP_S)
+    sock.settimeout(None)
+    stream = sock.makefile("rwb")
+
+    def reply(message):
+        stream.write(json.dumps(message).encode() + b"\n")
+        stream.flush()
+
+    try:
+        peer = Peer(args.worker, args.rank, args.size, args.rdv)
+    except Exception as exc:
+        reply({"hello": args.worker, "rank": args.rank, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    reply({"hello": args.worker, "rank": peer.rank, "size": peer.size})
+    try:
+        for line in stream:
+            command = json.loads(line)
+            if command.get("quit"):
+                break
+            try:
+                reply({"times": run_case(peer, command)})
+            except Exception as exc:
+                reply({"error": f"{type(exc).__name__}: {exc}"})
+                return 1
+    finally:
+        peer.close()
+    return 0
+
+
+# -- the driver -------------------------------------------------------------------
+
+
+def free_port():
+    """A loopback TCP port that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Group:
+    """The worker processes of one peer at one world size, and their control connections."""
+
+    def __init__(self, peer, size, control, logdir, store_url):
+        self.peer, self.size = peer, size
+        self.conns = {}
+        self.error = None
+        self.log = open(os.path.join(logdir, f"{peer}-{size}.log"), "w+")
+        me = [sys.executable, str(Path(__file__).resolve()), "--worker", peer,
+              "--control", control, "--size", str(size)]
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
+        if peer.startswith("mpi-"):
+            argv = MPIRUN + (MPI_TCP_ARGS if peer == "mpi-tcp" else []) + ["-n", str(size)] + me
+            self.procs = [subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                           env=env, start_new_session=True)]
+            return
+        if peer == "gloo":
+            rdv = f"tcp://127.0.0.1:{free_port()}"
+        else:
+            rdv = f"{store_url}?prefix={peer}-{size}-{secrets.token_hex(4)}"
+        self.procs = [subprocess.Popen(me + ["--rank", str(r), "--rdv", rdv], stdout=self.log,
+                                       stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True) for r in range(size)]
+
+    def tail(self):
+        """The last lines the group's processes wrote."""
+        self.log.flush()
+        self.log.seek(0)
+        return "".join(self.log.readlines()[-8:])
+
+    def send(self, message):
+        """Send one command to every rank."""
+        data = json.dumps(message).encode() + b"\n"
+        for conn in self.conns.values():
+            conn.sendall(data)
+
+    def collect(self, deadline):
+        """Read one reply from every rank, bounded by ``deadline``."""
+        replies, buffers = {}, {r: b"" for r in self.conns}
+        while len(replies) < len(self.conns):
+            left = deadline - time.monotonic()
+            waiting = [c for r, c in self.conns.items() if r not in replies]
+            ready, _, _ = select.select(waiting, [], [], max(0.0, left))
+            if not ready:
+                raise TimeoutError(f"{self.peer} did not answer in time")
+            for rank, conn in self.conns.items():
+                if conn in ready:
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        raise RuntimeError(f"{self.peer} rank {rank} went away:\n{self.tail()}")
+                    buffers[rank] += chunk
+                    if buffers[rank].endswith(b"\n"):
+                        replies[rank] = json.loads(buffers[rank])
+        for reply in replies.values():
+            if "error" in reply:
+                raise RuntimeError(f"{self.peer}: {reply['error']}")
+        return replies
+
+    def stop(self):
+        """Ask the workers to quit, then make sure they are gone."""
+        try:
+            self.send({"quit": True})
+        except OSError:
+            pass
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(5)
+        for conn in self.conns.values():
+            conn.close()
+        self.log.close()
+
+
+def connect_groups(listener, groups):
+    """Accept every worker's hello (bounded); mark groups that failed to start."""
+    deadline = time.monotonic() + SETUP_S
+    by_peer = {g.peer: g for g in groups}
+    pending = sum(g.size for g in groups)
+    while pending and time.monotonic() < deadline:
+        for g in groups:
+            if not g.error and any(p.poll() not in (None, 0) for p in g.procs):
+                g.error = f"its processes exited during setup:\n{g.tail()}"
+                pending -= g.size - len(g.conns)
+        ready, _, _ = select.select([listener], [], [], 0.2)
+        if not ready:
+            continue
+        conn, _ = listener.accept()
+        conn.settimeout(SETUP_S)
+        hello = json.loads(conn.makefile("rb").readline())
+        conn.settimeout(None)
+        group = by_peer[hello["hello"]]
+        if "error" in hello:
+            group.error = hello["error"]
+        group.conns[hello["rank"]] = conn
+        pending -= 1
+    for g in groups:
+        if not g.error and len(g.conns) < g.size:
+            g.error = f"only {len(g.conns)} of {g.size} ranks connected:\n{g.tail()}"
+
+
+def available_peers(transports):
+    """The peers that can run here, and why the others cannot."""
+    peers, missing = [], {}
+    for t in transports:
+        from pycollect.plugins.registry import available
+        if t in available()["transports"]:
+            peers.append(f"pycollect-{t}")
+        else:
+            missing[f"pycollect-{t}"] = f"no transport {t!r} in this pycollect"
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+        peers.append("gloo")
+    except ImportError:
+        missing["gloo"] = "torch is not installed (pip install torch==2.13.0)"
+    try:
+        import mpi4py  # noqa: F401
+        mpi_ok = shutil.which("mpirun") is not None
+    except ImportError:
+        mpi_ok = False
+    if mpi_ok:
+        peers += ["mpi-shm", "mpi-tcp"]
+    else:
+        missing["mpi-shm"] = missing["mpi-tcp"] = (
+            "mpi4py or mpirun is missing (apt-get install openmpi-bin libopenmpi-dev; "
+            "pip install mpi4py)")
+    return peers, missing
+
+
+def drive(args):
+    """Run every case for every world size and return the results document."""
+    import pycollect as pc
+    from pycollect.plugins.tcp_store import TCPStoreServer
+    peers, missing = available_peers(args.transports)
+    if args.peers:
+        wanted = args.peers.split(",")
+        missing.update({p: "not asked for" for p in peers if p not in wanted})
+        peers = [p for p in peers if p in wanted]
+    cases = [("allreduce", c) for c in args.counts] + [c for c in OTHER_CASES
+                                                       if c[0] in args.collectives]
+    auth = secrets.token_hex(16)
+    os.environ["PYCOLLECT_AUTH"] = auth
+    doc = {"started": datetime.datetime.now().isoformat(timespec="seconds"),
+           "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+           "load_before": os.getloadavg(), "machine": machine(), "versions": versions(peers),
+           "missing": missing, "peers": peers, "rounds": args.rounds, "budget_s": args.budget,
+           "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
+           "results": []}
+    logdir = tempfile.mkdtemp(prefix="pycollect-compare-")
+    listener = socket.create_server(("127.0.0.1", 0))
+    control = f"127.0.0.1:{listener.getsockname()[1]}"
+    started = time.monotonic()
+    with TCPStoreServer(host="127.0.0.1", port=0, auth=auth) as server:
+        for size in args.ranks:
+            groups = [Group(p, size, control, logdir, server.url) for p in peers]
+            try:
+                connect_groups(listener, groups)
+                for g in groups:
+                    if g.error:
+                        doc["missing"][f"{g.peer} ({size} ranks)"] = g.error.splitlines()[0]
+                        print(f"compare: {g.peer} at {size} ranks left out: {g.error}",
+                              file=sys.stderr)
+                live = [g for g in groups if not g.error]
+                for collective, count in cases:
+                    load = os.getloadavg()[0]
+                    samples = {g.peer: [] for g in live}
+                    for round_no in range(args.rounds):
+                        turn = round_no % max(1, len(live))
+                        for g in live[turn:] + live[:turn]:
+                            if g.error:
+                                continue
+                            try:
+                                g.send({"collective": collective, "count": count,
+                                        "budget": args.budget / args.rounds,
+                                        "warmup": args.warmup, "min_iters": args.min_iters,
+                                        "max_iters": args.max_iters})
+                                replies = g.collect(time.monotonic() + 60 + 20 * args.budget)
+                            except (OSError, RuntimeError, TimeoutError) as exc:
+                                g.error = str(exc)
+                                print(f"compare: {g.peer} failed: {exc}", file=sys.stderr)
+                                doc["missing"][f"{g.peer} ({size} ranks)"] = str(exc)[:200]
+                                continue
+                            per_rank = np.array([replies[r]["times"] for r in sorted(replies)])
+                            samples[g.peer].append(per_rank.max(axis=0))
+                    nbytes = count * 4 * (size if collective == "allgather" else 1)
+                    for peer, parts in samples.items():
+                        if parts:
+                            stats = latency_stats(np.concatenate(parts), nbytes,
+                                                  busbw_factor(collective, size))
+                            doc["results"].append(dict(stats, ranks=size, peer=peer, load=load,
+                                                       collective=collective, count=count))
+                    print(f"compare: {size} ranks, {collective} {count}: " + ", ".join(
+                        f"{r['peer']} {num(r['p50_us'])} us" for r in doc["results"]
+                        if (r["ranks"], r["collective"], r["count"]) == (size, collective, count))
+                        + f"  [{time.monotonic() - started:.0f} s]", file=sys.stderr)
+            finally:
+                for g in groups:
+                    g.stop()
+    listener.close()
+    shutil.rmtree(logdir, ignore_errors=True)
+    doc["load_after"] = os.getloadavg()
+    doc["seconds"] = round(time.monotonic() - started, 1)
+    doc["pycollect"] = pc.__version__
+    return doc
+
+
+def machine():
+    """A line about the machine the run used."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs ({model or platform.processor()}), Linux {platform.release()}"
+
+
+def versions(peers):
+    """Library versions of the peers (and pycollect's git revision)."""
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        out["pycollect_git"] = rev + ("+local changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if "gloo" in peers:
+        import torch
+        out["torch"] = torch.__version__
+    if any(p.startswith("mpi-") for p in peers):
+        import mpi4py
+        out["mpi4py"] = mpi4py.__version__
+        try:
+            text = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                  timeout=30).stdout
+            out["mpi"] = text.splitlines()[0] if text else "unknown"
+        except (OSError, subprocess.SubprocessError):
+            out["mpi"] = "unknown"
+    return out
+
+
+# -- the report -------------------------------------------------------------------
+
+
+def _find(doc, size, collective, count, peer):
+    """The result row of one peer for one case, or None."""
+    for r in doc["results"]:
+        if (r["ranks"], r["collective"], r["count"], r["peer"]) == (size, collective, count, peer):
+            return r
+    return None
+
+
+def num(x):
+    """A figure with 3 significant digits at most, never in e-notation."""
+    if x >= 100:
+        return f"{x:.0f}"
+    for limit, digits in ((10, 1), (1, 2), (0.1, 3), (0.01, 4)):
+        if x >= limit:
+            return f"{x:.{digits}f}"
+    return f"{x:.2g}"
+
+
+def _cell(row):
+    """'p50 / p99; busbw' of a result row, in µs and GB/s (busbw from 16 KiB on)."""
+    if row is None:
+        return "–"
+    text = f"{num(row['p50_us'])} / {num(row['p99_us'])}"
+    if row["busbw_GBps"] is not None and row["bytes"] >= 16 << 10:
+        text += f"; {num(row['busbw_GBps'])}"
+    return text
+
+
+def _count_name(count):
+    """1048576 -> 1M, 4096 -> 4K."""
+    for shift, suffix in ((20, "M"), (10, "K")):
+        if count >= 1 << shift and count % (1 << shift) == 0:
+            return f"{count >> shift}{suffix}"
+    return str(count)
+
+
+def _ratio(doc, size, collective, count, other, mine):
+    """How many times ``other``'s p50 is ``mine``'s (above 1: ``mine`` is faster)."""
+    a, b = _find(doc, size, collective, count, other), _find(doc, size, collective, count, mine)
+    if a is None or b is None:
+        return None
+    return a["p50_us"] / b["p50_us"]
+
+
+def _fmt_ratio(value):
+    """A ratio as '12.3×', or '–'."""
+    return "–" if value is None else f"{num(value)}×"
+
+
+def ratio_pairs(peers):
+    """(peer, pycollect peer) pairs to show as ratios: TCP against TCP, shared memory against it."""
+    ours = [p for p in peers if p.startswith("pycollect-")]
+    if not ours:
+        return []
+    tcp = "pycollect-tcp" if "pycollect-tcp" in ours else ours[0]
+    local = next((p for p in ours if p != tcp), tcp)
+    pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local)]
+    return list(dict.fromkeys((a, b) for a, b in pairs if a in peers))
+
+
+def _table(doc, size, cases, first):
+    """Markdown rows: one per case, a cell per peer, ratios against pycollect, the load."""
+    peers = doc["peers"]
+    pairs = ratio_pairs(peers)
+    head = [first] + [label(p) for p in peers] + [f"{label(a)} ÷ {label(b)}" for a, b in pairs]
+    rows = ["| " + " | ".join(head + ["load"]) + " |", "|" + "---|" * (len(head) + 1)]
+    for coll, count in cases:
+        found = [_find(doc, size, coll, count, p) for p in peers]
+        if coll == "allreduce":
+            name = _count_name(count)
+        else:
+            name = f"{coll} {_count_name(count)}" if count else coll
+            name += " per rank" if coll == "allgather" else ""
+        load = next((f"{r['load']:.2f}" for r in found if r and "load" in r), "–")
+        rows.append("| " + " | ".join([name] + [_cell(r) for r in found] + [
+            _fmt_ratio(_ratio(doc, size, coll, count, a, b)) for a, b in pairs] + [load]) + " |")
+    return rows
+
+
+def markdown(doc, images):
+    """The generated section of docs/performance.md."""
+    peers = doc["peers"]
+    ours = next((p for p in peers if p.startswith("pycollect-")), None)
+    v = doc["versions"]
+    lines = [
+        BEGIN_MARK, "",
+        f"Run of {doc['started']}, {doc['seconds']} s: `python benchmarks/{doc['command']}`.",
+        f"Machine: {doc['machine']}; load average (1, 5, 15 min) "
+        f"{'/'.join(f'{x:.2f}' for x in doc['load_before'])} before, "
+        f"{'/'.join(f'{x:.2f}' for x in doc['load_after'])} after.",
+        f"Peers: pycollect {doc['pycollect']} (git {v.get('pycollect_git', '?')})"
+        + (f", torch {v['torch']} backend gloo" if "torch" in v else "")
+        + (f", mpi4py {v['mpi4py']} on {v['mpi']} (shared memory = its default; TCP = "
+           f"`{' '.join(MPI_TCP_ARGS)}`)" if "mpi4py" in v else "") + ".",
+        f"Method: float32, SUM; back-to-back calls after {doc['warmup']} warmups; a call's latency is the "
+        f"slowest rank's; {doc['rounds']} interleaved rounds of {doc['budget_s'] / doc['rounds']:g}"
+        f" s per peer and case. algbw = bytes / p50; busbw as NCCL-tests define it "
+        f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M floats, broadcast × 1). "
+        f"\"X ÷ pycollect\" is X's p50 over pycollect's: above 1, pycollect is faster. "
+        f"load: the 1-minute load average as the case began (this run's own ranks count too).",
+    ]
+    if doc["missing"]:
+        lines.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in doc["missing"].items())
+                     + ".")
+    for size in sorted({r["ranks"] for r in doc["results"]}):
+        counts = sorted({r["count"] for r in doc["results"]
+                         if r["ranks"] == size and r["collective"] == "allreduce"})
+        lines += ["", f"### {size} ranks: allreduce, p50 / p99 latency (µs); busbw (GB/s)", ""]
+        lines += _table(doc, size, [("allreduce", c) for c in counts], "count")
+        rest = [(c, n) for c, n in OTHER_CASES if any(
+            (r["ranks"], r["collective"]) == (size, c) for r in doc["results"])]
+        if rest:
+            lines += ["", f"{size} ranks, other collectives: p50 / p99 (µs); busbw (GB/s)", ""]
+            lines += _table(doc, size, rest, "collective")
+        if size in images:
+            lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
+                          f"({images[size]})"]
+    if ours:
+        lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""] + targets(doc, ours)
+    lines += ["", END_MARK]
+    return "\n".join(lines) + "\n"
+
+
+# Issue 5's targets: (ranks, collective, count, peer, speedup needed, what is compared).
+# The speedup is the peer's p50 over pycollect's, which for one size is also the busbw ratio.
+TARGETS = (
+    (2, "allreduce", 1, "gloo", 10, "p50"), (2, "allreduce", 1, "mpi-tcp", 1, "p50"),
+    (2, "allreduce", 1 << 20, "gloo", 2, "busbw"), (2, "allreduce", 1 << 20, "mpi-tcp", 1, "busbw"),
+    (2, "allreduce", 16 << 20, "gloo", 2, "busbw"), (2, "allreduce", 16 << 20, "mpi-tcp", 1, "busbw"),
+    (2, "broadcast", 1 << 20, "gloo", 2, "p50"), (2, "allgather", 1 << 20, "gloo", 2, "p50"),
+    (2, "barrier", 0, "gloo", 2, "p50"),
+    (4, "allreduce", 1, "gloo", 5, "p50"), (4, "allreduce", 256, "gloo", 5, "p50"),
+)
+
+
+def targets(doc, ours):
+    """The issue's speed targets, each with the measured figures and whether it holds."""
+    rows = ["| target | pycollect | peer | speedup | holds |", "|---|---|---|---|---|"]
+    for size, coll, count, peer, need, what in TARGETS:
+        mine, theirs = (_find(doc, size, coll, count, p) for p in (ours, peer))
+        if mine is None or theirs is None:
+            continue
+        speedup = theirs["p50_us"] / mine["p50_us"]
+        key, unit = ("busbw_GBps", "GB/s") if what == "busbw" else ("p50_us", "µs")
+        case = f"{coll} {_count_name(count)}" if count else coll
+        goal = f"{need}× {label(peer)}" if need != 1 else f"ahead of {label(peer)}"
+        rows.append(f"| {size} ranks, {case}: {what} {goal} | {num(mine[key])} {unit} | "
+                    f"{num(theirs[key])} {unit} | {num(speedup)}× | "
+                    f"{'yes' if speedup >= need else 'no'} |")
+    return rows
+
+
+def plot(doc, img_dir):
+    """Draw latency and busbw against size per world size; return {size: relative path}."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+    images = {}
+
+    def size_label(x, _pos):
+        for shift, unit in ((20, "MiB"), (10, "KiB")):
+            if x >= 1 << shift:
+                return f"{x / (1 << shift):g} {unit}"
+        return f"{x:g} B"
+
+    for size in sorted({r["ranks"] for r in doc["results"]}):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
+        for peer in doc["peers"]:
+            rows = sorted((r for r in doc["results"] if (r["ranks"], r["collective"],
+                          r["peer"]) == (size, "allreduce", peer)), key=lambda r: r["bytes"])
+            if not rows:
+                continue
+            x = [r["bytes"] for r in rows]
+            line, = left.plot(x, [r["p50_us"] for r in rows], marker="o", label=label(peer),
+                              color=COLORS.get(peer))
+            left.plot(x, [r["p99_us"] for r in rows], linestyle=":", color=line.get_color(),
+                      alpha=0.6)
+            bw = [(r["bytes"], r["busbw_GBps"]) for r in rows
+                  if r["busbw_GBps"] and r["bytes"] >= 16 << 10]
+            right.plot([b for b, _ in bw], [v for _, v in bw], marker="o", label=label(peer),
+                       color=line.get_color())
+        sizes = sorted({r["bytes"] for r in doc["results"]
+                        if (r["ranks"], r["collective"]) == (size, "allreduce")})
+        for ax in (left, right):
+            ax.set_xscale("log", base=2)
+            ticks = []
+            for t in sizes:   # label the sizes measured, at least 8x apart so labels never collide
+                if (ax is left or t >= 16 << 10) and (not ticks or t >= 8 * ticks[-1]):
+                    ticks.append(t)
+            ax.set_xticks(ticks)
+            ax.set_yscale("log")
+            ax.set_xlabel("message size per rank (bytes, float32)")
+            ax.xaxis.set_major_formatter(FuncFormatter(size_label))
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=8)
+        left.set_ylabel("latency per call (µs): p50 solid, p99 dotted")
+        left.set_title(f"allreduce latency, {size} ranks")
+        right.set_ylabel("bus bandwidth (GB/s) at p50")
+        right.set_title(f"allreduce busbw, {size} ranks")
+        loads = [r["load"] for r in doc["results"] if r["ranks"] == size and "load" in r]
+        fig.suptitle(f"float32 SUM, in place; {doc['machine']}; 1-min load average "
+                     f"{min(loads, default=0):.2f}..{max(loads, default=0):.2f}; "
+                     f"{doc['started']}", fontsize=9)
+        fig.tight_layout()
+        name = f"allreduce-{size}ranks.png"
+        fig.savefig(os.path.join(img_dir, name), dpi=110)
+        plt.close(fig)
+        images[size] = f"img/{name}"
+    return images
+
+
+PAGE_HEAD = """# Performance
+
+How pycollect compares with torch.distributed's Gloo and with MPI on this kind of machine, and
+how to measure it yourself.
+
+"""
+
+
+def write_page(path, section):
+    """Replace the generated section of ``path`` (or start the page with it)."""
+    text = Path(path).read_text() if os.path.exists(path) else PAGE_HEAD
+    if BEGIN_MARK in text and END_MARK in text:
+        head, rest = text.split(BEGIN_MARK, 1)
+        tail = rest.split(END_MARK, 1)[1]
+        text = head + section.rstrip("\n") + tail
+    else:
+        text = text.rstrip("\n") + "\n\n## Latest comparison\n\n" + section
+    Path(path).write_text(text)
+
+
+# -- command line -------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="2,4", help="world sizes (default 2,4)")
+    parser.add_argument("--peers", help="only these: pycollect-<transport>, gloo, mpi-shm, "
+                                        "mpi-tcp (default: every one installed)")
+    parser.add_argument("--transports", default="tcp,shm",
+                        help="pycollect transports to time, comma-separated (default tcp,shm); "
+                             "the targets use the first")
+    parser.add_argument("--counts", default=",".join(map(str, ALLREDUCE_COUNTS)),
+                        help="allreduce float32 counts")
+    parser.add_argument("--collectives", default="broadcast,allgather,barrier",
+                        help="other collectives besides allreduce (default all three)")
+    parser.add_argument("--budget", type=float, default=1.0,
+                        help="timed seconds per peer and case, over all rounds (default 1)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    parser.add_argument("--warmup", type=int, default=3, help="warmup calls per round")
+    parser.add_argument("--min-iters", type=int, default=10,
+                        help="timed calls per round at least (default 10)")
+    parser.add_argument("--max-iters", type=int, default=20000,
+                        help="timed calls per round at most (default 20000)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 2 ranks, counts 1,65536,1M, 0.2 s budgets")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"),
+                        help="the page to update (default docs/performance.md)")
+    parser.add_argument("--img-dir", default=str(ROOT / "docs" / "img"),
+                        help="where the plots go (default docs/img)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="write the raw results here (default: <img-dir>/compare.json)")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="do not measure: redraw the page and plots from a --json file")
+    parser.add_argument("--no-write", action="store_true",
+                        help="print the markdown instead of updating the page and plots")
+    # Worker mode (started by the driver, not by hand).
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--control", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rdv", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        defaults = parser.parse_args([])
+        for key, value in (("ranks", "2"), ("counts", "1,65536,1048576"), ("budget", 0.2)):
+            if getattr(args, key) == getattr(defaults, key):
+                setattr(args, key, value)
+    try:
+        args.ranks = [int(n) for n in args.ranks.split(",")]
+        args.counts = [int(c) for c in args.counts.split(",")]
+    except ValueError:
+        parser.error("--ranks and --counts take comma-separated integers")
+    args.transports = args.transports.split(",")
+    args.collectives = args.collectives.split(",") if args.collectives else []
+    if min(args.ranks) < 2 or min(args.counts) < 1:
+        parser.error("--ranks must be >= 2 and --counts >= 1")
+    if not (args.budget > 0 and args.rounds >= 1 and 1 <= args.min_iters <= args.max_iters
+            and args.warmup >= 0):
+        parser.error("--budget, --rounds, --min-iters/--max-iters and --warmup must be positive")
+    return args
+
+
+def main(argv=None):
+    """Drive the comparison (or serve as one worker); return the exit status."""
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+    if args.from_json:
+        doc = json.loads(Path(args.from_json).read_text())
+    else:
+        doc = drive(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    elif not args.no_write and not args.from_json:
+        # Keep the raw results beside the plots, so that --from-json can redraw them.
+        os.makedirs(args.img_dir, exist_ok=True)
+        Path(args.img_dir, "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if args.no_write:
+        print(markdown(doc, {}))
+        return 0
+    os.makedirs(args.img_dir, exist_ok=True)
+    try:
+        images = plot(doc, args.img_dir)
+    except ImportError:
+        print("compare: matplotlib is missing (pip install '.[bench]'); no plots",
+              file=sys.stderr)
+        images = {}
+    page = Path(args.out)
+    rel = {k: os.path.relpath(os.path.join(args.img_dir, Path(v).name), page.parent)
+           for k, v in images.items()}
+    write_page(page, markdown(doc, rel))
+    print(f"compare: wrote {page} and {len(images)} plot(s) in {args.img_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""pycollect-bench: every benchmark on thread ranks, --local as real processes, checks and errors."""
+
+import csv
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from group import run_ranks
+from pycollect import bench
+from pycollect.context import ALLREDUCE_ALGORITHMS
+from pycollect.types import ReduceOp
+
+BENCH = [sys.executable, "-m", "pycollect.bench"]
+TINY = ["--elements", "0,1,5,1000", "--iteration-count", "3", "--warmup-iters", "1"]
+_stores = itertools.count()
+
+
+def bench_threads(size, *args):
+    """Run pycollect-bench on ``size`` thread ranks over a hash store; return the exit statuses."""
+    store = f"hash://bench-{next(_stores)}"
+    return run_ranks(size, lambda rank: bench.main(
+        ["--size", str(size), "--rank", str(rank), "--store", store, "--quiet", *args]),
+        timeout=60)
+
+
+def bench_local(*args, timeout=60):
+    """Run ``pycollect-bench --local ...`` as a process; return the CompletedProcess."""
+    return subprocess.run(BENCH + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def runnable(size):
+    """The benchmark names that run on ``size`` ranks in this build."""
+    names = []
+    for name, (collective, algorithm) in sorted(bench.BENCHMARKS.items()):
+        if collective == "sendrecv_roundtrip" and size != 2:
+            continue
+        if collective == "allreduce" and algorithm not in ALLREDUCE_ALGORITHMS:
+            continue
+        names.append(name)
+    return names
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_benchmark_runs_and_checks(size, capsys):
+    for name in runnable(size):
+        assert bench_threads(size, *TINY, "--json", name) == [0] * size, name
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["benchmark"] == name and doc["ranks"] == size
+        expected_rows = 1 if name.startswith("barrier") else 4
+        assert len(doc["results"]) == expected_rows, name
+        for row in doc["results"]:
+            assert row["iterations"] == 3 and row["verified"] is True
+            assert 0 < row["min_us"] <= row["p50_us"] <= row["p99_us"] <= row["max_us"]
+
+
+def test_local_allreduce_json():
+    done = bench_local("--local", "2", *TINY, "--json", "allreduce")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["ranks"] == 2 and doc["collective"] == "allreduce" and doc["op"] == "sum"
+    rows = doc["results"]
+    assert [r["elements"] for r in rows] == [0, 1, 5, 1000]
+    assert [r["bytes"] for r in rows] == [0, 4, 20, 4000]
+    for row in rows[1:]:
+        assert row["algbw_GBps"] == pytest.approx(row["bytes"] / row["p50_us"] / 1e3)
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])   # 2(n-1)/n = 1
+        assert row["algorithm"] in ALLREDUCE_ALGORITHMS
+    assert rows[0]["algbw_GBps"] is None
+
+
+def test_local_table_and_csv(tmp_path):
+    out = tmp_path / "r.csv"
+    done = bench_local("--local", "3", *TINY, f"--csv={out}", "allgather")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Transport:") and "allgather" in lines[1]
+    assert "p50 (us)" in lines[4] and "busbw (GB/s)" in lines[4]
+    assert len(lines) == 5 + 4
+    assert "4/4 sizes done" in done.stderr          # progress on stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [int(r["bytes"]) for r in rows] == [0, 12, 60, 12000]   # all 3 blocks
+    busbw, algbw = float(rows[-1]["busbw_GBps"]), float(rows[-1]["algbw_GBps"])
+    assert busbw == pytest.approx(algbw * 2 / 3)
+
+
+def test_injected_fault_fails_the_check():
+    done = bench_local("--local", "3", "--elements", "1000", "--iteration-count", "2",
+                       "--inject-fault", "allreduce")
+    assert done.returncode == 1
+    assert "verification failed: allreduce with 1000 elements of float32: rank 2:" \
+        in done.stderr
+    assert "1 of 1000 elements wrong" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["broadcast", "alltoallv", "reduce_scatter", "pairwise_exchange"])
+def test_injected_fault_caught_in_every_family(name, capsys):
+    statuses = bench_threads(2, "--elements", "64", "--iteration-count", "1",
+                             "--inject-fault", name)
+    assert 1 in statuses
+    assert "verification failed" in capsys.readouterr().err
+
+
+def test_no_verify_skips_the_check():
+    assert bench_threads(2, *TINY, "--no-verify", "--inject-fault", "allreduce") == [0, 0]
+
+
+@pytest.mark.parametrize("dtype, op", [("float16", "sum"), ("bfloat16", "avg"),
+                                       ("complex64", "product"), ("int8", "sum"),
+                                       ("uint16", "bxor"), ("bool", "max"),
+                                       ("float64", "min")])
+def test_dtypes_and_ops(dtype, op):
+    pytest.importorskip("ml_dtypes")
+    assert bench_threads(3, *TINY, "--dtype", dtype, "--op", op, "--json=/dev/null",
+                         "allreduce_ring") == [0] * 3
+
+
+def test_bcube_base(capsys):
+    if "bcube" not in ALLREDUCE_ALGORITHMS:
+        pytest.skip("no bcube in this build")
+    assert bench_threads(3, *TINY, "--base", "3", "allreduce_bcube") == [0] * 3
+    assert "algorithm bcube:3" in capsys.readouterr().out
+
+
+def test_inputs_are_combined_first():
+    assert bench_threads(2, *TINY, "--inputs", "3", "allreduce") == [0, 0]
+
+
+def test_float_tolerance_grows_with_terms_but_catches_errors():
+    dtype = np.dtype(np.float16)
+    terms = [bench.pattern(r, 1000, dtype, ReduceOp.SUM) for r in range(8)]
+    expected, tol = bench.reference(terms, dtype, ReduceOp.SUM)
+    reversed_sum = terms[-1].astype(np.float32)
+    for t in terms[-2::-1]:
+        reversed_sum = (reversed_sum + t.astype(np.float32)).astype(np.float16)
+    assert bench.mismatch(reversed_sum, expected, tol, "x") is None
+    assert bench.mismatch(reversed_sum - terms[0], expected, tol, "x") is not None
+    ints = [bench.pattern(r, 10, np.dtype(np.int8), ReduceOp.SUM) for r in range(3)]
+    exact, zero = bench.reference(ints, np.dtype(np.int8), ReduceOp.SUM)
+    assert zero == 0 and bench.mismatch(exact, exact, 0, "x") is None
+
+
+def test_busbw_factors():
+    assert bench.busbw_factor("allreduce", 4) == 1.5
+    assert bench.busbw_factor("allgather", 4) == 0.75
+    assert bench.busbw_factor("broadcast", 4) == 1.0
+    assert bench.busbw_factor("barrier", 4) is None
+    stats = bench.latency_stats([1e-3, 2e-3, 3e-3], 3e6, 1.5)
+    assert stats["p50_us"] == pytest.approx(2000)
+    assert stats["algbw_GBps"] == pytest.approx(1.5) and stats["busbw_GBps"] == pytest.approx(2.25)
+
+
+def test_local_passes_options_to_the_ranks():
+    parser = bench._parser()
+    args = parser.parse_args(["--local", "2", "--elements", "-1", "--iteration-time", "250ms",
+                              "--no-verify", "--dtype", "int32", "--op", "max", "--json",
+                              "allreduce_ring"])
+    child = bench._child_argv(parser, args)
+    again = parser.parse_args(child)
+    for key in ("elements", "iteration_time", "verify", "dtype", "op", "json", "benchmark"):
+        assert getattr(again, key) == getattr(args, key), key
+    assert again.local is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuch"], "unknown benchmark 'nosuch'"),
+    (["allreduce_rnig"], "did you mean one of allreduce"),
+    (["--op", "sum", "broadcast"], "--op: broadcast does not reduce"),
+    (["--op", "band", "allreduce"], "--op band --dtype float32: bitwise ops need"),
+    (["--dtype", "float128", "allreduce"], "--dtype 'float128' is not one of"),
+    (["--inputs", "2", "gather"], "--inputs > 1 applies to the allreduce"),
+    (["--algorithm", "ring", "gather"], "gather has no algorithm to choose"),
+    (["--algorithm", "ring", "allreduce_halving_doubling"], "contradicts"),
+    (["--algorithm", "magic", "allreduce"], "unknown allreduce algorithm 'magic'"),
+    (["--base", "3", "allreduce_ring"], "--base applies to allreduce_bcube only"),
+    (["--local", "3", "sendrecv_roundtrip"], "exactly 2 ranks, not 3"),
+    (["--local", "2", "--size", "2", "allreduce"], "drop --size/--rank"),
+    (["--local", "2", "--root", "2", "broadcast"], "--root 2 is not a rank of 2"),
+    (["--json", "--csv", "allreduce"], "cannot both go to stdout"),
+    (["--store", "file:///tmp/x", "--shared-path", "/tmp/y", "allreduce"], "two stores"),
+    (["--store", "nosuch://host", "allreduce"], "no store plugin named 'nosuch'"),
+    (["--transport", "carrier-pigeon", "allreduce"], "no transport plugin named"),
+    (["--elements", "ten", "allreduce"], "is not -1 or a list of counts"),
+    (["--elements", "-2", "allreduce"], "counts must be >= 0"),
+    (["--iteration-time", "soon", "allreduce"], "is not a duration"),
+    (["--local", "0", "allreduce"], "must be at least 1"),
+    ([], "name a benchmark"),
+])
+def test_argument_errors(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_gloo_store_flags_build_the_url(tmp_path):
+    parser = bench._parser()
+    cfg = bench.Config(parser.parse_args(["--shared-path", str(tmp_path), "-x", "run7",
+                                          "allreduce"]), parser)
+    assert cfg.store == f"file://{tmp_path}?prefix=run7"
+    args = parser.parse_args(["--redis-host", "db", "-p", "7000", "allreduce"])
+    try:
+        cfg = bench.Config(args, parser)
+    except SystemExit:   # no redis plugin in this build: the registry said so
+        return
+    assert cfg.store == "redis://db:7000"
+
+
+def test_bcube_is_refused_clearly_when_missing(capsys, monkeypatch):
+    import pycollect.context
+    monkeypatch.setattr(pycollect.context, "ALLREDUCE_ALGORITHMS",
+                        tuple(a for a in ALLREDUCE_ALGORITHMS if a != "bcube"))
+    with pytest.raises(SystemExit):
+        bench.main(["allreduce_bcube"])
+    assert "this build of pycollect has no allreduce algorithm 'bcube'" in capsys.readouterr().err
+
+
+def test_json_flag_does_not_swallow_the_benchmark(capsys):
+    parser = bench._parser()
+    cfg = bench.Config(parser.parse_args(["--json", "gather"]), parser)
+    assert cfg.name == "gather" and cfg.args.json == "-"
