@@ -148,7 +148,8 @@ def run_case(peer, command):
     else:
         ok = True
     if not ok:
-        raise RuntimeError(f"{peer.kind} {collective} of {count} gave a wrong result on rank {rank}")
+        raise RuntimeError(f"{peer.kind} {collective} of {count} gave a wrong result on "
+                           f"rank {rank}")
     send[:] = 0   # timed calls reduce zeros: nothing grows, no denormals
     times = time_calls(call, peer.barrier, peer.agree_max, command["warmup"], command["budget"],
                        None, command["min_iters"], command["max_iters"])
@@ -498,7 +499,7 @@ def _fmt_ratio(value):
 
 
 def ratio_pairs(peers):
-    """(peer, pycollect peer) pairs to show as ratios: TCP against TCP, shared memory against it."""
+    """(peer, pycollect peer) pairs to show as ratios: TCP against TCP, shm against shm."""
     ours = [p for p in peers if p.startswith("pycollect-")]
     if not ours:
         return []
@@ -542,9 +543,10 @@ def markdown(doc, images):
         + (f", torch {v['torch']} backend gloo" if "torch" in v else "")
         + (f", mpi4py {v['mpi4py']} on {v['mpi']} (shared memory = its default; TCP = "
            f"`{' '.join(MPI_TCP_ARGS)}`)" if "mpi4py" in v else "") + ".",
-        f"Method: float32, SUM; back-to-back calls after {doc['warmup']} warmups; a call's latency is the "
-        f"slowest rank's; {doc['rounds']} interleaved rounds of {doc['budget_s'] / doc['rounds']:g}"
-        f" s per peer and case. algbw = bytes / p50; busbw as NCCL-tests define it "
+        f"Method: float32, SUM; back-to-back calls after {doc['warmup']} warmups; a call's "
+        f"latency is the slowest rank's; {doc['rounds']} interleaved rounds of "
+        f"{doc['budget_s'] / doc['rounds']:g} s per peer and case. algbw = bytes / p50; "
+        f"busbw as NCCL-tests define it "
         f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M floats, broadcast × 1). "
         f"\"X ÷ pycollect\" is X's p50 over pycollect's: above 1, pycollect is faster. "
         f"load: the 1-minute load average as the case began (this run's own ranks count too).",
@@ -566,7 +568,8 @@ def markdown(doc, images):
             lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
                           f"({images[size]})"]
     if ours:
-        lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""] + targets(doc, ours)
+        lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""]
+        lines += targets(doc, ours)
     lines += ["", END_MARK]
     return "\n".join(lines) + "\n"
 
@@ -575,8 +578,10 @@ def markdown(doc, images):
 # The speedup is the peer's p50 over pycollect's, which for one size is also the busbw ratio.
 TARGETS = (
     (2, "allreduce", 1, "gloo", 10, "p50"), (2, "allreduce", 1, "mpi-tcp", 1, "p50"),
-    (2, "allreduce", 1 << 20, "gloo", 2, "busbw"), (2, "allreduce", 1 << 20, "mpi-tcp", 1, "busbw"),
-    (2, "allreduce", 16 << 20, "gloo", 2, "busbw"), (2, "allreduce", 16 << 20, "mpi-tcp", 1, "busbw"),
+    (2, "allreduce", 1 << 20, "gloo", 2, "busbw"),
+    (2, "allreduce", 1 << 20, "mpi-tcp", 1, "busbw"),
+    (2, "allreduce", 16 << 20, "gloo", 2, "busbw"),
+    (2, "allreduce", 16 << 20, "mpi-tcp", 1, "busbw"),
     (2, "broadcast", 1 << 20, "gloo", 2, "p50"), (2, "allgather", 1 << 20, "gloo", 2, "p50"),
     (2, "barrier", 0, "gloo", 2, "p50"),
     (4, "allreduce", 1, "gloo", 5, "p50"), (4, "allreduce", 256, "gloo", 5, "p50"),

@@ -43,10 +43,11 @@ def main():
     parser.add_argument("--budget", type=float, default=1.0,
                         help="seconds per size and algorithm, at most")
     parser.add_argument("--json", help="write the results here (rank 0)")
+    parser.add_argument("--transport", default="auto", help="tcp, shm or auto (default)")
     args = parser.parse_args()
     algorithms = [a for a in ALLREDUCE_ALGORITHMS if a != "auto"] + ["auto"]
     results = []
-    with pc.init() as ctx:
+    with pc.init(transport=args.transport) as ctx:
         for n in args.elements:
             buf = np.ones(n, np.float32)
             for a in algorithms:                      # warm up, and size the rounds

@@ -70,7 +70,7 @@ POINT_TO_POINT = ("barrier_all_to_one", "broadcast_one_to_all", "sendrecv_roundt
                   "pairwise_exchange")
 ROOTED = ("broadcast", "broadcast_one_to_all", "reduce", "gather", "scatter",
           "barrier_all_to_one")
-# Collectives whose byte count (the "size" column) covers all ranks' blocks, as NCCL-tests count it.
+# Collectives whose "size" column covers all ranks' blocks, as NCCL-tests count it.
 WHOLE_BUFFER = ("allgather", "allgatherv", "gather", "scatter", "reduce_scatter", "alltoall",
                 "alltoallv")
 BYTE_DEFAULT = ("pairwise_exchange",)   # Gloo runs it on chars
@@ -88,7 +88,7 @@ def busbw_factor(collective, size):
 
 
 def latency_stats(seconds, nbytes, factor):
-    """Summarize per-iteration latencies (slowest rank's, in seconds) as Gloo's row plus algbw/busbw."""
+    """Summarize per-call latencies (slowest rank's, seconds) as Gloo's row plus algbw/busbw."""
     seconds = np.asarray(seconds, dtype=np.float64)
     lo, p50, p99, hi = np.percentile(seconds, [0, 50, 99, 100])
     mean = float(seconds.mean())
@@ -180,7 +180,8 @@ def _parser():
     own.add_argument("--local", type=_int_at_least(1), metavar="N",
                      help="start N ranks on this machine, wired through an embedded TCP store")
     own.add_argument("--dtype", help="element type (default float32; uint8 for pairwise_exchange)")
-    own.add_argument("--op", help="reduction: sum (default), product, min, max, avg, band, bor, bxor")
+    own.add_argument("--op",
+                     help="reduction: sum (default), product, min, max, avg, band, bor, bxor")
     own.add_argument("--algorithm", help="allreduce, broadcast or reduce algorithm (default auto)")
     gloo.add_argument("--base", type=_int_at_least(2), metavar="B",
                       help="allreduce_bcube's base (default: pycollect's, 4)")
@@ -758,7 +759,7 @@ class Case:
 
 def time_calls(call, barrier, agree_max, warmup_iters, iteration_time, iteration_count=None,
                min_iterations=1, max_iterations=MAX_ITERATIONS):
-    """Warm up, agree on one iteration count, time back-to-back calls; return this rank's seconds."""
+    """Warm up, agree on one iteration count, time back-to-back calls; return this rank's times."""
     clock = time.perf_counter_ns
     barrier()
     start = clock()
@@ -793,7 +794,7 @@ def _agree_max(ctx, value):
 
 
 def measure(ctx, cfg, count, p2p=None):
-    """Run one size on every rank; return (per-iteration slowest-rank seconds on rank 0, Case, algorithm)."""
+    """Check and time one size; return (slowest rank's seconds per call on rank 0, Case, algo)."""
     case = Case(ctx, cfg, count, p2p)
     case.fill(True)
     work = case.run(async_op=True)

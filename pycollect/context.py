@@ -41,7 +41,7 @@ REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
 # Crossovers for algorithm="auto", measured with benchmarks/crossover.py on
 # this project's 2-core machines (see docs/algorithms.md).
-RECURSIVE_DOUBLING_MAX_BYTES = 32 << 10  # up to here, at 2 ranks: one whole-buffer swap
+RECURSIVE_DOUBLING_MAX_BYTES = 64 << 10  # up to here, at 2 ranks: one whole-buffer swap
 RECURSIVE_DOUBLING_MAX_BYTES_MANY = 8 << 10   # ... with more ranks
 RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overlap reduction
                                          # and wire; otherwise halving-doubling
@@ -296,8 +296,10 @@ class Context:
 
         def run(seq):
             if self._rank != 0:
-                _p2p.send(t, token, 0, _MONITOR_TAG, timeout)
-                _p2p.recv(t, token, 0, _MONITOR_TAG, timeout)
+                # Wait longer than rank 0 does, so that rank 0, which knows
+                # who is missing, is the one to time out and report.
+                _p2p.send(t, token, 0, _MONITOR_TAG, 2 * timeout + 1.0)
+                _p2p.recv(t, token, 0, _MONITOR_TAG, 2 * timeout + 1.0)
                 return None
             arrived, end = {0}, _now() + timeout
             try:

@@ -1,4 +1,4 @@
-"""pycollect-bench: every benchmark on thread ranks, --local as real processes, checks and errors."""
+"""pycollect-bench: every benchmark on thread ranks, --local as processes, checks, errors."""
 
 import csv
 import io

@@ -220,3 +220,17 @@ def test_monitored_barrier_names_the_missing_ranks():
             assert isinstance(res[r][0], pc.Error) and res[r][1] < 5, res[r]
     finally:
         g.close()
+
+
+def test_sends_that_arrive_during_a_collective_are_not_mismatches(quad):
+    """Point-to-point messages carry no collective sequence number."""
+    def body(ctx):
+        for _ in range(20):
+            ctx.barrier()
+            if ctx.rank:
+                ctx.send(np.full(3, ctx.rank), 0, tag=9)
+            else:
+                for _ in range(3):
+                    ctx.recv(np.zeros(3, np.int64), tag=9)
+        return True
+    assert all(quad.run(body))

@@ -882,10 +882,11 @@ cdef class TcpTransport(Transport):
             return 0
         if h.magic == MAGIC_DATA or h.magic == MAGIC_CMA:
             # An early message is normal when the peer is ahead (a later
-            # collective, or another group's).  One of this collective that no
-            # receive here will ever match, or one of an earlier collective of
-            # this group, means disagreement.
-            if n == HDR_BYTES and h.kind == self.op.context and (
+            # collective, another group's, or a point-to-point message, which
+            # carries no collective sequence number).  One of this collective
+            # that no receive here will ever match, or one of an earlier
+            # collective of this group, means disagreement.
+            if n == HDR_BYTES and h.kind == self.op.context and h.coll != COLL_P2P and (
                     <int32_t>(h.seq - self.op.seq) < 0 or (
                         h.seq == self.op.seq and not _same_op(&h, &self.op))):
                 self._note_theirs(&h)
