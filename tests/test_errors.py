@@ -96,12 +96,12 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
         elif disagreement == "op":
             ctx.allreduce(np.ones(10), op=pc.MAX if me else pc.SUM)
         elif disagreement == "collective":
-            # Large enough for the ring, where every rank hears from its left
-            # neighbour; see test_disagreeing_collectives_that_exchange_nothing.
+            # Over the ring every rank hears from its left neighbour; see
+            # test_disagreeing_collectives_that_exchange_nothing for the rest.
             if me:
                 ctx.broadcast(np.ones(100000), root=0)
             else:
-                ctx.allreduce(np.ones(100000))
+                ctx.allreduce(np.ones(100000), algorithm="ring")
         elif disagreement == "root":
             ctx.broadcast(np.ones(10), root=1 if me else 0)
             if size == 2:

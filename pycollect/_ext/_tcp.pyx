@@ -391,6 +391,9 @@ cdef class TcpTransport(Transport):
         cdef MsgHeader h
         first = 0 if peer < 0 else peer
         last = self.size - 1 if peer < 0 else peer
+        for p in range(first, last + 1):
+            # Heads set aside while a collective ran may be this message: look again.
+            self.pairs[p].data_waiting = 0
         while True:
             if self.failed:
                 return -1
