@@ -48,6 +48,9 @@ RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overl
 PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
 RING_REDUCE_MIN_BYTES = 256 << 10        # below: binomial tree reduce
 DEFAULT_SEGMENT_BYTES = 1 << 20
+_RECURSIVE_DOUBLING = _allreduce.ALGORITHMS["recursive_doubling"]
+_HALVING_DOUBLING = _allreduce.ALGORITHMS["halving_doubling"]
+_RING_CHUNKED = _allreduce.ALGORITHMS["ring_chunked"]
 
 
 class Context:
@@ -66,6 +69,8 @@ class Context:
         self._lock = lock or threading.Lock()     # shared with sub-groups
         self._group_id = group_id
         self._groups_made = 0
+        self._rd_max_bytes = (RECURSIVE_DOUBLING_MAX_BYTES if size == 2
+                              else RECURSIVE_DOUBLING_MAX_BYTES_MANY)
         self._failure = None
         self._closed = False
         self._on_close = list(on_close)
@@ -121,8 +126,14 @@ class Context:
         ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
         "ring_chunked", or "bcube" (base 4; "bcube:B" for base B).
         """
-        op = self._check_op(op, "allreduce")
+        if type(op) is not ReduceOp:
+            op = self._check_op(op, "allreduce")
         base = _allreduce.DEFAULT_BCUBE_BASE
+        if algorithm == "auto":
+            algo = self._auto_allreduce(buf)
+            t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+            return self._submit("allreduce", lambda seq: _allreduce.allreduce(
+                t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
         if isinstance(algorithm, str) and algorithm.startswith("bcube:"):
             algorithm, _, digits = algorithm.partition(":")
             try:
@@ -462,6 +473,18 @@ class Context:
         self._execute((op, span))
         return result
 
+    def _auto_allreduce(self, buf):
+        """The algorithm code "auto" picks for ``buf`` (thresholds in docs/algorithms.md)."""
+        try:
+            nbytes = buf.nbytes
+        except AttributeError:
+            nbytes = _nbytes(buf)
+        if nbytes <= self._rd_max_bytes:
+            return _RECURSIVE_DOUBLING
+        if nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
+            return _RING_CHUNKED
+        return _HALVING_DOUBLING
+
     def _finished(self, result, async_op):
         if not async_op:
             return result
@@ -539,15 +562,7 @@ class Context:
 
     def _allreduce_algorithm(self, algorithm, buf):
         if algorithm == "auto":
-            nbytes = _nbytes(buf)
-            small = (RECURSIVE_DOUBLING_MAX_BYTES if self._size == 2
-                     else RECURSIVE_DOUBLING_MAX_BYTES_MANY)
-            if nbytes <= small:
-                algorithm = "recursive_doubling"
-            elif nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
-                algorithm = "ring_chunked"
-            else:
-                algorithm = "halving_doubling"
+            return self._auto_allreduce(buf)
         return self._algorithm_code("allreduce", algorithm, _allreduce.ALGORITHMS)
 
     def _broadcast_algorithm(self, algorithm, buf):
