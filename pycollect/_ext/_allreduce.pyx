@@ -53,10 +53,43 @@ cdef enum:
     MAX_BCUBE_BASE = 16
     MAX_BCUBE_STEPS = 64
 
+cdef int fold_in(Transport t, char* buf, char* other, size_t n, size_t es, int dtype, int op,
+                 int core) noexcept nogil:
+    """Ranks from ``core`` up hand their buffer to rank r mod core, which reduces them in.
+
+    Returns 1 on such an extra rank (it then waits in fold_out), 0 on a core rank, -1 on error.
+    """
+    cdef int P = t.size, r = t.rank, k
+    if r >= core:
+        return -1 if t.post_send(r % core, buf, n * es) < 0 else 1
+    k = r + core
+    while k < P:
+        if t.wait(t.post_recv(k, other, n * es)) < 0:
+            return -1
+        reduce_into(buf, buf, other, n, dtype, op)
+        k += core
+    return 0
+
+
+cdef int fold_out(Transport t, char* buf, size_t nbytes, int core, int extra) noexcept nogil:
+    """Core ranks hand the result back to the extra ranks that folded into them."""
+    cdef int P = t.size, r = t.rank, k
+    if extra:
+        if t.wait(t.post_recv(r % core, buf, nbytes)) < 0:
+            return -1
+        return t.wait_all()     # our fold-in send, if it is still being acknowledged
+    k = r + core
+    while k < P:
+        if t.post_send(k, buf, nbytes) < 0:
+            return -1
+        k += core
+    return t.wait_all()
+
+
 cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                                       int op) noexcept nogil:
     """Allreduce in place by pairwise exchanges of the whole buffer."""
-    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner
+    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner, extra
     cdef size_t nbytes = n * es
     cdef char* other
     if P > 1 and n > 0:
@@ -65,17 +98,10 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
         other = t.scratch(nbytes)
         if other == NULL:
             return -1
-        if r >= p2:
-            # Fold in, then wait for the result.
-            if t.post_send(r - p2, buf, nbytes) < 0:
-                return -1
-            if t.wait(t.post_recv(r - p2, buf, nbytes)) < 0:
-                return -1
-        else:
-            if r + p2 < P:
-                if t.wait(t.post_recv(r + p2, other, nbytes)) < 0:
-                    return -1
-                reduce_into(buf, buf, other, n, dtype, op)
+        extra = fold_in(t, buf, other, n, es, dtype, op, p2)
+        if extra < 0:
+            return -1
+        if not extra:
             mask = 1
             while mask < p2:
                 partner = r ^ mask
@@ -88,10 +114,8 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
                 else:
                     reduce_into(buf, other, buf, n, dtype, op)
                 mask <<= 1
-            if r + p2 < P and t.post_send(r + p2, buf, nbytes) < 0:
-                return -1
-            if t.wait_all() < 0:
-                return -1
+        if fold_out(t, buf, nbytes, p2, extra) < 0:
+            return -1
     if op == OP_AVG and P > 1:
         divide_by(buf, n, dtype, P)
     return 0
@@ -100,7 +124,7 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
 cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                                     int op) noexcept nogil:
     """Allreduce in place: recursive-halving reduce-scatter, recursive-doubling allgather."""
-    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner, steps = 0, k
+    cdef int P = t.size, r = t.rank, p2 = 1, mask, partner, steps = 0, k, extra
     cdef size_t lo = 0, hi = n, mid, keep_lo, keep_hi, give_lo, give_hi
     cdef size_t los[32]
     cdef size_t his[32]
@@ -111,16 +135,10 @@ cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es,
         other = t.scratch(n * es)
         if other == NULL:
             return -1
-        if r >= p2:
-            if t.post_send(r - p2, buf, n * es) < 0:
-                return -1
-            if t.wait(t.post_recv(r - p2, buf, n * es)) < 0:
-                return -1
-        else:
-            if r + p2 < P:
-                if t.wait(t.post_recv(r + p2, other, n * es)) < 0:
-                    return -1
-                reduce_into(buf, buf, other, n, dtype, op)
+        extra = fold_in(t, buf, other, n, es, dtype, op, p2)
+        if extra < 0:
+            return -1
+        if not extra:
             # Reduce-scatter: halve the range, keeping the half on our side of mask.
             mask = p2 >> 1
             while mask > 0:
@@ -165,10 +183,8 @@ cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es,
                 lo, hi = los[k], his[k]
                 k -= 1
                 mask <<= 1
-            if r + p2 < P and t.post_send(r + p2, buf, n * es) < 0:
-                return -1
-            if t.wait_all() < 0:
-                return -1
+        if fold_out(t, buf, n * es, p2, extra) < 0:
+            return -1
     if op == OP_AVG and P > 1:
         divide_by(buf, n, dtype, P)
     return 0
@@ -177,7 +193,7 @@ cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es,
 cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                          int base) noexcept nogil:
     """Allreduce in place over base-``base`` digit groups (see the module notes)."""
-    cdef int P = t.size, r = t.rank, pb = 1, steps = 0, j, d, mine, stride, peer, k
+    cdef int P = t.size, r = t.rank, pb = 1, steps = 0, d, mine, stride, peer, k, extra
     cdef size_t lo = 0, hi = n, span, part_lo, part_len
     cdef size_t los[MAX_BCUBE_STEPS]
     cdef size_t his[MAX_BCUBE_STEPS]
@@ -189,20 +205,11 @@ cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
         other = t.scratch(base * (n // base + 1) * es)
         if other == NULL:
             return -1
-        if r >= pb:
-            # Extra ranks (there may be several per core rank when base > 2)
-            # fold into rank r mod pb and get the result back from it.
-            if t.post_send(r % pb, buf, n * es) < 0:
-                return -1
-            if t.wait(t.post_recv(r % pb, buf, n * es)) < 0:
-                return -1
-        else:
-            k = r + pb
-            while k < P:
-                if t.wait(t.post_recv(k, other, n * es)) < 0:
-                    return -1
-                reduce_into(buf, buf, other, n, dtype, op)
-                k += pb
+        # Extra ranks (several per core rank when base > 2) fold into rank r mod pb.
+        extra = fold_in(t, buf, other, n, es, dtype, op, pb)
+        if extra < 0:
+            return -1
+        if not extra:
             # Reduce-scatter: one digit per step, largest stride first.
             stride = pb // base
             while stride > 0:
@@ -248,13 +255,8 @@ cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                 if t.wait_all() < 0:
                     return -1
                 lo, hi = los[k], his[k]
-            k = r + pb
-            while k < P:
-                if t.post_send(k, buf, n * es) < 0:
-                    return -1
-                k += pb
-            if t.wait_all() < 0:
-                return -1
+        if fold_out(t, buf, n * es, pb, extra) < 0:
+            return -1
     if op == OP_AVG and P > 1:
         divide_by(buf, n, dtype, P)
     return 0

@@ -306,9 +306,13 @@ cdef class TcpTransport(Transport):
             return -1
         if pc_atomic_load(&self.abort_flag):
             return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
-        self.nreqs = 0
         self.timeout_s = timeout_s
         self.deadline_ns = pc_now_ns() + <int64_t>(timeout_s * 1e9)
+        # Sends of the previous operation still in flight (a large message the
+        # peer has not acknowledged yet) finish before their slots are reused.
+        if not self._all_done(-1) and self._progress(-1) < 0:
+            return -1
+        self.nreqs = 0
         return 0
 
     cdef int _new_req(self, int peer, int is_send, void* buf, size_t nbytes) noexcept nogil:
@@ -927,7 +931,8 @@ cdef class TcpTransport(Transport):
                 continue
             if off < <int>sizeof(detail) - 40:
                 off += snprintf(detail + off, sizeof(detail) - off, " rank %d (%s)", p,
-                                "to send" if pr.recv_head >= 0 else "to receive")
+                                "for its data" if pr.recv_head >= 0 else
+                                "to take our data")
         self.err.blamed = -1
         cdef int first = -1
         for p in range(self.size):
