@@ -8,6 +8,7 @@ collect by itself) therefore runs in a child pytest under ``mpirun -n 1``.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,8 +72,10 @@ def test_mpirun_runs_the_example_with_a_bare_init():
 def test_mpirun_rendezvous_uses_mpi_and_logs_its_choice():
     done = _mpirun(3, sys.executable, WORKER, env={"PYCOLLECT_DEBUG": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
-    reports = sorted((json.loads(line) for line in done.stdout.splitlines()
-                      if line.startswith("{")), key=lambda r: r["rank"])
+    # mpirun forwards each rank's output on its own schedule: two ranks' lines
+    # can reach us glued together, so pick the JSON objects out one by one.
+    reports = sorted((json.loads(obj) for obj in re.findall(r"\{[^{}\n]*\}", done.stdout)),
+                     key=lambda r: r["rank"])
     assert [(r["rank"], r["size"]) for r in reports] == [(0, 3), (1, 3), (2, 3)]
     assert "store mpi:// from Open MPI" in done.stderr
     assert done.stderr.count("through mpi://(rank 0 at 127.0.0.1:") == 3
