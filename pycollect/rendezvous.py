@@ -278,9 +278,11 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
     segment_bytes = _from_env(segment_bytes, "PYCOLLECT_MAX_SEGMENT_BYTES", int, "byte count")
     if timeout is None:
         timeout = DEFAULT_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgument("init: timeout must be a positive number of seconds, got %r"
-                              % (timeout,))
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
+        # Every blocking path has a deadline: an infinite one is refused too.
+        raise InvalidArgument("init: timeout must be a positive, finite number of seconds, "
+                              "got %r" % (timeout,))
     if not isinstance(transport, str):
         raise InvalidArgument("init: transport must be a name such as 'tcp', got %r"
                               % (transport,))

@@ -243,6 +243,7 @@ def test_unreachable_store_fails_within_its_deadline():
     (dict(rank=2, size=2, store="hash://x"), "outside"),
     (dict(rank=0, size=2), "no store"),
     (dict(rank=0, size=2, store="hash://x", timeout=0), "timeout"),
+    (dict(rank=0, size=1, store="hash://x", timeout=float("inf")), "finite"),
     (dict(rank=0, size=1, store="hash://x", segment_bytes=0), "segment_bytes"),
     (dict(rank=0, size=2, store="nosuch://x"), "nosuch"),
     (dict(rank=0, size=2, store="hash://x", transport="carrier-pigeon"), "carrier-pigeon"),
