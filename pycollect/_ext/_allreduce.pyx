@@ -116,8 +116,6 @@ cdef int recursive_doubling_allreduce(Transport t, char* buf, size_t n, size_t e
                 mask <<= 1
         if fold_out(t, buf, nbytes, p2, extra) < 0:
             return -1
-    if op == OP_AVG and P > 1:
-        divide_by(buf, n, dtype, P)
     return 0
 
 
@@ -185,8 +183,6 @@ cdef int halving_doubling_allreduce(Transport t, char* buf, size_t n, size_t es,
                 mask <<= 1
         if fold_out(t, buf, n * es, p2, extra) < 0:
             return -1
-    if op == OP_AVG and P > 1:
-        divide_by(buf, n, dtype, P)
     return 0
 
 
@@ -257,8 +253,6 @@ cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
                 lo, hi = los[k], his[k]
         if fold_out(t, buf, n * es, pb, extra) < 0:
             return -1
-    if op == OP_AVG and P > 1:
-        divide_by(buf, n, dtype, P)
     return 0
 
 
@@ -278,8 +272,6 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
         layout_free(&lay)
         if rc < 0:
             return -1
-    if op == OP_AVG and t.size > 1:
-        divide_by(buf, n, dtype, t.size)
     return 0
 
 
@@ -318,6 +310,8 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
                 rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
             else:
                 rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
+        if rc == 0 and op == OP_AVG and t.size > 1:
+            divide_by(b.ptr, n, b.dtype, t.size)     # every algorithm sums; AVG divides once
     if rc < 0:
         raise_error(t)
     return algo

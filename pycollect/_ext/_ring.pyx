@@ -29,13 +29,19 @@ cdef enum:
     MAX_WINDOW = 8
 
 
-cdef int layout_even(Layout* lay, size_t n, int parts, int shift) noexcept nogil:
-    cdef int c
+cdef int _layout_alloc(Layout* lay, int parts, int shift) noexcept nogil:
     lay.off = <size_t*>calloc(parts, sizeof(size_t))
     lay.len = <size_t*>calloc(parts, sizeof(size_t))
     lay.shift = shift
     if lay.off == NULL or lay.len == NULL:
         layout_free(lay)
+        return -1
+    return 0
+
+
+cdef int layout_even(Layout* lay, size_t n, int parts, int shift) noexcept nogil:
+    cdef int c
+    if _layout_alloc(lay, parts, shift) < 0:
         return -1
     for c in range(parts):
         lay.off[c] = chunk_offset(n, parts, c)
@@ -46,11 +52,7 @@ cdef int layout_even(Layout* lay, size_t n, int parts, int shift) noexcept nogil
 cdef int layout_counts(Layout* lay, const size_t* counts, int parts, int shift) noexcept nogil:
     cdef int c
     cdef size_t off = 0
-    lay.off = <size_t*>calloc(parts, sizeof(size_t))
-    lay.len = <size_t*>calloc(parts, sizeof(size_t))
-    lay.shift = shift
-    if lay.off == NULL or lay.len == NULL:
-        layout_free(lay)
+    if _layout_alloc(lay, parts, shift) < 0:
         return -1
     for c in range(parts):
         lay.off[c] = off
