@@ -24,7 +24,7 @@ from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, Timeout
 from .types import ReduceOp
-from .work import Later, Runner, Work
+from .work import P2P, Later, Runner, Work
 
 __all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS",
            "ANY_SOURCE", "ANY_TAG"]
@@ -269,9 +269,11 @@ class Context:
         """Send ``buf`` to rank ``dst``; a rank receives another's messages in send order."""
         dst = self._check_peer(dst, "send", "dst")
         tag = self._check_tag(tag, "send", allow_any=False)
+        _buffer.check(buf, "send", "buf", False)
         t, tmo = self._transport, self._timeout
         return self._submit("send", lambda seq: _p2p.send(t, buf, dst, tag, tmo), None,
-                            async_op, span=0)
+                            async_op, span=0,
+                            queued=P2P(False, buf, dst, tag, self._new_batch))
 
     def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False):
         """Receive a message (at most ``buf``'s size) into ``buf``; return the source rank.
@@ -281,6 +283,7 @@ class Context:
         if src != ANY_SOURCE:
             src = self._check_peer(src, "recv", "src")
         tag = self._check_tag(tag, "recv", allow_any=True)
+        _buffer.check(buf, "recv", "buf", True)
         t, tmo = self._transport, self._timeout
         got = Later()
 
@@ -288,10 +291,14 @@ class Context:
             got.value = _p2p.recv(t, buf, src, tag, tmo)
             return None
 
+        queued = P2P(True, buf, src, tag, self._new_batch, got)
         if async_op:
-            return self._submit("recv", run, got, True, span=0)
-        self._submit("recv", run, None, False, span=0)
+            return self._submit("recv", run, got, True, span=0, queued=queued)
+        self._submit("recv", run, None, False, span=0, queued=queued)
         return got.value[0]
+
+    def _new_batch(self):
+        return _p2p.Batch(self._transport, self._timeout)
 
     def monitored_barrier(self, timeout=None):
         """A barrier whose failure names every rank that did not arrive in ``timeout`` seconds.
@@ -460,15 +467,16 @@ class Context:
 
     # -- helpers ----------------------------------------------------------
 
-    def _submit(self, name, op, result, async_op, span=1):
-        """Run ``op(seq)`` now or queue it; return ``result`` or a Work."""
+    def _submit(self, name, op, result, async_op, span=1, queued=None):
+        """Run ``op(seq)`` now or queue it (``queued``, when given, is what the queue
+        takes instead: a send or receive); return ``result`` or a Work."""
         if async_op or (self._runner is not None and self._runner.pending()):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             work = Work("%s on rank %d" % (name, self._rank), result)
             if self._runner is None:
                 self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
-            self._runner.submit((op, span), work)
+            self._runner.submit(queued if queued is not None else (op, span), work)
             return work if async_op else work.wait()
         self._execute((op, span))
         return result

@@ -1,11 +1,35 @@
 """Async handles, and the per-context thread that runs queued operations in order."""
 
 import collections
+import itertools
 import threading
 
 from .errors import Error, Timeout
 
-__all__ = ["Work", "Later"]
+__all__ = ["Work", "Later", "P2P"]
+
+# How long a batch of sends and receives progresses before the runner looks
+# for more of them in its queue.
+BATCH_SLICE_S = 0.002
+
+
+class P2P:
+    """A queued send or receive: consecutive ones run together as one batch."""
+
+    __slots__ = ("is_recv", "buf", "peer", "tag", "new_batch", "result")
+
+    def __init__(self, is_recv, buf, peer, tag, new_batch, result=None):
+        self.is_recv = is_recv
+        self.buf = buf
+        self.peer = peer
+        self.tag = tag
+        self.new_batch = new_batch      # () -> a _p2p.Batch of the context
+        self.result = result            # a receive's Later
+
+    def post(self, batch):
+        if self.is_recv:
+            return batch.add_recv(self.buf, self.peer, self.tag)
+        return batch.add_send(self.buf, self.peer, self.tag)
 
 
 class Later:
@@ -20,12 +44,13 @@ class Later:
 class Work:
     """The handle of an operation started with ``async_op=True``."""
 
-    __slots__ = ("_done", "_result", "_exception", "algorithm", "description")
+    __slots__ = ("_done", "_result", "_exception", "_callbacks", "algorithm", "description")
 
     def __init__(self, description, result):
         self._done = threading.Event()
         self._result = result
         self._exception = None
+        self._callbacks = None
         self.algorithm = None
         self.description = description
 
@@ -54,6 +79,28 @@ class Work:
         r = self._result
         return r.value if isinstance(r, Later) else r
 
+    def add_done_callback(self, fn):
+        """Call ``fn(work)`` once the operation has ended (at once if it already has).
+
+        ``fn`` runs on the context's runner thread, or on the caller's when the
+        operation had already ended; it must not raise.
+        """
+        if self._callbacks is None:
+            self._callbacks = collections.deque()
+        self._callbacks.append(fn)
+        if self._done.is_set():
+            self._run_callbacks()
+
+    def _run_callbacks(self):
+        # Each callback is popped, so runs, exactly once, whichever thread gets it.
+        callbacks = self._callbacks
+        while callbacks:
+            try:
+                fn = callbacks.popleft()
+            except IndexError:
+                return
+            fn(self)
+
     def __repr__(self):
         state = ("failed" if self._exception else "done") if self._done.is_set() else "pending"
         return "<pycollect.Work %s %s%s>" % (
@@ -63,10 +110,18 @@ class Work:
         self.algorithm = algorithm
         self._exception = exception
         self._done.set()
+        if self._callbacks is not None:
+            self._run_callbacks()
 
 
 class Runner:
-    """A daemon thread that runs a context's queued operations one at a time, in order."""
+    """A daemon thread that runs a context's queued operations in order.
+
+    Collectives run one at a time.  A run of consecutive sends and receives
+    runs as one batch, all in flight together (two ranks may each send
+    before they receive), and still completes in issue order; sends and
+    receives queued while a batch runs join it.
+    """
 
     def __init__(self, execute, name):
         self._execute = execute
@@ -102,6 +157,9 @@ class Runner:
                 if not self._queue:
                     return
                 op, work = self._queue[0]
+            if isinstance(op, P2P):
+                self._run_batch(op.new_batch)
+                continue
             algorithm, exception = None, None
             try:
                 algorithm = self._execute(op)
@@ -110,3 +168,43 @@ class Runner:
             with self._cond:
                 self._queue.popleft()
             work._finish(algorithm, exception)
+
+    def _run_batch(self, new_batch):
+        """Run the sends and receives at the head of the queue, and those queued meanwhile."""
+        taken = [0]         # operations of the queue's head handed to the batch
+
+        def drive(seq):
+            batch = new_batch()
+            while True:
+                with self._cond:
+                    fresh = list(itertools.islice(self._queue, taken[0], None))
+                for op, _ in fresh:
+                    if not isinstance(op, P2P):
+                        break
+                    taken[0] += 1
+                    op.post(batch)
+                done = batch.progress(BATCH_SLICE_S)
+                with self._cond:
+                    # The queue's head holds the batch's last taken[0] operations;
+                    # the first ``done`` of the batch are complete.
+                    ended = []
+                    while taken[0] and len(batch) - taken[0] < done:
+                        ended.append((len(batch) - taken[0], self._queue.popleft()))
+                        taken[0] -= 1
+                    idle = not taken[0] and (
+                        not self._queue or not isinstance(self._queue[0][0], P2P))
+                for i, (op, work) in ended:
+                    if op.result is not None:
+                        op.result.value = batch.result(i)
+                    work._finish(None, None)
+                if idle:
+                    return None
+
+        try:
+            self._execute((drive, 0))
+        except BaseException as exc:      # fails every operation handed to the batch
+            with self._cond:
+                failed = [self._queue.popleft()[1]
+                          for _ in range(min(max(taken[0], 1), len(self._queue)))]
+            for work in failed:
+                work._finish(None, exc)

@@ -83,6 +83,37 @@ cdef class GroupTransport(Transport):
             rc = out.peer
         return rc
 
+    cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
+        cdef int rc = self.parent.probe_until(self.members[peer] if peer >= 0 else -1, out,
+                                              until_ns)
+        if rc >= 0:
+            out.peer = self.index[rc]
+            return out.peer
+        return rc if rc == -2 else self._mirror(rc)
+
+    cdef int set_op(self, const OpDesc* op) noexcept nogil:
+        self.op = op[0]
+        self.op.context = self.gid
+        if self.failed:
+            return -1
+        return self._mirror(self.parent.set_op(&self.op))
+
+    cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil:
+        return self._mirror(self.parent.post_recv_upto(self.members[peer], buf, capacity))
+
+    cdef int done(self, int req) noexcept nogil:
+        return self.parent.done(req)
+
+    cdef int64_t received(self, int req) noexcept nogil:
+        return self.parent.received(req)
+
+    cdef int progress_until(self, int64_t until_ns) noexcept nogil:
+        return self._mirror(self.parent.progress_until(until_ns))
+
+    cdef void extend_deadline(self, double timeout_s) noexcept nogil:
+        self.timeout_s = timeout_s
+        self.parent.extend_deadline(timeout_s)
+
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
         if not self.parent.failed:

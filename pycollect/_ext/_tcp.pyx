@@ -138,6 +138,8 @@ cdef struct Req:
     uint64_t addr       # ... at this address in the sender
     uint32_t addr_done  # bytes of the address streamed
     uint64_t ack_needed # a sender's large message is done when the peer's acks reach this
+    OpDesc desc         # the operation the request belongs to (checked against headers)
+    int flex            # a point-to-point receive: any message of at most nbytes
 
 cdef struct Pair:
     int fd
@@ -335,6 +337,7 @@ cdef class TcpTransport(Transport):
         r.peer = peer
         r.is_send = is_send
         r.next = -1
+        r.desc = self.op
         self.nreqs += 1
         return self.nreqs - 1
 
@@ -377,6 +380,23 @@ cdef class TcpTransport(Transport):
         pr.data_waiting = 0
         return idx
 
+    cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil:
+        cdef int idx = self.post_recv(peer, buf, capacity)
+        if idx >= 0:
+            self.reqs[idx].flex = 1
+        return idx
+
+    cdef int done(self, int req) noexcept nogil:
+        return 0 <= req < self.nreqs and self.reqs[req].complete
+
+    cdef int64_t received(self, int req) noexcept nogil:
+        if 0 <= req < self.nreqs and self.reqs[req].complete:
+            return <int64_t>self.reqs[req].nbytes
+        return -1
+
+    cdef int progress_until(self, int64_t until_ns) noexcept nogil:
+        return self._progress_to(-1, until_ns)
+
     cdef int wait(self, int req) noexcept nogil:
         if req < 0 or req >= self.nreqs:
             return self.set_error(ERR_INTERNAL, -1, "", 0, "wait on an invalid request")
@@ -388,30 +408,84 @@ cdef class TcpTransport(Transport):
     cdef int probe(self, int peer, Probe* out) noexcept nogil:
         """Wait for a point-to-point message of this context at the head of ``peer``'s
         stream (-1: of any peer's); describe it in ``out`` without consuming it."""
-        cdef int p, n, first, last, k, rc
+        return self.probe_until(peer, out, 0)
+
+    cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
+        """probe, giving up with -2 (no error) once ``until_ns`` passes, when not 0."""
+        cdef int n, k, rc
         cdef int64_t now, spin_end = pc_now_ns() + self.spin_ns
-        cdef Pair* pr
         cdef uint64_t drained
-        cdef MsgHeader h
-        first = 0 if peer < 0 else peer
-        last = self.size - 1 if peer < 0 else peer
-        for p in range(first, last + 1):
-            # Heads set aside while a collective ran may be this message: look again.
-            self.pairs[p].data_waiting = 0
+        self._look_again(peer)
         while True:
-            if self.failed:
+            rc = self._probe_pass(peer, out, &k)
+            if rc != -2:
+                return rc
+            now = pc_now_ns()
+            if now >= self.deadline_ns:
+                return self.set_error(ERR_TIMEOUT, peer, "", 0,
+                                      "waiting for a message" if peer >= 0 else
+                                      "waiting for a message from any rank")
+            if until_ns and now >= until_ns:
+                return -2
+            if now < spin_end:
+                if self.yield_spin:
+                    sched_yield()
+                continue
+            if self._signalled():
                 return -1
-            if pc_atomic_load(&self.abort_flag):
-                return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
-            k = 1
-            for p in range(first, last + 1):
-                pr = &self.pairs[p]
-                if p == self.rank or pr.fd < 0 or (peer < 0 and (pr.data_waiting or pr.eof)):
-                    continue
+            self.pfds[0].fd = self.wake_fd
+            self.pfds[0].events = POLLIN
+            self.pfds[0].revents = 0
+            n = ((self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns
+                  else until_ns) - now) // 1000000 + 1
+            if not self._arm_rings():
+                rc = poll(self.pfds, k, n if n < 1000 else 1000)
+                self._disarm_rings()
+                if rc > 0 and self.pfds[0].revents:
+                    c_read(self.wake_fd, &drained, 8)
+                for n in range(1, k):
+                    if self.pfds[n].revents and self.pairs[self.pfd_peer[n]].shm:
+                        self._drain_doorbell(self.pfd_peer[n])
+
+    cdef void _look_again(self, int peer) noexcept nogil:
+        """Heads set aside while a collective ran may be the message a probe wants."""
+        cdef int p
+        for p in range(self.size):
+            if peer < 0 or p == peer:
+                self.pairs[p].data_waiting = 0
+
+    cdef int _probe_pass(self, int peer, Probe* out, int* npfds) noexcept nogil:
+        """One look for probe(): the peer whose head matches, -2 when none does yet
+        (``pfds[1:npfds]`` then lists what to wait on), or -1 on an error.
+
+        Requests already posted (a batch of sends and receives) move on meanwhile,
+        and a pair with receives posted is theirs first: its head is not a candidate.
+        """
+        cdef int p, n, k = 1, rc, candidate
+        cdef short ev
+        cdef Pair* pr
+        cdef MsgHeader h
+        if self.failed:
+            return -1
+        if pc_atomic_load(&self.abort_flag):
+            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if (pr.send_head >= 0 or pr.ack_head >= 0) and self._do_send(p) < 0:
+                return -1
+            if pr.recv_head >= 0 and self._do_recv(p) < 0:
+                return -1
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if p == self.rank or pr.fd < 0:
+                continue
+            candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
+                and not (peer < 0 and (pr.data_waiting or pr.eof))
+            if candidate:
                 n = self._peek_header(p, &h)
-                if n == HDR_BYTES and h.magic == MAGIC_DATA and h.coll == COLL_P2P \
-                        and h.kind == self.op.context and (self.op.root < 0 or
-                                                           h.root == self.op.root):
+                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_CMA) \
+                        and h.coll == COLL_P2P and h.kind == self.op.context \
+                        and (self.op.root < 0 or h.root == self.op.root):
                     out.peer = p
                     out.nbytes = h.nbytes
                     out.desc.context = h.kind
@@ -423,40 +497,36 @@ cdef class TcpTransport(Transport):
                     out.desc.root = h.root
                     out.desc.count = h.count
                     return p
-                if n == HDR_BYTES and h.magic == MAGIC_DATA and peer < 0:
+                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_CMA) \
+                        and peer < 0:
                     pr.data_waiting = 1     # the head is for another operation
-                    continue
-                if n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
+                    candidate = 0
+                elif n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
                     # A mismatch, an abort frame, or end of stream: let the
                     # receive path name it.
                     rc = self.post_recv(p, NULL, 0)
                     if rc < 0 or self._do_recv(p) < 0:
                         return -1
                     return self.set_error(ERR_INTERNAL, p, "", 0, "probe lost its message")
+            ev = 0
+            if pr.shm:
+                # Same host: the socket carries wake-ups and the end of stream.
+                if not pr.eof and (candidate or pr.recv_head >= 0 or pr.send_head >= 0
+                                   or pr.ack_head >= 0):
+                    ev = POLLIN
+            else:
+                if candidate or pr.recv_head >= 0:
+                    ev = POLLIN
+                if pr.send_head >= 0:
+                    ev |= POLLOUT
+            if ev:
                 self.pfds[k].fd = pr.fd
-                self.pfds[k].events = POLLIN
+                self.pfds[k].events = ev
                 self.pfds[k].revents = 0
+                self.pfd_peer[k] = p
                 k += 1
-            now = pc_now_ns()
-            if now >= self.deadline_ns:
-                return self.set_error(ERR_TIMEOUT, peer, "", 0,
-                                      "waiting for a message" if peer >= 0 else
-                                      "waiting for a message from any rank")
-            if now < spin_end:
-                if self.yield_spin:
-                    sched_yield()
-                continue
-            if self._signalled():
-                return -1
-            self.pfds[0].fd = self.wake_fd
-            self.pfds[0].events = POLLIN
-            self.pfds[0].revents = 0
-            n = (self.deadline_ns - now) // 1000000 + 1
-            if not self._arm_rings():
-                rc = poll(self.pfds, k, n if n < 1000 else 1000)
-                self._disarm_rings()
-                if rc > 0 and self.pfds[0].revents:
-                    c_read(self.wake_fd, &drained, 8)
+        npfds[0] = k
+        return -2
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
@@ -665,7 +735,14 @@ cdef class TcpTransport(Transport):
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
             return self.set_error(ERR_PEER, peer, "", 0, detail)
-        if h.seq != self.op.seq or not _same_op(h, &self.op):
+        if r.flex:
+            if h.coll != COLL_P2P or h.kind != r.desc.context or h.dtype != r.desc.dtype \
+                    or (r.desc.root >= 0 and h.root != r.desc.root) or h.nbytes > r.nbytes:
+                self._note_theirs(h)
+                return self.set_error(ERR_MISMATCH, peer, "", 0, "the message does not match "
+                                      "this receive (tag, dtype, or larger than the buffer)")
+            r.nbytes = <size_t>h.nbytes     # the message as it is described
+        elif h.seq != r.desc.seq or not _same_op(h, &r.desc):
             self._note_theirs(h)
             return self.set_error(ERR_MISMATCH, peer, "", 0, "")
         if h.msgno != pr.recv_msgs:
@@ -794,7 +871,7 @@ cdef class TcpTransport(Transport):
                 iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
                 iov[0].iov_len = hrem
                 cnt = 1
-            if r.done < r.nbytes:
+            if r.done < r.nbytes and not (hrem and r.flex):
                 iov[cnt].iov_base = r.buf + r.done
                 iov[cnt].iov_len = r.nbytes - r.done
                 cnt += 1
@@ -823,6 +900,8 @@ cdef class TcpTransport(Transport):
                     r.done += <size_t>n - hrem
                     if self._check_header(peer, r) < 0:
                         return -1
+                    if r.flex and r.done < r.nbytes:
+                        continue    # the header alone was read: now the payload
                 else:
                     r.hdr_done += <uint32_t>n
                     return progressed
@@ -942,13 +1021,16 @@ cdef class TcpTransport(Transport):
                 break
         return self.set_error(ERR_TIMEOUT, first, "", 0, detail)
 
-    cdef int _block(self, int64_t now) noexcept nogil:
-        """Sleep in poll() until some pair can move, the deadline, or abort()."""
+    cdef int _block(self, int64_t now, int64_t until_ns) noexcept nogil:
+        """Sleep in poll() until some pair can move, the deadline (or ``until_ns``, when
+        not 0), or abort()."""
         cdef int n = 0, p, i, rc
         cdef short ev
         cdef Pair* pr
         cdef uint64_t drained
-        cdef int64_t left_ms = (self.deadline_ns - now) // 1000000 + 1
+        cdef int64_t end = self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns \
+            else until_ns
+        cdef int64_t left_ms = (end - now) // 1000000 + 1
         self.pfds[0].fd = self.wake_fd
         self.pfds[0].events = POLLIN
         self.pfds[0].revents = 0
@@ -1057,6 +1139,10 @@ cdef class TcpTransport(Transport):
 
     cdef int _progress(self, int target) noexcept nogil:
         """Drive every pair until ``target`` (or, for -1, everything) completes."""
+        return self._progress_to(target, 0)
+
+    cdef int _progress_to(self, int target, int64_t until_ns) noexcept nogil:
+        """_progress that also returns 1 once ``until_ns`` (when not 0) has passed."""
         cdef int p, rc, progressed
         cdef int64_t now, spin_end
         cdef Pair* pr
@@ -1084,6 +1170,8 @@ cdef class TcpTransport(Transport):
             now = pc_now_ns()
             if now >= self.deadline_ns:
                 return self._timeout()
+            if until_ns and now >= until_ns:
+                return 1
             if progressed:
                 spin_end = now + self.spin_ns
                 continue
@@ -1091,7 +1179,7 @@ cdef class TcpTransport(Transport):
                 if self.yield_spin:
                     sched_yield()
                 continue
-            if self._block(now) < 0:
+            if self._block(now, until_ns) < 0:
                 return -1
 
 

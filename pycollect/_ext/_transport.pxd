@@ -81,6 +81,20 @@ cdef class Transport:
     cdef int wait(self, int req) noexcept nogil
     cdef int wait_all(self) noexcept nogil
     cdef int probe(self, int peer, Probe* out) noexcept nogil
+    # Point-to-point batches: several sends and receives of different
+    # descriptors in flight at once (async send/recv).  set_op changes the
+    # descriptor later posts carry without starting a new operation;
+    # post_recv_upto takes the peer's next point-to-point message of at most
+    # ``capacity`` bytes (its size is received(req) once done); progress_until
+    # moves every request until all are done (0), ``until_ns`` passes (1) or
+    # an error (-1); probe_until is probe that gives up at ``until_ns`` (-2).
+    cdef int set_op(self, const OpDesc* op) noexcept nogil
+    cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil
+    cdef int done(self, int req) noexcept nogil
+    cdef int64_t received(self, int req) noexcept nogil
+    cdef int progress_until(self, int64_t until_ns) noexcept nogil
+    cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil
+    cdef void extend_deadline(self, double timeout_s) noexcept nogil
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil
@@ -105,6 +119,8 @@ cdef enum Algorithm:
     ALGO_BINOMIAL_REDUCE = 10
     ALGO_LINEAR = 11
     ALGO_PAIRWISE = 12
+    ALGO_DIRECT = 13
+    ALGO_HIERARCHICAL = 14
 
 
 cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int redop, int algo,

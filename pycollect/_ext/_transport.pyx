@@ -5,6 +5,9 @@ from libc.stdlib cimport free
 from libc.string cimport memset, strncpy
 from posix.stdlib cimport posix_memalign
 
+cdef extern from "_sys.h" nogil:
+    int64_t pc_now_ns()
+
 from pycollect.errors import (Aborted, Error, MismatchError, PeerError, Timeout)
 from pycollect.types import DTYPES, ReduceOp
 
@@ -23,7 +26,8 @@ ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_ch
                    ALGO_RECURSIVE_DOUBLING: "recursive_doubling",
                    ALGO_HALVING_DOUBLING: "halving_doubling", ALGO_BCUBE: "bcube",
                    ALGO_BINOMIAL_REDUCE: "binomial", ALGO_LINEAR: "linear",
-                   ALGO_PAIRWISE: "pairwise"}
+                   ALGO_PAIRWISE: "pairwise", ALGO_DIRECT: "direct",
+                   ALGO_HIERARCHICAL: "hierarchical"}
 ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
                ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
 
@@ -90,6 +94,32 @@ cdef class Transport:
 
     cdef int probe(self, int peer, Probe* out) noexcept nogil:
         return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement probe")
+
+    cdef int set_op(self, const OpDesc* op) noexcept nogil:
+        self.op = op[0]
+        return -1 if self.failed else 0
+
+    cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement recv")
+
+    cdef int done(self, int req) noexcept nogil:
+        return 0
+
+    cdef int64_t received(self, int req) noexcept nogil:
+        return -1
+
+    cdef int progress_until(self, int64_t until_ns) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement progress")
+
+    cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement probe")
+
+    cdef void extend_deadline(self, double timeout_s) noexcept nogil:
+        """Let the operation in progress run until at least ``timeout_s`` from now."""
+        cdef int64_t until = pc_now_ns() + <int64_t>(timeout_s * 1e9)
+        if until > self.deadline_ns:
+            self.deadline_ns = until
+        self.timeout_s = timeout_s
 
     cdef void copy_error(self, Transport src) noexcept nogil:
         """Adopt ``src``'s recorded error (a sub-group reporting its parent's failure)."""
