@@ -7,8 +7,11 @@
 Every group torch creates (``new_group`` included) gets its own pycollect
 Context, rendezvoused through the store torch hands the backend.  Tensors are
 passed to pycollect as zero-copy NumPy views when they are contiguous; other
-tensors are copied in and out.  Operations run synchronously: the returned
-``Work`` is already complete and its future already holds the outputs.
+tensors are copied in and out (back at completion).  ``async_op=True`` (and
+every call torch's C++ side makes, DDP's gradient all-reduces included) goes
+through pycollect's async handles: the collective runs on the context's
+runner thread with the GIL released, and the returned ``dist.Work`` and its
+``get_future()`` complete when it ends.
 
 Limits: a backend written in Python replaces the whole process group, so
 ``"cpu:pycollect,cuda:nccl"`` is not possible; CUDA tensors are rejected.
@@ -16,6 +19,7 @@ See docs/torch.md.
 """
 
 import datetime
+import threading
 
 import numpy as np
 import torch
@@ -32,6 +36,7 @@ try:
     import ml_dtypes as _ml_dtypes
 except ImportError:     # bfloat16 tensors then raise a clear error
     _ml_dtypes = None
+_BF16 = _ml_dtypes.bfloat16 if _ml_dtypes is not None else None
 
 _R = dist.ReduceOp.RedOpType
 _OPS = {
@@ -86,23 +91,27 @@ class TorchStore(Store):
 
 def _check_cpu(t, what):
     if not isinstance(t, torch.Tensor):
-        raise TypeError("pycollect backend: %s must be a torch.Tensor, got %s"
-                        % (what, type(t).__name__))
+        raise pc.InvalidArgument("pycollect backend: %s must be a torch.Tensor, got %s"
+                                 % (what, type(t).__name__))
     if t.device.type != "cpu":
-        raise RuntimeError(
+        raise pc.InvalidArgument(
             "pycollect backend: %s is on device %s; the pycollect torch backend supports CPU "
             "tensors only (GPU buffers are not supported yet; use nccl for CUDA tensors)"
             % (what, t.device))
-    if t.is_sparse:
-        raise RuntimeError("pycollect backend: sparse tensors are not supported (%s)" % what)
+    if t.layout != torch.strided:
+        raise pc.InvalidArgument("pycollect backend: %s has layout %s; only dense (strided) "
+                                 "tensors are supported" % (what, t.layout))
 
 
 def _view(t):
     """A NumPy view of contiguous CPU tensor ``t`` (flattened, shares memory)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         if _ml_dtypes is None:
-            raise RuntimeError("pycollect backend: bfloat16 tensors need the ml_dtypes package")
+            raise pc.InvalidArgument(
+                "pycollect backend: bfloat16 tensors need the ml_dtypes package "
+                "(pip install ml_dtypes)")
         return t.view(torch.int16).numpy().view(_ml_dtypes.bfloat16).reshape(-1)
     return t.numpy().reshape(-1)
 
@@ -129,6 +138,18 @@ class _Buf:
                 self.tensor.copy_(self.staging)
 
 
+def _finish_all(bufs):
+    """A completion step that copies every staged buffer of ``bufs`` back."""
+    staged = [b for b in bufs if b.staging is not None]
+    if not staged:
+        return None
+
+    def finish():
+        for b in staged:
+            b.finish()
+    return finish
+
+
 def _flat_input(t, what):
     """A contiguous NumPy array holding ``t``'s values (a view when possible)."""
     _check_cpu(t, what)
@@ -139,12 +160,12 @@ def _reduce_op(opts, what):
     rop = opts.reduceOp
     code = getattr(rop, "op", rop)
     if code == _R.PREMUL_SUM:
-        return pc.SUM, _premul_factor(rop, what)
+        return pc.SUM, _premul_factor(rop, what)     # after _scale(inputs, factor)
     try:
         return _OPS[code], None
     except (KeyError, TypeError):
-        raise RuntimeError("pycollect backend: %s does not support reduce op %r"
-                           % (what, rop)) from None
+        raise pc.InvalidArgument("pycollect backend: %s does not support reduce op %r"
+                                 % (what, rop)) from None
 
 
 def _premul_factor(rop, what):
@@ -152,53 +173,119 @@ def _premul_factor(rop, what):
         f = getattr(rop, name, None)
         if f is not None:
             return f.item() if isinstance(f, torch.Tensor) else float(f)
-    raise RuntimeError("pycollect backend: %s got PREMUL_SUM without a readable factor" % what)
+    raise pc.InvalidArgument("pycollect backend: %s got PREMUL_SUM without a readable factor"
+                             % what)
 
 
 def _scale(arrays, factor):
+    """PREMUL_SUM's first step: multiply the inputs by ``factor`` (floating types only)."""
     if factor is not None:
         for a in arrays:
+            if a.dtype.kind not in "fcV" and a.dtype != _BF16:
+                raise pc.InvalidArgument("pycollect backend: PREMUL_SUM needs a floating or "
+                                         "complex tensor, got %s" % a.dtype)
             a *= np.asarray(factor).astype(a.dtype)
+
+
+def _is_async(opts):
+    """torch's asyncOp (True unless dist's caller waits at once; C++ callers leave it True)."""
+    return opts is None or getattr(opts, "asyncOp", True)
+
+
+def _seconds(timeout):
+    """A torch wait timeout (timedelta, 0 = no limit) in seconds, or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    return timeout if timeout > 0 else None
 
 
 # -- work --------------------------------------------------------------------
 
 class PycollectWork(dist.Work):
-    """A completed operation: ``wait()`` returns True, ``get_future()`` holds the outputs."""
+    """A ``dist.Work`` over pycollect async handles.
 
-    def __init__(self, outputs, source_rank=-1):
+    ``works`` are the pycollect ``Work`` handles of the operation, in issue
+    order (one context runs them in that order); when the last one ends,
+    ``finish`` (copy-back of staged tensors) runs on the runner thread, then
+    the torch future completes with ``outputs`` or with the first error.
+    Without ``works`` the operation has already completed.
+    """
+
+    def __init__(self, outputs, works=None, finish=None, source=-1):
         super().__init__()
         self._outputs = outputs
-        self._source = source_rank
+        self._source = source
+        self._fut = None
+        self._exc = None
+        if not works:
+            self._event = None
+            return
+        self._event = threading.Event()
         self._fut = torch.futures.Future()
-        self._fut.set_result(outputs)
+        self._works = works
+        self._finish = finish
+        works[-1].add_done_callback(self._complete)
+
+    def _complete(self, _last):
+        exc = None
+        for w in self._works:
+            exc = w.exception()
+            if exc is not None:
+                break
+        if exc is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as err:      # handed to the waiter and the future
+                exc = err
+        self._exc = exc
+        self._event.set()
+        if exc is None:
+            self._fut.set_result(self._outputs)
+        else:
+            self._fut.set_exception(exc)
 
     def wait(self, timeout=None):
+        """Block until done (``timeout``: a timedelta, 0 or None = no limit); raise its error."""
+        if self._event is not None and not self._event.is_set():
+            seconds = _seconds(timeout)
+            if not self._event.wait(seconds):
+                raise pc.Timeout("pycollect backend: %s did not complete within %g s"
+                                 % (self._works[-1].description, seconds))
+        if self._exc is not None:
+            raise self._exc
         return True
 
     def is_completed(self):
-        return True
+        return self._event is None or self._event.is_set()
 
     def is_success(self):
-        return True
+        return self.is_completed() and self._exc is None
 
     def exception(self):
-        return None
+        return self._exc
 
     def result(self):
         return self._outputs
 
     def get_future(self):
+        if self._fut is None:      # completed inline: made on first request
+            self._fut = torch.futures.Future()
+            self._fut.set_result(self._outputs)
         return self._fut
 
     def synchronize(self):
-        pass
+        self.wait()
 
     def _source_rank(self):
-        return self._source
+        src = self._source
+        if isinstance(src, pc.Work):
+            return src.result()[0]
+        return src
 
     def source_rank(self):
-        return self._source
+        return self._source_rank()
 
 
 # -- process group -----------------------------------------------------------
@@ -252,199 +339,272 @@ class ProcessGroupPycollect(dist.ProcessGroup):
 
     def _c(self):
         if self._ctx is None:
-            raise RuntimeError("pycollect backend: the process group has been shut down")
+            raise pc.Error("pycollect backend: the process group has been shut down")
         return self._ctx
+
+    @staticmethod
+    def _work(async_op, outputs, works, finish=None, source=-1):
+        """The dist.Work for an operation issued with ``async_op``: pending or completed."""
+        if async_op:
+            return PycollectWork(outputs, works, finish, source)
+        if finish is not None:
+            finish()
+        return PycollectWork(outputs, source=source)
 
     # collectives
     def allreduce(self, tensors, opts=None):
         op, factor = _reduce_op(opts, "allreduce") if opts is not None else (pc.SUM, None)
+        a = _is_async(opts)
+        ctx = self._c()
+        if len(tensors) == 1:
+            t = tensors[0]
+            if factor is None and type(t) is torch.Tensor and t.device.type == "cpu" \
+                    and t.is_contiguous() and t.layout == torch.strided:
+                # the common case, kept short: one contiguous CPU tensor
+                w = ctx.allreduce(_view(t), op, async_op=a)
+                return self._work(a, tensors, [w])
         bufs = [_Buf(t, "allreduce tensor") for t in tensors]
         _scale([b.array for b in bufs], factor)
-        ctx = self._c()
         if len(bufs) == 1:
-            ctx.allreduce(bufs[0].array, op)
+            w = ctx.allreduce(bufs[0].array, op, async_op=a)
         else:
-            ctx.allreduce_coalesced([b.array for b in bufs], op)
-        for b in bufs:
-            b.finish()
-        return PycollectWork(list(tensors))
+            w = ctx.allreduce_coalesced([b.array for b in bufs], op, async_op=a)
+        return self._work(a, list(tensors), [w], _finish_all(bufs))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts):
-        root = opts.rootRank
-        for t in tensors:
-            b = _Buf(t, "broadcast tensor")
-            self._c().broadcast(b.array, root)
-            b.finish()
-        return PycollectWork(list(tensors))
+        a = _is_async(opts)
+        ctx = self._c()
+        bufs = [_Buf(t, "broadcast tensor") for t in tensors]
+        works = [ctx.broadcast(b.array, opts.rootRank, async_op=a) for b in bufs]
+        return self._work(a, list(tensors), works, _finish_all(bufs))
 
     def reduce(self, tensors, opts):
         op, factor = _reduce_op(opts, "reduce")
-        for t in tensors:
-            b = _Buf(t, "reduce tensor")
+        a = _is_async(opts)
+        ctx = self._c()
+        root = opts.rootRank
+        bufs = [_Buf(t, "reduce tensor") for t in tensors]
+        works, scaled = [], []
+        for b in bufs:
+            arr = b.array
             if factor is not None:
-                # pycollect's reduce leaves non-root buffers untouched; torch's
-                # contract does not promise that, but stay clean: scale a copy.
-                work = b.array.copy()
-                _scale([work], factor)
-                self._c().reduce(work, opts.rootRank, op)
-                if self._c().rank == opts.rootRank:
-                    b.array[...] = work
-            else:
-                self._c().reduce(b.array, opts.rootRank, op)
-            b.finish()
-        return PycollectWork(list(tensors))
+                # pycollect's reduce leaves non-root buffers untouched: keep
+                # them so by scaling a copy.
+                arr = arr.copy()
+                _scale([arr], factor)
+                scaled.append((b, arr))
+            works.append(ctx.reduce(arr, root, op, async_op=a))
+        copy_back = _finish_all(bufs)
+
+        def finish():
+            if ctx.rank == root:
+                for b, arr in scaled:
+                    b.array[...] = arr
+            if copy_back is not None:
+                copy_back()
+        return self._work(a, list(tensors), works, finish if scaled else copy_back)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
+        a = _is_async(opts)
         ctx = self._c()
+        works, copies = [], []
         for outs, inp in zip(output_tensors, input_tensors):
             send = _flat_input(inp, "allgather input")
+            if len(outs) != ctx.size:
+                raise pc.InvalidArgument("pycollect backend: all_gather needs %d output tensors, "
+                                         "got %d" % (ctx.size, len(outs)))
+            bufs = [_Buf(out, "allgather output", copy_in=False) for out in outs]
+            for b in bufs:
+                if b.array.size != send.size:
+                    raise pc.InvalidArgument(
+                        "pycollect backend: all_gather output tensors hold %d elements, the "
+                        "input %d" % (b.array.size, send.size))
             recv = np.empty((ctx.size,) + send.shape, dtype=send.dtype)
-            ctx.allgather(send, recv)
-            for r, out in enumerate(outs):
-                b = _Buf(out, "allgather output", copy_in=False)
-                b.array[...] = recv[r]
-                b.finish()
-        return PycollectWork(output_tensors)
+            works.append(ctx.allgather(send, recv, async_op=a))
+            copies.append((recv, bufs))
+
+        def finish():
+            for recv, bufs in copies:
+                for r, b in enumerate(bufs):
+                    b.array[...] = recv[r]
+                    b.finish()
+        return self._work(a, output_tensors, works, finish)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        for outs, inp in zip(output_lists, input_list):
-            self.allgather([outs], [inp], opts)
-        return PycollectWork(output_lists)
+        return self.allgather(output_lists, input_list, opts)
 
     def _allgather_base(self, output, input, opts=None):
+        a = _is_async(opts)
         ctx = self._c()
         send = _flat_input(input, "all_gather_into_tensor input")
         b = _Buf(output, "all_gather_into_tensor output", copy_in=False)
         if b.array.size != send.size * ctx.size:
-            raise ValueError("pycollect backend: all_gather_into_tensor output holds %d "
-                             "elements, expected %d x %d" % (b.array.size, ctx.size, send.size))
-        ctx.allgather(send, b.array.reshape(ctx.size, send.size))
-        b.finish()
-        return PycollectWork([output])
+            raise pc.InvalidArgument(
+                "pycollect backend: all_gather_into_tensor output holds %d elements, expected "
+                "%d x %d" % (b.array.size, ctx.size, send.size))
+        w = ctx.allgather(send, b.array.reshape(ctx.size, send.size), async_op=a)
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def all_gather_single(self, output, input, opts=None):
         return self._allgather_base(output, input, opts)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        for o, i in zip(outputs, inputs):
-            self._allgather_base(o, i, opts)
-        return PycollectWork(list(outputs))
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _merge(works, list(outputs))
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
         op, factor = _reduce_op(opts, "reduce_scatter")
+        a = _is_async(opts)
+        ctx = self._c()
+        works, bufs = [], []
         for out, ins in zip(output_tensors, input_lists):
-            send = np.concatenate([_flat_input(t, "reduce_scatter input").copy() for t in ins])
+            if len(ins) != ctx.size:
+                raise pc.InvalidArgument("pycollect backend: reduce_scatter needs %d input "
+                                         "tensors, got %d" % (ctx.size, len(ins)))
+            send = np.concatenate([_flat_input(t, "reduce_scatter input") for t in ins])
             _scale([send], factor)
             b = _Buf(out, "reduce_scatter output", copy_in=False)
-            self._c().reduce_scatter(send, b.array, op)
-            b.finish()
-        return PycollectWork(list(output_tensors))
+            works.append(ctx.reduce_scatter(send, b.array, op, async_op=a))
+            bufs.append(b)
+        return self._work(a, list(output_tensors), works, _finish_all(bufs))
 
     def _reduce_scatter_base(self, output, input, opts):
         op, factor = _reduce_op(opts, "reduce_scatter_tensor")
+        a = _is_async(opts)
         send = _flat_input(input, "reduce_scatter_tensor input")
-        if factor is not None or not input.is_contiguous():
+        if factor is not None:
             send = send.copy()
             _scale([send], factor)
         b = _Buf(output, "reduce_scatter_tensor output", copy_in=False)
-        self._c().reduce_scatter(send, b.array, op)
-        b.finish()
-        return PycollectWork([output])
+        w = self._c().reduce_scatter(send, b.array, op, async_op=a)
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def reduce_scatter_single(self, output, input, opts):
         return self._reduce_scatter_base(output, input, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
-        for o, i in zip(outputs, inputs):
-            self._reduce_scatter_base(o, i, opts)
-        return PycollectWork(list(outputs))
+        works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _merge(works, list(outputs))
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=None):
+        a = _is_async(opts)
         ctx = self._c()
         send = _flat_input(input, "all_to_all_single input")
         b = _Buf(output, "all_to_all_single output", copy_in=False)
         sendcounts = _counts(input, input_split_sizes, ctx.size, "input")
         recvcounts = _counts(output, output_split_sizes, ctx.size, "output")
-        ctx.alltoallv(send, sendcounts, b.array, recvcounts)
-        b.finish()
-        return PycollectWork([output])
+        w = ctx.alltoallv(send, sendcounts, b.array, recvcounts, async_op=a)
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
                                       opts)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        a = _is_async(opts)
         ctx = self._c()
         sends = [_flat_input(t, "all_to_all input") for t in input_tensors]
-        send = np.concatenate(sends) if sends else np.empty(0)
-        recvcounts = [t.numel() for t in output_tensors]
+        bufs = [_Buf(t, "all_to_all output", copy_in=False) for t in output_tensors]
+        if len(sends) != ctx.size or len(bufs) != ctx.size:
+            raise pc.InvalidArgument("pycollect backend: all_to_all needs %d input and output "
+                                     "tensors, got %d and %d"
+                                     % (ctx.size, len(sends), len(bufs)))
+        send = np.concatenate(sends)
+        recvcounts = [b.array.size for b in bufs]
         recv = np.empty(sum(recvcounts), dtype=send.dtype)
-        ctx.alltoallv(send, [a.size for a in sends], recv, recvcounts)
-        offset = 0
-        for t, n in zip(output_tensors, recvcounts):
-            b = _Buf(t, "all_to_all output", copy_in=False)
-            b.array[...] = recv[offset:offset + n]
-            b.finish()
-            offset += n
-        return PycollectWork(list(output_tensors))
+        w = ctx.alltoallv(send, [s.size for s in sends], recv, recvcounts, async_op=a)
+
+        def finish():
+            offset = 0
+            for b, n in zip(bufs, recvcounts):
+                b.array[...] = recv[offset:offset + n]
+                b.finish()
+                offset += n
+        return self._work(a, list(output_tensors), [w], finish)
 
     def gather(self, output_lists, input_tensors, opts):
+        a = _is_async(opts)
         ctx = self._c()
         root = opts.rootRank
+        works, copies = [], []
         for i, inp in enumerate(input_tensors):
             send = _flat_input(inp, "gather input")
             if ctx.rank == root:
+                bufs = [_Buf(out, "gather output", copy_in=False) for out in output_lists[i]]
+                if len(bufs) != ctx.size:
+                    raise pc.InvalidArgument("pycollect backend: gather needs %d output "
+                                             "tensors on the root, got %d"
+                                             % (ctx.size, len(bufs)))
                 recv = np.empty((ctx.size,) + send.shape, dtype=send.dtype)
-                ctx.gather(send, recv, root)
-                for r, out in enumerate(output_lists[i]):
-                    b = _Buf(out, "gather output", copy_in=False)
+                works.append(ctx.gather(send, recv, root, async_op=a))
+                copies.append((recv, bufs))
+            else:
+                works.append(ctx.gather(send, None, root, async_op=a))
+
+        def finish():
+            for recv, bufs in copies:
+                for r, b in enumerate(bufs):
                     b.array[...] = recv[r]
                     b.finish()
-            else:
-                ctx.gather(send, None, root)
-        return PycollectWork(output_lists)
+        return self._work(a, output_lists, works, finish if copies else None)
 
     def scatter(self, output_tensors, input_lists, opts):
+        a = _is_async(opts)
         ctx = self._c()
         root = opts.rootRank
+        works, bufs = [], []
         for i, out in enumerate(output_tensors):
             b = _Buf(out, "scatter output", copy_in=False)
             send = None
             if ctx.rank == root:
+                if len(input_lists[i]) != ctx.size:
+                    raise pc.InvalidArgument("pycollect backend: scatter needs %d input tensors "
+                                             "on the root, got %d"
+                                             % (ctx.size, len(input_lists[i])))
                 send = np.concatenate([_flat_input(t, "scatter input") for t in input_lists[i]])
-            ctx.scatter(send, b.array, root)
-            b.finish()
-        return PycollectWork(list(output_tensors))
+            works.append(ctx.scatter(send, b.array, root, async_op=a))
+            bufs.append(b)
+        return self._work(a, list(output_tensors), works, _finish_all(bufs))
 
     def barrier(self, opts=None):
-        self._c().barrier()
-        return PycollectWork([])
+        a = _is_async(opts)
+        return self._work(a, [], [self._c().barrier(async_op=a)])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        if isinstance(timeout, datetime.timedelta):
-            timeout = timeout.total_seconds()
-        self._c().monitored_barrier(timeout)
+        self._c().monitored_barrier(_seconds(timeout))
 
-    # point to point
+    # point to point: always queued, so that isend/irecv pairs cannot block each other
     def send(self, tensors, dst, tag=0):
-        for t in tensors:
-            self._c().send(_flat_input(t, "send tensor"), dst, tag)
-        return PycollectWork(list(tensors))
+        ctx = self._c()
+        works = [ctx.send(_flat_input(t, "send tensor"), dst, tag, async_op=True)
+                 for t in tensors]
+        return self._work(True, list(tensors), works)
 
     def recv(self, tensors, src, tag=0):
-        got = src
-        for t in tensors:
-            b = _Buf(t, "recv tensor", copy_in=False)
-            got = self._c().recv(b.array, src, tag)
-            b.finish()
-        return PycollectWork(list(tensors), got)
+        ctx = self._c()
+        bufs = [_Buf(t, "recv tensor", copy_in=False) for t in tensors]
+        works = [ctx.recv(b.array, src, tag, async_op=True) for b in bufs]
+        return self._work(True, list(tensors), works, _finish_all(bufs), source=works[-1])
 
     def recv_anysource(self, tensors, tag=0):
         return self.recv(tensors, pc.ANY_SOURCE, tag)
+
+
+def _merge(works, outputs):
+    """One dist.Work over several of this module's (pending or completed) Works."""
+    pending = [w for w in works if w._event is not None]
+    if not pending:
+        return PycollectWork(outputs)
+    inner = [pc_w for w in pending for pc_w in w._works]
+
+    def finish():
+        for w in pending:
+            w.wait()
+    return PycollectWork(outputs, inner, finish)
 
 
 def _counts(t, splits, size, what):
@@ -457,12 +617,12 @@ def _counts(t, splits, size, what):
         row = n // rows if rows else 0
     if not splits:
         if rows % size:
-            raise ValueError("pycollect backend: all_to_all_single %s dim 0 (%d) is not "
+            raise pc.InvalidArgument("pycollect backend: all_to_all_single %s dim 0 (%d) is not "
                              "divisible by the group size %d" % (what, rows, size))
         return [rows // size * row] * size
     splits = [int(s) for s in splits]
     if len(splits) != size or sum(splits) != rows:
-        raise ValueError("pycollect backend: all_to_all_single %s splits %s do not cover "
+        raise pc.InvalidArgument("pycollect backend: all_to_all_single %s splits %s do not cover "
                          "dim 0 (%d) for %d ranks" % (what, splits, rows, size))
     return [s * row for s in splits]
 
