@@ -60,7 +60,7 @@ def main():
                 for a in algorithms:
                     samples[a].append(measure(ctx, buf, a, per_round))
             p50 = {a: float(np.median(np.concatenate(s))) for a, s in samples.items()}
-            chosen = ctx._allreduce_algorithm("auto", buf)
+            chosen = ctx._auto_allreduce(buf)
             from pycollect._ext._transport import ALGORITHM_NAMES
             fixed = {a: v for a, v in p50.items() if a != "auto"}
             best = min(fixed, key=fixed.get)

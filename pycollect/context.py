@@ -23,6 +23,7 @@ from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buf
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, Timeout
+from .hierarchy import HIERARCHICAL as _HIERARCHICAL, Topology
 from .types import ReduceOp
 from .work import P2P, Later, Runner, Work
 
@@ -35,8 +36,8 @@ _MONITOR_TAG = -2           # below every user tag: monitored_barrier's messages
 
 log = logging.getLogger("pycollect")
 
-ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS)
-BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS)
+ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS) + ("hierarchical",)
+BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS) + ("hierarchical",)
 REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
 # Crossovers for algorithm="auto", measured with benchmarks/crossover.py on
@@ -77,6 +78,8 @@ class Context:
         self._debug = debug
         self._runner = None
         self._busy = False      # a collective of this context is running
+        self._topology = Topology(self)     # hosts of the ranks (pycollect/hierarchy.py)
+        self._hier_min_bytes = self._topology.allreduce_min_bytes
 
     # -- properties -------------------------------------------------------
 
@@ -116,6 +119,8 @@ class Context:
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         root = self._check_root(root, "broadcast")
         algo = self._broadcast_algorithm(algorithm, buf)
+        if algo == _HIERARCHICAL:
+            return self._submit("broadcast", self._topology.broadcast(buf, root), buf, async_op)
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("broadcast", lambda seq: _broadcast.broadcast(
             t, buf, root, algo, seq, tmo, seg), buf, async_op)
@@ -124,13 +129,17 @@ class Context:
         """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
 
         ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
-        "ring_chunked", or "bcube" (base 4; "bcube:B" for base B).
+        "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "hierarchical"
+        (inside each host, then across hosts: pycollect/hierarchy.py).
         """
         if type(op) is not ReduceOp:
             op = self._check_op(op, "allreduce")
         base = _allreduce.DEFAULT_BCUBE_BASE
         if algorithm == "auto":
             algo = self._auto_allreduce(buf)
+            if algo == _HIERARCHICAL:
+                return self._submit("allreduce", self._topology.allreduce(buf, op), buf,
+                                    async_op)
             t, tmo, seg = self._transport, self._timeout, self._segment_bytes
             return self._submit("allreduce", lambda seq: _allreduce.allreduce(
                 t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
@@ -141,6 +150,8 @@ class Context:
             except ValueError:
                 raise InvalidArgument("allreduce: bcube base %r is not an integer"
                                       % digits) from None
+        if algorithm == "hierarchical":
+            return self._submit("allreduce", self._topology.allreduce(buf, op), buf, async_op)
         algo = self._allreduce_algorithm(algorithm, buf)
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("allreduce", lambda seq: _allreduce.allreduce(
@@ -489,6 +500,8 @@ class Context:
             nbytes = _nbytes(buf)
         if nbytes <= self._rd_max_bytes:
             return _RECURSIVE_DOUBLING
+        if nbytes >= self._hier_min_bytes:
+            return _HIERARCHICAL
         if nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
             return _RING_CHUNKED
         return _HALVING_DOUBLING
@@ -570,12 +583,17 @@ class Context:
 
     def _allreduce_algorithm(self, algorithm, buf):
         if algorithm == "auto":
-            return self._auto_allreduce(buf)
+            algo = self._auto_allreduce(buf)     # coalesced: one flat call per dtype
+            return _HALVING_DOUBLING if algo == _HIERARCHICAL else algo
         return self._algorithm_code("allreduce", algorithm, _allreduce.ALGORITHMS)
 
     def _broadcast_algorithm(self, algorithm, buf):
+        if algorithm == "hierarchical":
+            return _HIERARCHICAL
         if algorithm == "auto":
             nbytes = _nbytes(buf)
+            if nbytes >= self._topology.broadcast_min_bytes:
+                return _HIERARCHICAL
             algorithm = ("pipelined" if self._size > 2 and nbytes >= PIPELINED_BCAST_MIN_BYTES
                          else "binomial")
         return self._algorithm_code("broadcast", algorithm, _broadcast.ALGORITHMS)

@@ -1,4 +1,8 @@
-"""A whole small job on thread ranks: init through a store, one checked allreduce, close."""
+"""Small jobs: thread ranks through a store (one checked allreduce), and spawned ranks' results."""
+
+import contextlib
+import subprocess
+import time
 
 import numpy as np
 
@@ -17,3 +21,24 @@ def allreduce_job(size, store, **init_kwargs):
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+def collect(procs, deadline):
+    """Each process's (exit code, output) by ``deadline`` (monotonic); kill those left over."""
+    try:
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            results.append((proc.returncode, out.decode(errors="replace")))
+        return results
+    finally:
+        stop(procs)
+
+
+def stop(procs):
+    """Kill the processes that are still running and reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)

@@ -7,7 +7,6 @@ with its own UTS namespace and host name, so pycollect sees three hosts.
 The store is the embedded TCP store that rank 0 hosts on host 1.
 """
 
-import contextlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ import sys
 import time
 
 import pytest
+from jobs import collect, stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,17 +91,9 @@ def _run_job(hosts, placement, extra_env=None):
                        sys.executable, WORKER, "--timeout", "20"]
             procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        results = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            results.append((proc.returncode, out.decode(errors="replace")))
-        return results
+        return collect(procs, deadline)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(5)
+        stop(procs)
 
 
 def test_three_hosts_each_rank_advertises_its_hosts_address(hosts):

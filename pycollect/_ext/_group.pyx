@@ -138,6 +138,12 @@ cdef class GroupTransport(Transport):
         """The parent ranks of the members, in group-rank order."""
         return [self.members[i] for i in range(self.size)]
 
+    @property
+    def host_ids(self):
+        """The parent's host identity of each member, in group-rank order (None if unknown)."""
+        hosts = getattr(self.parent, "host_ids", None)
+        return None if hosts is None else [hosts[self.members[i]] for i in range(self.size)]
+
     def abort(self):
         """Abort the shared connections (the parent and every group on them)."""
         self.parent.abort()

@@ -189,6 +189,7 @@ cdef class TcpTransport(Transport):
     cdef unsigned long main_thread
     cdef Segment segment
     cdef size_t cma_min
+    cdef public list host_ids   # rendezvous' host identity of every rank, or None
 
     def __cinit__(self):
         self.pairs = NULL
@@ -599,6 +600,10 @@ cdef class TcpTransport(Transport):
             if pr.ack_head < 0:
                 pr.ack_tail = -1
             progressed = 1
+        if pr.ack_head >= 0 and pr.eof:
+            # The reader left before copying a message from our memory: no ack will come.
+            return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context before "
+                                  "copying our data (shared memory)")
         while pr.send_head >= 0:
             r = &self.reqs[pr.send_head]
             if pr.eof:

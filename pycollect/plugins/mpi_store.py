@@ -82,12 +82,12 @@ class MPIStore(TCPStore):
     """A ``TCPStore`` whose server rank 0 hosts, found through one MPI exchange at open."""
 
     def __init__(self, timeout=None, *, interface=None):
-        from .tcp import _host_identity
+        from .tcp import _machine_identity
         _, comm = world()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         deadline = Deadline(resolve_timeout(timeout))
         hostids = np.zeros((self.size, HOST_ID_BYTES), np.uint8)
-        request = comm.Iallgather(_fixed(_host_identity(), HOST_ID_BYTES, "host identity"),
+        request = comm.Iallgather(_fixed(_machine_identity(), HOST_ID_BYTES, "host identity"),
                                   hostids)
         _complete(request, deadline, self.rank, "allgather of host identities")
         hostids = [_unfixed(row) for row in hostids]

@@ -37,13 +37,35 @@ SOCKET_BUFFER_BYTES = 4 << 20
 STRANGER_GRACE_S = 5.0
 
 
-def _host_identity():
+def _boot_id():
+    """The running kernel's boot id: processes with the same one share the CPUs."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
+            return f.read().strip()
     except OSError:
-        boot = ""
-    return "%s/%s" % (socket.gethostname(), boot)
+        return ""
+
+
+def _machine_identity():
+    """Host name, kernel boot id and network namespace: ranks that share memory and a loopback.
+
+    Ranks in different network namespaces of one kernel (containers, the
+    tests' namespace "hosts") reach each other only through the network, so
+    they count as different hosts.
+    """
+    try:
+        netns = "net:%d" % os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = ""
+    return "%s/%s/%s" % (socket.gethostname(), _boot_id(), netns)
+
+
+def _host_identity(machine):
+    """The host ranks are grouped by: ``PYCOLLECT_HOST_ID`` if set, else the machine identity."""
+    override = os.environ.get("PYCOLLECT_HOST_ID", "")
+    if override.strip():
+        return "id:" + override.strip()
+    return machine
 
 
 def _format_addr(host, port):
@@ -253,7 +275,9 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
     listener.listen(max(size, 16))
     port = listener.getsockname()[1]
     log.debug("rank %d: listening on %s (%s)", rank, _format_addr(host, port), why)
-    me = {"host": host, "port": port, "hostid": _host_identity(), "pid": os.getpid()}
+    machine = _machine_identity()
+    me = {"host": host, "port": port, "hostid": _host_identity(machine), "machine": machine,
+          "boot": _boot_id(), "pid": os.getpid()}
     try:
         if rank == 0:
             token = secrets.token_bytes(32)
@@ -282,10 +306,12 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
         _tune(sock)
         fds.append(sock.detach())
     local = sum(1 for a in addrs if a["hostid"] == me["hostid"])
+    sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == me["boot"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     transport = TcpTransport(rank, size, fds,
                              [_format_addr(a["host"], a["port"]) for a in addrs],
-                             spin_us=spin_us, yield_spin=local > cores)
+                             spin_us=spin_us, yield_spin=sharing_cores > cores)
+    transport.host_ids = [a["hostid"] for a in addrs]
     # Everyone has read every address once the mesh stands: leave the store clean
     # (best effort: a store hosted by a rank that already finished may be gone).
     _forget(store, ["tcp/addr/%d" % rank] + (["tcp/token"] if rank == 0 else []))
@@ -315,8 +341,17 @@ def _forget(store, keys):
 
 
 def _check_spans_hosts(rank, addrs):
-    """Refuse a loopback listener in a job whose ranks sit on several hosts."""
-    hosts = {a["hostid"] for a in addrs}
+    """Refuse a loopback listener in a job whose ranks sit on several machines, and one
+    host identity (``PYCOLLECT_HOST_ID``) given to ranks of different kernels."""
+    kernels = {}
+    for peer, a in enumerate(addrs):
+        first = kernels.setdefault(a["hostid"], (peer, a.get("boot")))
+        if first[1] != a.get("boot"):
+            raise InvalidArgument(
+                "rank %d: ranks %d and %d run on different machines but share the host "
+                "identity %r; PYCOLLECT_HOST_ID must differ between machines"
+                % (rank, first[0], peer, a["hostid"]))
+    hosts = {a.get("machine", a["hostid"]) for a in addrs}
     if len(hosts) < 2:
         return
     for peer, a in enumerate(addrs):
