@@ -24,6 +24,7 @@ from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, Timeout
 from .hierarchy import HIERARCHICAL as _HIERARCHICAL, Topology
+from . import signature
 from .types import ReduceOp
 from .work import P2P, Later, Runner, Work
 
@@ -80,6 +81,9 @@ class Context:
         self._busy = False      # a collective of this context is running
         self._topology = Topology(self)     # hosts of the ranks (pycollect/hierarchy.py)
         self._hier_min_bytes = self._topology.allreduce_min_bytes
+        self._pending_signature = None
+        if debug == "detail":
+            signature.install(self)     # PYCOLLECT_DEBUG=detail: cross-rank call checks
 
     # -- properties -------------------------------------------------------
 
@@ -481,15 +485,16 @@ class Context:
     def _submit(self, name, op, result, async_op, span=1, queued=None):
         """Run ``op(seq)`` now or queue it (``queued``, when given, is what the queue
         takes instead: a send or receive); return ``result`` or a Work."""
+        sig, self._pending_signature = self._pending_signature, None
         if async_op or (self._runner is not None and self._runner.pending()):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             work = Work("%s on rank %d" % (name, self._rank), result)
             if self._runner is None:
                 self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
-            self._runner.submit(queued if queued is not None else (op, span), work)
+            self._runner.submit(queued if queued is not None else (op, span, sig), work)
             return work if async_op else work.wait()
-        self._execute((op, span))
+        self._execute((op, span, sig))
         return result
 
     def _auto_allreduce(self, buf):
@@ -514,8 +519,9 @@ class Context:
         return work
 
     def _execute(self, item):
-        """Run ``op(seq)``, which uses ``span`` sequence numbers, under the context lock."""
-        op, span = item
+        """Run ``op(seq)``, which uses ``span`` sequence numbers, under the context lock
+        (after the cross-rank check of its signature ``sig``, when not None)."""
+        op, span, sig = item
         with self._lock:
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
@@ -528,6 +534,13 @@ class Context:
             # wire: arguments refused on one rank must not shift its numbering.
             self._busy = True
             try:
+                if sig is not None:
+                    clash = signature.verify(self._transport, self._rank, self._size, sig, seq,
+                                             self._timeout, self._segment_bytes)
+                    self._seq = seq         # the check was collective #seq on every rank
+                    if clash is not None:
+                        raise clash
+                    seq = (seq + 1) & 0xFFFFFFFF
                 algo = op(seq)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 if self._transport.is_failed:

@@ -82,14 +82,16 @@ def _from_env(value, var, parse, what, environ=None):
 
 
 def _debug_enabled():
-    flag = os.environ.get("PYCOLLECT_DEBUG", "")
+    """False, True (PYCOLLECT_DEBUG=1: log choices), or "detail" (also check every
+    collective's signature across ranks: pycollect/signature.py)."""
+    flag = os.environ.get("PYCOLLECT_DEBUG", "").strip().lower()
     if flag and flag != "0":
         if not log.handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("pycollect %(levelname)s %(message)s"))
             log.addHandler(handler)
         log.setLevel(logging.DEBUG)
-        return True
+        return "detail" if flag == "detail" else True
     return False
 
 

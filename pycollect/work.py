@@ -201,7 +201,7 @@ class Runner:
                     return None
 
         try:
-            self._execute((drive, 0))
+            self._execute((drive, 0, None))
         except BaseException as exc:      # fails every operation handed to the batch
             with self._cond:
                 failed = [self._queue.popleft()[1]
