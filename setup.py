@@ -37,19 +37,32 @@ BUILD = {
     ] + (["-march=native"] if os.environ.get("PYCOLLECT_NATIVE") == "1" else []),
     "define_macros": [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     "include_dirs": [numpy.get_include(), "pycollect/_ext"],
+    # Extensions that link more than libc, and the header each needs: skipped where it is
+    # missing (pycollect._ext._tls, transport "tcp+tls": Debian's libssl-dev).
+    "libraries": {"pycollect._ext._tls": (["ssl", "crypto"], "openssl/ssl.h")},
 }
+
+
+def _has_header(header):
+    return any(os.path.exists(os.path.join(d, header)) for d in ("/usr/include",
+                                                                "/usr/local/include"))
 
 
 def extensions():
     mods = []
     for path in sorted(glob.glob("pycollect/_ext/*.pyx")):
         name = path[:-4].replace(os.sep, ".")
+        libraries, header = BUILD["libraries"].get(name, ([], None))
+        if header and not _has_header(header):
+            sys.stderr.write("pycollect: %s not found, %s not built\n" % (header, name))
+            continue
         mods.append(Extension(
             name,
             [path],
             include_dirs=BUILD["include_dirs"],
             define_macros=BUILD["define_macros"],
             extra_compile_args=BUILD["cflags"],
+            libraries=libraries,
         ))
     return cythonize(
         mods,

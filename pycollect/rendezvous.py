@@ -37,6 +37,7 @@ from .context import Context
 from .errors import Error, InvalidArgument, Timeout
 from .plugins.registry import get_transport, open_store
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, backoff_delays
+from .plugins.tls import load_tls
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
@@ -265,14 +266,16 @@ def _leave_run(scoped, run, rank):
 
 
 def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
-         *, segment_bytes=None):
+         *, segment_bytes=None, tls_cert=None, tls_key=None, tls_ca=None):
     """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
 
     ``store`` is a URL (``tcp://host:port``, ``file:///dir``, ``redis://host:port``,
     ``mpi://``, ``hash://name``, optionally with ``?prefix=NAME``) or a
     ``pycollect.Store``.  Left out, rank, size and store come from the
     environment (module docstring).  ``timeout`` (seconds, default 120) bounds
-    the rendezvous and every collective.
+    the rendezvous and every collective.  With ``transport="tcp+tls"``,
+    ``tls_cert``, ``tls_key`` and ``tls_ca`` (else ``PYCOLLECT_TLS_CERT``,
+    ``_KEY``, ``_CA``) are this rank's certificate, its key and the CA file.
     """
     debug = _debug_enabled()
     rank, size, store = _job(rank, size, store)
@@ -288,6 +291,13 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
     if not isinstance(transport, str):
         raise InvalidArgument("init: transport must be a name such as 'tcp', got %r"
                               % (transport,))
+    options = {}
+    if transport == "tcp+tls":
+        # Checked before joining: a bad file fails this rank now, not its peers later.
+        options["tls"] = load_tls(tls_cert, tls_key, tls_ca)
+    elif (tls_cert, tls_key, tls_ca) != (None, None, None):
+        raise InvalidArgument("init: tls_cert, tls_key and tls_ca need transport='tcp+tls', "
+                              "got transport=%r" % (transport,))
     deadline = Deadline(float(timeout))
     factory = get_transport(transport)
     owns_store = not isinstance(store, Store)
@@ -305,7 +315,7 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
         context_id = "%s/%s" % (name, run)
         t = factory(rank, size, PrefixStore(run, scoped),
                     timeout=max(deadline.remaining(), 0.001), interface=interface,
-                    context_id=context_id)
+                    context_id=context_id, **options)
         if size > 1:
             _leave_run(scoped, run, rank)
     except BaseException:

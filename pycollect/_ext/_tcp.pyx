@@ -28,11 +28,13 @@ from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec, readv
 
 from pycollect._ext._transport cimport *
+from pycollect._ext._tls cimport TlsOps
+from cpython.pycapsule cimport PyCapsule_GetPointer
 from pycollect._ext._shm cimport (Ring, RingHeader, Segment, cma_read, ring_attach, ring_peek, ring_read,
                                   ring_used, ring_write)
 
@@ -160,6 +162,9 @@ cdef struct Pair:
     uint64_t cma_sent   # large messages sent by address
     int ack_head        # sent by address, waiting for the peer to copy them out
     int ack_tail
+    void* tls           # transport "tcp+tls": this pair's SSL*, through which all its bytes go
+    uint32_t tls_peeked # bytes of the next header already decrypted (TLS has no MSG_PEEK)
+    char tls_peek[HDR_BYTES]
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
@@ -189,6 +194,8 @@ cdef class TcpTransport(Transport):
     cdef unsigned long main_thread
     cdef Segment segment
     cdef size_t cma_min
+    cdef const TlsOps* tls_ops
+    cdef list tls_streams       # the objects that own the pairs' SSL*
     cdef public list host_ids   # rendezvous' host identity of every rank, or None
 
     def __cinit__(self):
@@ -262,7 +269,18 @@ cdef class TcpTransport(Transport):
     def pair_kinds(self):
         """How each peer is reached: "self", "tcp", "shm" or "shm+cma"."""
         return ["self" if p == self.rank else ("shm+cma" if self.pairs[p].cma else "shm")
-                if self.pairs[p].shm else "tcp" for p in range(self.size)]
+                if self.pairs[p].shm else ("tcp+tls" if self.pairs[p].tls else "tcp")
+                for p in range(self.size)]
+
+    def attach_tls(self, ops, streams):
+        """Send and receive through TLS: ``streams[p].handle()`` is peer p's ``SSL*``
+        (None for self); ``ops`` is ``_tls.engine_ops()``.  Keeps ``streams`` alive."""
+        cdef int p
+        self.tls_ops = <const TlsOps*>PyCapsule_GetPointer(ops, b"pycollect._ext._tls.TlsOps")
+        self.tls_streams = list(streams)
+        for p in range(self.size):
+            if p != self.rank:
+                self.pairs[p].tls = <void*><size_t>self.tls_streams[p].handle()
 
     def __dealloc__(self):
         self._close_fds()
@@ -577,13 +595,85 @@ cdef class TcpTransport(Transport):
             head = pr.send_head
             if head < 0 or (self.reqs[head].hdr_done == 0):
                 if not pr.shm:
-                    send(pr.fd, &h, HDR_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT)
+                    iov.iov_base = &h
+                    iov.iov_len = HDR_BYTES
+                    self._sock_send(pr, &iov, 1)
                 elif pr.out.size - ring_used(&pr.out) >= HDR_BYTES:
                     iov.iov_base = &h
                     iov.iov_len = HDR_BYTES
                     ring_write(&pr.out, &iov, 1)
                     _wake_reader(pr)
             shutdown(pr.fd, SHUT_WR)
+
+    # -- socket I/O: plain, or through the pair's TLS session --------------
+
+    cdef ssize_t _sock_send(self, Pair* pr, iovec* iov, int cnt) noexcept nogil:
+        cdef msghdr msg
+        if pr.tls != NULL:
+            return self.tls_ops.writev(pr.tls, iov, cnt)
+        memset(&msg, 0, sizeof(msg))
+        msg.msg_iov = iov
+        msg.msg_iovlen = cnt
+        return sendmsg(pr.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+
+    cdef ssize_t _sock_readv(self, Pair* pr, iovec* iov, int cnt) noexcept nogil:
+        """readv; on a TLS pair the peeked header bytes come first."""
+        cdef size_t taken = 0, k
+        cdef int i
+        if pr.tls == NULL:
+            return readv(pr.fd, iov, cnt)
+        if pr.tls_peeked == 0:
+            return self.tls_ops.readv(pr.tls, iov, cnt)
+        for i in range(cnt):
+            k = iov[i].iov_len
+            if k > pr.tls_peeked - taken:
+                k = pr.tls_peeked - taken
+            memcpy(iov[i].iov_base, pr.tls_peek + taken, k)
+            taken += k
+        pr.tls_peeked -= <uint32_t>taken
+        memmove(pr.tls_peek, pr.tls_peek + taken, pr.tls_peeked)
+        return <ssize_t>taken
+
+    cdef int _sock_peek(self, Pair* pr, MsgHeader* h) noexcept nogil:
+        """recv(MSG_PEEK) of a header; a TLS pair decrypts it into ``tls_peek``."""
+        cdef iovec iov
+        cdef ssize_t n
+        if pr.tls == NULL:
+            return <int>recv(pr.fd, h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+        if pr.tls_peeked < HDR_BYTES:
+            iov.iov_base = pr.tls_peek + pr.tls_peeked
+            iov.iov_len = HDR_BYTES - pr.tls_peeked
+            n = self.tls_ops.readv(pr.tls, &iov, 1)
+            if n > 0:
+                pr.tls_peeked += <uint32_t>n
+            elif pr.tls_peeked == 0:
+                return <int>n
+        memcpy(h, pr.tls_peek, pr.tls_peeked)
+        return <int>pr.tls_peeked
+
+    cdef int _sock_take_peeked(self, Pair* pr, MsgHeader* h) noexcept nogil:
+        """Consume the header that _sock_peek returned."""
+        if pr.tls == NULL:
+            return <int>recv(pr.fd, h, HDR_BYTES, MSG_DONTWAIT)
+        pr.tls_peeked = 0
+        return HDR_BYTES
+
+    cdef int _tls_ready(self) noexcept nogil:
+        """1 if a TLS pair holds decrypted bytes a receive waits for (poll() cannot see
+        them), -1 on an error; idle pairs' held bytes are looked at like early messages."""
+        cdef int p
+        cdef Pair* pr
+        if self.tls_ops == NULL:
+            return 0
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if pr.tls == NULL or not (pr.tls_peeked or self.tls_ops.pending(pr.tls)):
+                continue
+            if pr.recv_head >= 0:
+                return 1
+            if not pr.data_waiting and self._peek_idle(p) < 0:
+                return -1
+        return 0
 
     cdef int _shm_send(self, int peer) noexcept nogil:
         """Copy queued messages into ``peer``'s ring until it is full; 1 if progress."""
@@ -682,13 +772,13 @@ cdef class TcpTransport(Transport):
                 iov[msg.msg_iovlen].iov_base = r.buf + r.done
                 iov[msg.msg_iovlen].iov_len = r.nbytes - r.done
                 msg.msg_iovlen += 1
-            n = sendmsg(pr.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+            n = self._sock_send(pr, iov, <int>msg.msg_iovlen)
             if n < 0:
                 if errno == EINTR:
                     continue
                 if _would_block(errno):
                     return progressed
-                return self.set_error(ERR_PEER, peer, "sendmsg", errno,
+                return self.set_error(ERR_PEER, peer, "SSL_write" if pr.tls else "sendmsg", errno,
                                       "connection lost while sending")
             progressed = 1
             if <size_t>n >= hrem:
@@ -880,13 +970,13 @@ cdef class TcpTransport(Transport):
                 iov[cnt].iov_base = r.buf + r.done
                 iov[cnt].iov_len = r.nbytes - r.done
                 cnt += 1
-            n = readv(pr.fd, iov, cnt)
+            n = self._sock_readv(pr, iov, cnt)
             if n < 0:
                 if errno == EINTR:
                     continue
                 if _would_block(errno):
                     return progressed
-                return self.set_error(ERR_PEER, peer, "readv", errno,
+                return self.set_error(ERR_PEER, peer, "SSL_read" if pr.tls else "readv", errno,
                                       "connection lost while receiving")
             if n == 0:
                 pr.eof = 1
@@ -927,7 +1017,7 @@ cdef class TcpTransport(Transport):
         cdef Pair* pr = &self.pairs[peer]
         cdef size_t n
         if not pr.shm:
-            return <int>recv(pr.fd, h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+            return self._sock_peek(pr, h)
         self._drain_doorbell(peer)
         n = ring_peek(&pr.inn, h, HDR_BYTES)
         if n == HDR_BYTES or (n == 0 and pr.eof):
@@ -961,7 +1051,7 @@ cdef class TcpTransport(Transport):
                 iov.iov_len = HDR_BYTES
                 ring_read(&pr.inn, &iov, 1)
         else:
-            n = recv(pr.fd, &h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+            n = self._sock_peek(pr, &h)
         if n == 0 and not pr.shm:
             pr.eof = 1
             return 0
@@ -987,7 +1077,7 @@ cdef class TcpTransport(Transport):
         if h.magic == MAGIC_ABORT and n < HDR_BYTES:
             return 0
         if not pr.shm:
-            n = recv(pr.fd, &h, HDR_BYTES, MSG_DONTWAIT)
+            n = self._sock_take_peeked(pr, &h)
         cdef Req fake
         memset(&fake, 0, sizeof(Req))
         fake.hdr = h
@@ -1049,6 +1139,9 @@ cdef class TcpTransport(Transport):
                 return -1
         if self._arm_rings():
             return 0        # something arrived while we got ready to sleep
+        rc = self._tls_ready()
+        if rc:
+            return 0 if rc > 0 else -1   # bytes OpenSSL holds wake no poll()
         for p in range(self.size):
             pr = &self.pairs[p]
             if p == self.rank or pr.fd < 0:

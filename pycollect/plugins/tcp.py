@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import selectors
 import socket
 import struct
@@ -84,7 +85,7 @@ def _tune(sock):
 class _Mesh:
     """One rank's side of the full-mesh setup, driven by a selector."""
 
-    def __init__(self, rank, size, token, context, deadline):
+    def __init__(self, rank, size, token, context, deadline, tls=None):
         self.rank = rank
         self.size = size
         self.token = token
@@ -92,6 +93,10 @@ class _Mesh:
         self.deadline = deadline
         self.socks = [None] * size
         self.sel = selectors.DefaultSelector()
+        self.tls = tls                      # a TlsConfig: TLS before the hello, on every pair
+        self.streams = [None] * size        # ... and each pair's TlsStream
+        self.addrs = None
+        self.dropped = []                   # why strangers were dropped, for a timeout
 
     def remaining(self):
         return self.deadline - time.monotonic()
@@ -102,6 +107,7 @@ class _Mesh:
     def run(self, listener, addrs):
         """Connect to lower ranks, accept higher ones, return one socket per peer."""
         listener.setblocking(False)
+        self.addrs = addrs
         self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
         for peer in range(self.rank):
             self._start_connect(peer, addrs[peer])
@@ -112,9 +118,10 @@ class _Mesh:
                     missing = [p for p in range(self.size)
                                if p != self.rank and self.socks[p] is None]
                     raise Timeout("rank %d: connecting the TCP mesh timed out; no connection "
-                                  "with rank(s) %s (%s)" % (self.rank, missing, ", ".join(
+                                  "with rank(s) %s (%s)%s" % (self.rank, missing, ", ".join(
                                       _format_addr(addrs[p]["host"], addrs[p]["port"])
-                                      for p in missing)))
+                                      for p in missing), "; dropped meanwhile: " + "; ".join(
+                                          self.dropped[-3:]) if self.dropped else ""))
                 for key, events in self.sel.select(timeout=min(left, 0.5)):
                     kind, state = key.data
                     if kind == "listen":
@@ -161,17 +168,31 @@ class _Mesh:
                 raise PeerError("rank %d: cannot connect to rank %d at %s: %s" % (
                     self.rank, peer, _format_addr(addrs[peer]["host"], addrs[peer]["port"]),
                     os.strerror(err)))
-            sock.sendall(self.hello(peer))   # 80 bytes into an empty socket buffer
+            if self.tls is not None:
+                state["stage"] = "tls"
+                state["stream"] = _tls_stream(self.tls, sock, server=False)
+        if state["stage"] == "tls":
+            if not self._connect_tls(sock, state, addrs):
+                return
+        if state["stage"] in ("connecting", "tls"):
+            self._send_small(sock, state.get("stream"), self.hello(peer), addrs, peer)
             state["stage"] = "ack"
             self.sel.modify(sock, selectors.EVENT_READ, ("connect", state))
             return
         try:
-            data = sock.recv(ACK.size - len(state["buf"]))
+            data = _recv(sock, state.get("stream"), ACK.size - len(state["buf"]))
+            if data is None:
+                return
         except (BlockingIOError, InterruptedError):
             return
+        except _TlsError as exc:
+            raise self._refused(peer, addrs, exc)
         except OSError as exc:
             data = b""
             state["error"] = exc
+        if not data and state.get("stream") is not None:
+            raise self._refused(peer, addrs, "it closed the connection after the hello (does "
+                                "this rank's certificate name its address or host name?)")
         if not data:
             raise PeerError("rank %d: rank %d at %s refused the handshake (closed the "
                             "connection); is it another run, or a rank with another token?"
@@ -188,6 +209,51 @@ class _Mesh:
             self.sel.unregister(sock)
             self.socks[peer] = sock
 
+    def _connect_tls(self, sock, state, addrs):
+        """Drive the client side of the TLS handshake; True once done and the peer checked."""
+        peer = state["peer"]
+        where = _format_addr(addrs[peer]["host"], addrs[peer]["port"])
+        try:
+            wants = state["stream"].handshake()
+        except _TlsError as exc:
+            raise PeerError("rank %d: TLS handshake with rank %d at %s failed: %s%s" % (
+                self.rank, peer, where, exc, "" if addrs[peer].get("tls") else
+                " (that rank runs without TLS)"))
+        if wants:
+            self.sel.modify(sock, selectors.EVENT_READ if wants == "read"
+                            else selectors.EVENT_WRITE, ("connect", state))
+            return False
+        names = _peer_names(addrs[peer])
+        if not state["stream"].peer_matches(names):
+            raise PeerError("rank %d: the TLS certificate of rank %d at %s (%s) names neither "
+                            "%s; it must name the address the rank listens on or its host name"
+                            % (self.rank, peer, where, state["stream"].peer_subject(),
+                               " nor ".join(names)))
+        self.streams[peer] = state["stream"]
+        return True
+
+    def _refused(self, peer, addrs, exc):
+        return PeerError("rank %d: rank %d at %s refused this rank's TLS certificate or "
+                         "dropped the connection: %s" % (
+                             self.rank, peer,
+                             _format_addr(addrs[peer]["host"], addrs[peer]["port"]), exc))
+
+    def _send_small(self, sock, stream, data, addrs, peer):
+        """Send a handshake message (a few bytes) to ``peer`` within the deadline."""
+        if stream is None:
+            sock.sendall(data)      # into an empty socket buffer
+            return
+        while data:
+            try:
+                n = stream.send(data)
+            except _TlsError as exc:
+                raise self._refused(peer, addrs, exc)
+            data = data[n:]
+            if data:
+                if self.remaining() <= 0:
+                    raise Timeout("rank %d: the TLS handshake timed out" % self.rank)
+                select.select([], [sock], [], min(self.remaining(), 0.5))
+
     # incoming: accept, read and check the hello, send the ack
     def _accept(self, listener):
         for _ in range(64):
@@ -197,19 +263,38 @@ class _Mesh:
                 return
             sock.setblocking(False)
             state = {"buf": b"", "addr": addr, "since": time.monotonic()}
+            if self.tls is not None:
+                state["stream"] = _tls_stream(self.tls, sock, server=True)
             self.sel.register(sock, selectors.EVENT_READ, ("incoming", state))
 
     def _drop(self, sock, state, why):
+        self.dropped.append("%s (%s)" % (_format_addr(state["addr"][0], state["addr"][1]), why))
         log.warning("rank %d: dropped a connection from %s: %s", self.rank,
                     _format_addr(state["addr"][0], state["addr"][1]), why)
         self.sel.unregister(sock)
         sock.close()
 
     def _on_incoming(self, sock, state):
+        stream = state.get("stream")
+        if stream is not None and not state.get("secure"):
+            try:
+                wants = stream.handshake()
+            except _TlsError as exc:
+                return self._drop(sock, state, "TLS handshake failed: %s" % exc)
+            if wants:
+                self.sel.modify(sock, selectors.EVENT_READ if wants == "read"
+                                else selectors.EVENT_WRITE, ("incoming", state))
+                return
+            state["secure"] = True
+            self.sel.modify(sock, selectors.EVENT_READ, ("incoming", state))
         try:
-            data = sock.recv(HELLO.size - len(state["buf"]))
+            data = _recv(sock, stream, HELLO.size - len(state["buf"]))
+            if data is None:
+                return
         except (BlockingIOError, InterruptedError):
             return
+        except _TlsError as exc:
+            return self._drop(sock, state, "TLS failed: %s" % exc)
         except OSError as exc:
             return self._drop(sock, state, "receive failed: %s" % exc)
         if not data:
@@ -230,11 +315,18 @@ class _Mesh:
             return self._drop(sock, state, "claims to be rank %d calling rank %d" % (src, dst))
         if self.socks[src] is not None:
             return self._drop(sock, state, "rank %d is already connected" % src)
+        if stream is not None and not stream.peer_matches(_peer_names(self.addrs[src])):
+            return self._drop(sock, state, "its TLS certificate (%s) names neither %s, the "
+                              "address and host name of rank %d" % (
+                                  stream.peer_subject(),
+                                  " nor ".join(_peer_names(self.addrs[src])), src))
         self.sel.unregister(sock)
-        sock.setblocking(True)
-        sock.settimeout(max(self.remaining(), 0.001))
-        sock.sendall(ACK.pack(ACK_MAGIC, self.rank))
+        if stream is None:
+            sock.setblocking(True)
+            sock.settimeout(max(self.remaining(), 0.001))
+        self._send_small(sock, stream, ACK.pack(ACK_MAGIC, self.rank), self.addrs, src)
         self.socks[src] = sock
+        self.streams[src] = stream
 
     def _expire_strangers(self):
         now = time.monotonic()
@@ -245,13 +337,17 @@ class _Mesh:
 
 
 def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
-                         spin_us=None, shared_memory="never"):
+                         spin_us=None, shared_memory="never", tls=None):
     """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport.
 
     ``shared_memory``: "never" (TCP to every peer), "local" (same-host peers
     through shared memory, see plugins/shm.py) or "all" (every peer must be
-    on this host).
+    on this host).  ``tls``: a ``TlsConfig`` puts every pair under TLS
+    (plugins/tls.py); it excludes shared memory.
     """
+    if tls is not None and shared_memory != "never":
+        raise InvalidArgument("rank %d: TLS covers TCP pairs only; shared memory cannot be "
+                              "combined with it" % rank)
     from .._ext._tcp import TcpTransport
 
     deadline = time.monotonic() + timeout
@@ -278,6 +374,8 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
     machine = _machine_identity()
     me = {"host": host, "port": port, "hostid": _host_identity(machine), "machine": machine,
           "boot": _boot_id(), "pid": os.getpid()}
+    if tls is not None:
+        me["tls"] = {"name": socket.gethostname()}
     try:
         if rank == 0:
             token = secrets.token_bytes(32)
@@ -294,8 +392,10 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
                                 timeout=max(deadline - time.monotonic(), 0.001))
                 addrs.append(json.loads(raw.decode()))
         _check_spans_hosts(rank, addrs)
+        _check_same_security(rank, addrs)
         context = hashlib.sha256(context_id.encode()).digest()
-        socks = _Mesh(rank, size, token, context, deadline).run(listener, addrs)
+        mesh = _Mesh(rank, size, token, context, deadline, tls=tls)
+        socks = mesh.run(listener, addrs)
     finally:
         listener.close()
     fds = []
@@ -312,6 +412,8 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
                              [_format_addr(a["host"], a["port"]) for a in addrs],
                              spin_us=spin_us, yield_spin=sharing_cores > cores)
     transport.host_ids = [a["hostid"] for a in addrs]
+    if tls is not None:
+        transport.attach_tls(_tls_engine().engine_ops(), mesh.streams)
     # Everyone has read every address once the mesh stands: leave the store clean
     # (best effort: a store hosted by a rank that already finished may be gone).
     _forget(store, ["tcp/addr/%d" % rank] + (["tcp/token"] if rank == 0 else []))
@@ -338,6 +440,53 @@ def _forget(store, keys):
             store.delete(key)
     except StoreError as exc:
         log.debug("rendezvous keys left in the store: %s", exc)
+
+
+def _check_same_security(rank, addrs):
+    """Refuse a run whose ranks disagree on TLS, naming the ranks on the other side."""
+    mine = bool(addrs[rank].get("tls"))
+    others = [p for p, a in enumerate(addrs) if bool(a.get("tls")) != mine]
+    if others:
+        raise PeerError("rank %d: rank(s) %s run %s TLS but this rank runs %s it; every rank "
+                        "must use transport 'tcp+tls' or none" % (
+                            rank, others, "without" if mine else "with",
+                            "with" if mine else "without"))
+
+
+def _peer_names(addr):
+    """The names a peer's certificate may carry: its listening address, its host name."""
+    return [n for n in (addr["host"], (addr.get("tls") or {}).get("name")) if n]
+
+
+def _tls_engine():
+    from .tls import _engine
+    return _engine()
+
+
+class _NoTls(Exception):
+    """Stands for _tls.TlsError where TLS is never used."""
+
+
+def _tls_error():
+    try:
+        from .._ext._tls import TlsError
+    except ImportError:
+        return _NoTls
+    return TlsError
+
+
+_TlsError = _tls_error()
+
+
+def _tls_stream(config, sock, server):
+    return _tls_engine().TlsStream(config, sock.fileno(), server)
+
+
+def _recv(sock, stream, n):
+    """Up to ``n`` handshake bytes: b"" at the end of the stream, None when none are there."""
+    if stream is None:
+        return sock.recv(n)
+    return stream.recv(n)
 
 
 def _check_spans_hosts(rank, addrs):

@@ -1,0 +1,61 @@
+"""Transport "tcp+tls": the TCP transport with every pair encrypted and mutually authenticated.
+
+Each rank presents a certificate and checks its peer's: signed by the run's
+CA, and naming the address the peer listens on (an IP address in the
+subjectAltName) or the host name the peer publishes.  The TLS handshake
+runs right after the TCP connect, before pycollect's own hello, so the run's
+token never crosses the network in clear.  Every pair goes over TLS, also
+between ranks of one host (no shared memory).  See docs/security.md.
+"""
+
+import os
+
+from ..errors import InvalidArgument
+
+# (keyword argument of pc.init, environment variable, what the file holds)
+SETTINGS = (
+    ("tls_cert", "PYCOLLECT_TLS_CERT", "this rank's certificate (chain), PEM"),
+    ("tls_key", "PYCOLLECT_TLS_KEY", "the certificate's private key, PEM, unencrypted"),
+    ("tls_ca", "PYCOLLECT_TLS_CA", "the CA certificate(s) every peer must be signed by, PEM"),
+)
+
+
+def _engine():
+    try:
+        from .._ext import _tls
+    except ImportError as exc:
+        raise InvalidArgument(
+            "transport 'tcp+tls' needs pycollect._ext._tls, which is built only where "
+            "OpenSSL's headers exist (Debian: apt-get install libssl-dev, then reinstall "
+            "pycollect): %s" % exc) from None
+    return _tls
+
+
+def load_tls(tls_cert=None, tls_key=None, tls_ca=None, environ=None):
+    """The TLS configuration from arguments, else ``PYCOLLECT_TLS_*``: a ``TlsConfig``.
+
+    A missing or unreadable file, a key that is not the certificate's, or a
+    file that is not PEM raises ``InvalidArgument`` naming the setting and file.
+    """
+    environ = os.environ if environ is None else environ
+    paths, names = [], []
+    for value, (arg, var, what) in zip((tls_cert, tls_key, tls_ca), SETTINGS):
+        if value is not None:
+            paths.append(value)
+            names.append(arg)
+        elif environ.get(var, ""):
+            paths.append(environ[var])
+            names.append(var)
+        else:
+            raise InvalidArgument("init: transport 'tcp+tls' needs %s: pass %s= or set %s"
+                                  % (what, arg, var))
+    return _engine().TlsConfig(*paths, names=tuple(names))
+
+
+def create_tls_transport(rank, size, store, *, tls=None, **options):
+    """The TCP transport over TLS to every peer (``tls``: a ``TlsConfig``; left out, from
+    ``PYCOLLECT_TLS_*``)."""
+    from .tcp import create_tcp_transport
+    if tls is None:
+        tls = load_tls()
+    return create_tcp_transport(rank, size, store, tls=tls, **options)

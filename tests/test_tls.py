@@ -1,0 +1,314 @@
+"""Transport "tcp+tls": collectives over TLS, and every way a peer is refused without a hang."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pycollect._ext._tls", reason="built only where OpenSSL's headers exist")
+
+import pycollect as pc                                          # noqa: E402
+from group import outcomes, run_ranks                           # noqa: E402
+from pycollect.context import ALLREDUCE_ALGORITHMS             # noqa: E402
+from tls_certs import Authority                                 # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Refusals must end well inside this: a rank that waits for a peer that never
+# comes fails at its own deadline, the refused rank at once.
+REFUSAL_TIMEOUT_S = 3.0
+
+_stores = iter(range(1 << 30))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, four rank certificates for 127.0.0.1, and a second, unrelated CA."""
+    directory = str(tmp_path_factory.mktemp("pki"))
+    ca = Authority(directory)
+    return {"ca": ca, "dir": directory, "other": Authority(directory, "another CA"),
+            "certs": [ca.issue("rank%d" % r) for r in range(4)]}
+
+
+def _tls(pki, rank, cert=None, ca=None):
+    cert_file, key_file = cert or pki["certs"][rank]
+    return {"transport": "tcp+tls", "tls_cert": cert_file, "tls_key": key_file,
+            "tls_ca": ca or pki["ca"].ca_file}
+
+
+def _store():
+    return "hash://tls-%d" % next(_stores)
+
+
+@pytest.fixture(scope="module")
+def tls_group(pki):
+    size = 3
+    store = _store()
+    contexts = run_ranks(size, lambda r: pc.init(rank=r, size=size, store=store, timeout=30,
+                                                 segment_bytes=4096, **_tls(pki, r)))
+    yield contexts
+    for ctx in contexts:
+        ctx.close()
+
+
+def _on_all(contexts, fn):
+    return run_ranks(len(contexts), lambda r: fn(contexts[r]), timeout=60)
+
+
+def test_every_pair_is_tls(tls_group):
+    for rank, ctx in enumerate(tls_group):
+        kinds = ctx._transport.pair_kinds()
+        assert kinds[rank] == "self"
+        assert [k for i, k in enumerate(kinds) if i != rank] == ["tcp+tls"] * 2
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALLREDUCE_ALGORITHMS if a != "hierarchical"])
+@pytest.mark.parametrize("count", [1, 1000, 70001])
+def test_allreduce_every_algorithm(tls_group, algorithm, count):
+    size = len(tls_group)
+    inputs = [np.arange(count, dtype=np.float64) * (r + 1) for r in range(size)]
+    results = _on_all(tls_group, lambda c: c.allreduce(inputs[c.rank].copy(),
+                                                       algorithm=algorithm))
+    expected = np.arange(count, dtype=np.float64) * (size * (size + 1) // 2)
+    for got in results:
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_broadcast_allgather_and_send_recv(tls_group):
+    size = len(tls_group)
+    root_data = np.random.default_rng(7).integers(0, 255, 100003, dtype=np.uint8)
+
+    def job(ctx):
+        buf = root_data.copy() if ctx.rank == 1 else np.zeros_like(root_data)
+        ctx.broadcast(buf, root=1)
+        gathered = np.zeros(size * 5, np.int32)
+        ctx.allgather(np.full(5, ctx.rank + 10, np.int32), gathered)
+        right, left = (ctx.rank + 1) % size, (ctx.rank - 1) % size
+        got = np.zeros(3, np.int64)
+        if ctx.rank % 2 == 0:
+            ctx.send(np.full(3, ctx.rank, np.int64), right, tag=5)
+            ctx.recv(got, left, tag=5)
+        else:
+            ctx.recv(got, left, tag=5)
+            ctx.send(np.full(3, ctx.rank, np.int64), right, tag=5)
+        return buf, gathered, got
+
+    for rank, (buf, gathered, got) in enumerate(_on_all(tls_group, job)):
+        np.testing.assert_array_equal(buf, root_data)
+        np.testing.assert_array_equal(gathered, np.repeat(np.arange(size) + 10, 5))
+        np.testing.assert_array_equal(got, np.full(3, (rank - 1) % size))
+
+
+def test_large_message(tls_group):
+    """6 MiB per rank: many TLS records per message, partial writes, full socket buffers."""
+    size = len(tls_group)
+    n = (6 << 20) // 4
+    results = _on_all(tls_group, lambda c: c.allreduce(
+        np.full(n, c.rank + 1, np.float32), algorithm="ring_chunked"))
+    for got in results:
+        assert got.shape == (n,) and np.all(got == size * (size + 1) / 2)
+
+
+def test_processes_take_the_settings_from_the_environment(pki, tmp_path):
+    """Two processes, TLS files from PYCOLLECT_TLS_*, over a file store."""
+    script = textwrap.dedent("""
+        import numpy as np, pycollect as pc
+        with pc.init(transport="tcp+tls", timeout=20) as ctx:
+            got = ctx.allreduce(np.full(300000, ctx.rank + 1.0))
+            assert ctx._transport.pair_kinds()[1 - ctx.rank] == "tcp+tls"
+            assert np.all(got == 3.0), got[:4]
+            print("rank", ctx.rank, "ok")
+    """)
+    procs = []
+    for rank in range(2):
+        cert, key = pki["certs"][rank]
+        env = dict(os.environ, PYCOLLECT_RANK=str(rank), PYCOLLECT_SIZE="2",
+                   PYCOLLECT_STORE="file://%s" % (tmp_path / "store"),
+                   PYCOLLECT_TLS_CERT=cert, PYCOLLECT_TLS_KEY=key,
+                   PYCOLLECT_TLS_CA=pki["ca"].ca_file,
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+        assert out.decode().strip() == "rank %d ok" % rank
+
+
+def _refused(pki, settings, caplog=None):
+    """Start two ranks with per-rank init settings; return (outcomes, seconds taken)."""
+    store = _store()
+    start = time.monotonic()
+    results = outcomes(2, lambda r: pc.init(rank=r, size=2, store=store,
+                                            timeout=REFUSAL_TIMEOUT_S, **settings[r]),
+                       timeout=30)
+    took = time.monotonic() - start
+    for result in results:
+        if isinstance(result, pc.Context):
+            result.close()
+    return results, took
+
+
+def test_a_certificate_from_another_ca_is_refused(pki, caplog):
+    """Rank 1 trusts the right CA but holds a certificate of another: rank 0 refuses it."""
+    stranger = pki["other"].issue("stranger")
+    with caplog.at_level(logging.WARNING, logger="pycollect.tcp"):
+        (r0, r1), took = _refused(pki, [_tls(pki, 0), _tls(pki, 1, cert=stranger)])
+    assert isinstance(r1, pc.PeerError), r1
+    assert "rank 1: rank 0 at 127.0.0.1:" in str(r1)
+    assert "refused this rank's TLS certificate" in str(r1)
+    assert isinstance(r0, pc.Timeout) and "rank(s) [1]" in str(r0), r0
+    assert "TLS handshake failed" in caplog.text and "certificate" in caplog.text
+    assert took < REFUSAL_TIMEOUT_S + 5
+
+
+def test_a_rank_that_trusts_another_ca_refuses_its_peer(pki):
+    (r0, r1), took = _refused(pki, [_tls(pki, 0), _tls(pki, 1, ca=pki["other"].ca_file)])
+    assert isinstance(r1, pc.PeerError), r1
+    assert "TLS handshake with rank 0 at 127.0.0.1:" in str(r1)
+    assert "certificate verify failed" in str(r1)
+    assert isinstance(r0, (pc.Timeout, pc.PeerError)), r0
+    assert took < REFUSAL_TIMEOUT_S + 5
+
+
+def test_a_certificate_for_another_address_is_refused(pki):
+    """Rank 0's certificate is valid but names another host: rank 1 will not send it the hello."""
+    elsewhere = pki["ca"].issue("elsewhere", names=("198.18.7.7", "not-this-host.invalid"))
+    (r0, r1), took = _refused(pki, [_tls(pki, 0, cert=elsewhere), _tls(pki, 1)])
+    assert isinstance(r1, pc.PeerError), r1
+    assert "the TLS certificate of rank 0 at 127.0.0.1:" in str(r1)
+    assert "names neither 127.0.0.1" in str(r1)
+    assert isinstance(r0, (pc.Timeout, pc.PeerError)), r0
+    assert took < REFUSAL_TIMEOUT_S + 5
+
+
+def test_the_acceptor_checks_the_name_too(pki, caplog):
+    elsewhere = pki["ca"].issue("elsewhere1", names=("198.18.7.8",))
+    with caplog.at_level(logging.WARNING, logger="pycollect.tcp"):
+        (r0, r1), _ = _refused(pki, [_tls(pki, 0), _tls(pki, 1, cert=elsewhere)])
+    assert isinstance(r1, pc.PeerError), r1
+    assert "rank 1: rank 0 at 127.0.0.1:" in str(r1)
+    assert "refused this rank's TLS certificate or dropped the connection" in str(r1)
+    assert isinstance(r0, pc.Timeout), r0
+    assert "its TLS certificate (/CN=elsewhere1) names neither 127.0.0.1" in caplog.text
+
+
+@pytest.mark.parametrize("plain_rank", [0, 1])
+def test_a_plaintext_rank_fails_cleanly(pki, plain_rank):
+    settings = [_tls(pki, 0), _tls(pki, 1)]
+    settings[plain_rank] = {"transport": "tcp"}
+    results, took = _refused(pki, settings)
+    for rank, result in enumerate(results):
+        assert isinstance(result, pc.PeerError), result
+        assert "rank(s) [%d] run %s TLS" % (1 - rank, "with" if rank == plain_rank
+                                            else "without") in str(result)
+    assert took < REFUSAL_TIMEOUT_S
+
+
+def test_plaintext_bytes_at_a_tls_listener_are_dropped_and_logged(pki, caplog):
+    """A stranger speaking pycollect's plaintext hello is dropped; the run goes on."""
+    import socket
+    import threading
+
+    from pycollect.plugins import tcp
+
+    real_run = tcp._Mesh.run
+    poked = threading.Event()
+
+    def poke(address):
+        with socket.create_connection(address, timeout=5) as s:
+            s.sendall(b"PCH1" + b"\0" * 76)
+            try:
+                while s.recv(64):
+                    pass        # perhaps an alert; then the end of the stream
+            except ConnectionResetError:
+                pass
+            poked.set()         # (a listener that kept it would time this recv out)
+
+    def run_and_poke(mesh, listener, addrs):
+        if mesh.rank == 0:
+            threading.Thread(target=poke, args=(listener.getsockname()[:2],),
+                             daemon=True).start()
+            time.sleep(0.2)     # the stranger comes first, before rank 1's connection
+        return real_run(mesh, listener, addrs)
+
+    tcp._Mesh.run = run_and_poke
+    try:
+        with caplog.at_level(logging.WARNING, logger="pycollect.tcp"):
+            store = _store()
+            contexts = run_ranks(2, lambda r: pc.init(rank=r, size=2, store=store, timeout=10,
+                                                      **_tls(pki, r)))
+    finally:
+        tcp._Mesh.run = real_run
+    try:
+        assert poked.wait(5)
+        got = run_ranks(2, lambda r: contexts[r].allreduce(np.full(4, r + 1.0)))
+        assert all(np.all(g == 3.0) for g in got)
+    finally:
+        for ctx in contexts:
+            ctx.close()
+    assert "dropped a connection" in caplog.text and "TLS handshake failed" in caplog.text
+
+
+# -- bad settings: InvalidArgument before anything is sent --------------------
+
+def _init_alone(**kwargs):
+    return pc.init(rank=0, size=2, store=_store(), timeout=2, transport="tcp+tls", **kwargs)
+
+
+def test_a_missing_key_file_is_named(pki):
+    cert, _ = pki["certs"][0]
+    missing = os.path.join(pki["dir"], "no-such-key.pem")
+    with pytest.raises(pc.InvalidArgument, match="tls_key '%s' cannot be read: No such file"
+                       % missing):
+        _init_alone(tls_cert=cert, tls_key=missing, tls_ca=pki["ca"].ca_file)
+
+
+def test_a_key_of_another_certificate_is_named(pki):
+    cert, _ = pki["certs"][0]
+    _, other_key = pki["certs"][1]
+    with pytest.raises(pc.InvalidArgument, match="tls_key '%s' is not the key of the "
+                       "certificate in tls_cert '%s'" % (other_key, cert)):
+        _init_alone(tls_cert=cert, tls_key=other_key, tls_ca=pki["ca"].ca_file)
+
+
+def test_a_file_that_is_not_pem_is_named(pki, tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(b"not a certificate\n")
+    cert, key = pki["certs"][0]
+    with pytest.raises(pc.InvalidArgument, match="tls_key '%s' is not an unencrypted PEM "
+                       "private key" % junk):
+        _init_alone(tls_cert=cert, tls_key=str(junk), tls_ca=pki["ca"].ca_file)
+    with pytest.raises(pc.InvalidArgument, match="tls_ca '%s' holds no PEM CA" % junk):
+        _init_alone(tls_cert=cert, tls_key=key, tls_ca=str(junk))
+
+
+def test_settings_come_from_the_environment_and_arguments_win(pki, monkeypatch, tmp_path):
+    cert, key = pki["certs"][0]
+    missing = str(tmp_path / "gone.pem")
+    monkeypatch.setenv("PYCOLLECT_TLS_CERT", cert)
+    monkeypatch.setenv("PYCOLLECT_TLS_KEY", missing)
+    monkeypatch.setenv("PYCOLLECT_TLS_CA", pki["ca"].ca_file)
+    with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_TLS_KEY '%s' cannot be read"
+                       % missing):
+        _init_alone()
+    # The argument wins over the variable: the rank gets as far as waiting for rank 1.
+    with pytest.raises(pc.Timeout):
+        _init_alone(tls_key=key)
+
+
+def test_missing_settings_say_what_to_set(monkeypatch):
+    for var in ("PYCOLLECT_TLS_CERT", "PYCOLLECT_TLS_KEY", "PYCOLLECT_TLS_CA"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(pc.InvalidArgument, match="pass tls_cert= or set PYCOLLECT_TLS_CERT"):
+        _init_alone()
+
+
+def test_tls_settings_without_tls_transport_are_refused(pki):
+    cert, key = pki["certs"][0]
+    with pytest.raises(pc.InvalidArgument, match="need transport='tcp\\+tls'"):
+        pc.init(rank=0, size=1, transport="tcp", tls_cert=cert, tls_key=key)
