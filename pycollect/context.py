@@ -53,6 +53,8 @@ DEFAULT_SEGMENT_BYTES = 1 << 20
 _RECURSIVE_DOUBLING = _allreduce.ALGORITHMS["recursive_doubling"]
 _HALVING_DOUBLING = _allreduce.ALGORITHMS["halving_doubling"]
 _RING_CHUNKED = _allreduce.ALGORITHMS["ring_chunked"]
+_DIRECT = _allreduce.ALGORITHMS["direct"]
+DIRECT_MIN_BYTES = 256 << 10             # from here, when every pair shares memory: direct
 
 
 class Context:
@@ -84,6 +86,7 @@ class Context:
         self._pending_signature = None
         if debug == "detail":
             signature.install(self)     # PYCOLLECT_DEBUG=detail: cross-rank call checks
+        self._peers = None      # per rank (pair kind, process id), read from the transport once
 
     # -- properties -------------------------------------------------------
 
@@ -133,8 +136,9 @@ class Context:
         """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
 
         ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
-        "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "hierarchical"
-        (inside each host, then across hosts: pycollect/hierarchy.py).
+        "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "direct" (every rank on
+        one host: each reduces its slice straight from the others' memory), or
+        "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
         """
         if type(op) is not ReduceOp:
             op = self._check_op(op, "allreduce")
@@ -145,6 +149,10 @@ class Context:
                 return self._submit("allreduce", self._topology.allreduce(buf, op), buf,
                                     async_op)
             t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+            if algo == _DIRECT:
+                pids, readable = self._direct_peers()
+                return self._submit("allreduce", lambda seq: _allreduce.allreduce(
+                    t, buf, op, algo, seq, tmo, seg, base, pids, readable), buf, async_op)
             return self._submit("allreduce", lambda seq: _allreduce.allreduce(
                 t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
         if isinstance(algorithm, str) and algorithm.startswith("bcube:"):
@@ -158,8 +166,9 @@ class Context:
             return self._submit("allreduce", self._topology.allreduce(buf, op), buf, async_op)
         algo = self._allreduce_algorithm(algorithm, buf)
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+        pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
         return self._submit("allreduce", lambda seq: _allreduce.allreduce(
-            t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
+            t, buf, op, algo, seq, tmo, seg, base, pids, readable), buf, async_op)
 
     def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` across ranks into root's ``buf``; other ranks' ``buf`` is untouched."""
@@ -266,7 +275,9 @@ class Context:
             for arrays in groups.values():
                 flat = np.concatenate([a.reshape(-1) for a in arrays])
                 algo = self._allreduce_algorithm("auto", flat)
-                _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg)
+                pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
+                _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg,
+                                     _allreduce.DEFAULT_BCUBE_BASE, pids, readable)
                 offset = 0
                 for a in arrays:
                     a.reshape(-1)[...] = flat[offset:offset + a.size]
@@ -388,9 +399,12 @@ class Context:
     def _group(self, members, recipe):
         gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
         transport = GroupTransport(self._transport, members, gid)
-        return Context(members.index(self._rank), len(members), transport,
-                       timeout=self._timeout, segment_bytes=self._segment_bytes,
-                       debug=self._debug, lock=self._lock, group_id=gid)
+        group = Context(members.index(self._rank), len(members), transport,
+                        timeout=self._timeout, segment_bytes=self._segment_bytes,
+                        debug=self._debug, lock=self._lock, group_id=gid)
+        info = self._pair_info()
+        group._peers = [info[m] for m in members]
+        return group
 
     # -- object collectives (pickle: only with trusted peers) -------------
 
@@ -507,9 +521,33 @@ class Context:
             return _RECURSIVE_DOUBLING
         if nbytes >= self._hier_min_bytes:
             return _HIERARCHICAL
+        if nbytes >= DIRECT_MIN_BYTES and self._all_shared():
+            return _DIRECT
         if nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
             return _RING_CHUNKED
         return _HALVING_DOUBLING
+
+    def _pair_info(self):
+        """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp") and its process id."""
+        if self._peers is None:
+            try:
+                kinds = self._transport.pair_kinds()
+                pids = self._transport.peer_pids()
+            except AttributeError:      # a transport that knows no shared memory
+                kinds, pids = ["tcp"] * self._size, [-1] * self._size
+                kinds[self._rank] = "self"
+            self._peers = list(zip(kinds, pids))
+        return self._peers
+
+    def _all_shared(self):
+        """Every pair is on this host's shared memory (the same answer on every rank)."""
+        return self._size > 1 and all(k != "tcp" for k, _ in self._pair_info())
+
+    def _direct_peers(self):
+        """The direct allreduce's arguments: every rank's process id, and whether every
+        peer may read this rank's memory (the ranks agree on using it in its first step)."""
+        info = self._pair_info()
+        return [pid for _, pid in info], all(k in ("self", "shm+cma") for k, _ in info)
 
     def _finished(self, result, async_op):
         if not async_op:

@@ -9,7 +9,7 @@ from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, o
                        reduce_reference)
 
 ALGORITHMS = ["recursive_doubling", "halving_doubling", "bcube", "bcube:3", "ring",
-              "ring_chunked", "auto"]
+              "ring_chunked", "direct", "auto"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -47,7 +47,7 @@ def test_allreduce_any_shape(group, shape):
 
 
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "bcube",
-                                       "bcube:3", "ring", "ring_chunked"])
+                                       "bcube:3", "ring", "ring_chunked", "direct"])
 def test_allreduce_floats_bitwise_identical_on_every_rank(group, algorithm):
     """Every rank computes each element with the same operands in the same order."""
     def body(ctx):

@@ -92,20 +92,31 @@ sys.exit("rank %d finished without an error" % rank)
 """
 
 
-def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
+def run_victims(tmp_path, victim):
+    """Run ``victim`` as ranks 0..2: rank 2 must die by SIGKILL, the others name it in time."""
     script = tmp_path / "victim.py"
-    script.write_text(_VICTIM)
+    script.write_text(victim)
     store = "file://%s" % (tmp_path / "store")
     procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(3)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert procs[2].returncode == -signal.SIGKILL
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[2].returncode == -signal.SIGKILL, outs[2]
     for r in (0, 1):
         assert procs[r].returncode == 0, outs[r]
         line = outs[r][0]
         assert "PeerError" in line and "rank 2" in line, line
         assert float(line.split(" after ")[1].split(" s")[0]) < 10, line
+
+
+def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
+    run_victims(tmp_path, _VICTIM)
     assert not _leftovers()
 
 

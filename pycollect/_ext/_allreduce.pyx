@@ -32,6 +32,28 @@ all ranks end with the same bits even for floating-point sums.  ``ring``
 sends each chunk as one message (fewest messages); ``ring_chunked`` cuts
 chunks into segments so reduction overlaps the wire (the choice for large
 buffers).  AVG sums and divides once at the end.
+
+``direct`` (every rank on one host, each able to read the others' memory
+with cross-memory attach) moves no data through messages at all.  Rank r
+owns slice r of the buffer (the same near-equal split as the ring's chunks).
+1. Hello: every rank sends every other its buffer's address and whether all
+   its peers may read its memory.  If any rank says no, every rank knows it
+   and all of them run halving-doubling instead, in the same operation.
+2. Reduce: rank r walks its slice in chunks of at most DIRECT_CHUNK_BYTES
+   (and at most segment_bytes); for each chunk it reads the same chunk of
+   every peer's buffer (process_vm_readv, peers r+1, r+2, ... in turn) into
+   one scratch chunk and reduces it into its own buffer at once, so the
+   chunk stays in cache.  Only the owner writes its slice; the others only
+   read it, and only in step 3.
+3. Final: rank r tells every peer "slice r is final" (an empty message, which
+   also says r reads nobody's buffer any more).  On receiving it from rank q,
+   a rank copies slice q from q's buffer over its own slice q.
+4. Finished: every rank tells every peer it has copied everything; a rank
+   returns (and its caller may overwrite the buffer) only once every peer has
+   said so.
+Each rank reads (P-1)/P of the buffer twice and reduces (P-1)/P of it; three
+rounds of empty-ish messages carry the synchronisation.  A peer that dies
+makes process_vm_readv fail (ESRCH/EFAULT): PeerError naming it.
 """
 
 from pycollect._ext._algo cimport chunk_length, chunk_offset
@@ -41,13 +63,23 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
+from pycollect._ext._shm cimport cma_read
+from libc.errno cimport EFAULT, errno
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc
 
 from pycollect.errors import InvalidArgument
 
 ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
               "halving_doubling": ALGO_HALVING_DOUBLING, "bcube": ALGO_BCUBE,
-              "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED}
+              "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED, "direct": ALGO_DIRECT}
 DEFAULT_BCUBE_BASE = 4
+# direct: bytes read from a peer and reduced at a time (fits in L2 with the own chunk).
+DIRECT_CHUNK_BYTES = 256 << 10
+
+cdef struct DirectHello:
+    uint64_t addr       # the sender's buffer
+    uint64_t readable   # 1: every peer of the sender may read its memory
 
 cdef enum:
     MAX_BCUBE_BASE = 16
@@ -275,10 +307,103 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
     return 0
 
 
+cdef int read_peer(Transport t, int peer, int pid, char* dst, uint64_t addr,
+                   size_t nbytes) noexcept nogil:
+    """Copy ``nbytes`` at ``addr`` in ``peer``'s process into ``dst``, or fail naming it."""
+    cdef ssize_t got
+    while nbytes > 0:
+        got = cma_read(pid, dst, addr, nbytes)
+        if got <= 0:
+            return t.set_error(ERR_PEER, peer, "process_vm_readv", errno if got < 0 else EFAULT,
+                               "has a buffer this rank cannot read (direct allreduce)")
+        dst += got
+        addr += <uint64_t>got
+        nbytes -= <size_t>got
+    return 0
+
+
+cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
+                          const int* pids, int readable, size_t chunk) noexcept nogil:
+    """Allreduce in place by reading the peers' buffers directly (see the module notes).
+
+    Returns 1 when some rank's memory was not readable and halving-doubling ran instead.
+    """
+    cdef int P = t.size, r = t.rank, i, p, all_readable
+    cdef size_t lo, length, off, c, take
+    cdef DirectHello mine
+    cdef DirectHello* hello
+    cdef int* final_req
+    cdef char* other
+    if P == 1 or n == 0:
+        return 0
+    hello = <DirectHello*>t.work_area(P * (sizeof(DirectHello) + sizeof(int)))
+    if hello == NULL:
+        return -1
+    final_req = <int*>(hello + P)
+    # 1. Hello: addresses, and whether direct reads work between every pair.
+    mine.addr = <uint64_t>buf
+    mine.readable = readable
+    all_readable = readable
+    for p in range(P):
+        if p != r and (t.post_send(p, &mine, sizeof(DirectHello)) < 0 or
+                       t.post_recv(p, &hello[p], sizeof(DirectHello)) < 0):
+            return -1
+    if t.wait_all() < 0:
+        return -1
+    for p in range(P):
+        if p != r and not hello[p].readable:
+            all_readable = 0
+    if not all_readable:
+        return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
+    # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer.
+    chunk = chunk // es if chunk >= es else 1
+    other = t.scratch(chunk * es)
+    if other == NULL:
+        return -1
+    lo = chunk_offset(n, P, r)
+    length = chunk_length(n, P, r)
+    c = 0
+    while c < length:
+        take = length - c if length - c < chunk else chunk
+        off = (lo + c) * es
+        for i in range(1, P):
+            p = (r + i) % P
+            if read_peer(t, p, pids[p], other, hello[p].addr + off, take * es) < 0:
+                return -1
+            reduce_into(buf + off, buf + off, other, take, dtype, op)
+        c += take
+    # 3. Our slice is final (and we read nobody's buffer any more); copy theirs once final.
+    for p in range(P):
+        if p != r:
+            if t.post_send(p, NULL, 0) < 0:
+                return -1
+            final_req[p] = t.post_recv(p, NULL, 0)
+            if final_req[p] < 0:
+                return -1
+    for i in range(1, P):
+        p = (r + i) % P
+        if t.wait(final_req[p]) < 0:
+            return -1
+        off = chunk_offset(n, P, p) * es
+        if read_peer(t, p, pids[p], buf + off, hello[p].addr + off,
+                     chunk_length(n, P, p) * es) < 0:
+            return -1
+    # 4. Nobody returns while a peer may still read its buffer.
+    for p in range(P):
+        if p != r and (t.post_send(p, NULL, 0) < 0 or t.post_recv(p, NULL, 0) < 0):
+            return -1
+    return t.wait_all()
+
+
 def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
-              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE):
-    """Reduce ``buf`` in place across all ranks of ``t`` (one nogil call); return the algorithm code."""
+              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE, pids=None, bint readable=False):
+    """Reduce ``buf`` in place across all ranks of ``t`` (one nogil call); return the algorithm code.
+
+    ``direct`` reads rank p's buffer in process ``pids[p]``; ``readable``: every peer may read
+    this rank's memory (otherwise, or without ``pids``, every rank runs halving-doubling).
+    """
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef int* pid_of = NULL
     check_op(b.dtype, op, "allreduce")
     cdef OpDesc d
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
@@ -297,6 +422,18 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     elif algo == ALGO_RING_CHUNKED:
         seg = segment_bytes // es if segment_bytes >= es else 1
         window = 4
+    elif algo == ALGO_DIRECT:
+        seg = segment_bytes if segment_bytes < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
+        window = 0
+        if pids is None or len(pids) != t.size:
+            readable = False
+        elif readable and t.size > 1 and n > 0:
+            pid_of = <int*>malloc(t.size * sizeof(int))
+            if pid_of == NULL:
+                raise MemoryError()
+            for i, pid in enumerate(pids):
+                pid_of[i] = pid
+                readable = readable and pid > 0
     else:
         raise InvalidArgument("allreduce: unknown algorithm code %d" % algo)
     with nogil:
@@ -308,10 +445,16 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
                 rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
             elif algo == ALGO_BCUBE:
                 rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
+            elif algo == ALGO_DIRECT:
+                rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, pid_of, readable, seg)
+                if rc == 1:
+                    algo = ALGO_HALVING_DOUBLING
+                    rc = 0
             else:
                 rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
         if rc == 0 and op == OP_AVG and t.size > 1:
             divide_by(b.ptr, n, b.dtype, t.size)     # every algorithm sums; AVG divides once
+    free(pid_of)
     if rc < 0:
         raise_error(t)
     return algo

@@ -272,6 +272,11 @@ cdef class TcpTransport(Transport):
                 if self.pairs[p].shm else ("tcp+tls" if self.pairs[p].tls else "tcp")
                 for p in range(self.size)]
 
+    def peer_pids(self):
+        """Each same-host peer's process id (this process's own for self), -1 elsewhere."""
+        return [os.getpid() if p == self.rank else (self.pairs[p].pid if self.pairs[p].shm
+                                                    else -1) for p in range(self.size)]
+
     def attach_tls(self, ops, streams):
         """Send and receive through TLS: ``streams[p].handle()`` is peer p's ``SSL*``
         (None for self); ``ops`` is ``_tls.engine_ops()``.  Keeps ``streams`` alive."""

@@ -1,0 +1,182 @@
+"""The direct allreduce: ranks of one host reduce straight from each other's memory.
+
+The dtype x op x count x world-size matrix runs in test_allreduce.py (threads,
+over shared memory and TCP) and tests/proc_worker.py (processes); this file
+checks which path ran, the fallback, sub-groups, auto's choice and failures.
+"""
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+from test_shm import run_victims
+from pycollect._ext import _allreduce
+from pycollect.context import DIRECT_MIN_BYTES
+
+DIRECT = _allreduce.ALGORITHMS["direct"]
+
+
+def run_direct(ctx, buf, pids=None, readable=None, segment_bytes=1 << 20):
+    """Allreduce ``buf`` with the direct algorithm; return the name of what ran."""
+    known_pids, known_readable = ctx._direct_peers()
+    pids = known_pids if pids is None else pids
+    readable = known_readable if readable is None else readable
+    t = ctx._transport
+    return ctx._execute((lambda seq: _allreduce.allreduce(
+        t, buf, pc.SUM, DIRECT, seq, ctx.timeout, segment_bytes,
+        _allreduce.DEFAULT_BCUBE_BASE, pids, readable), 1, None))
+
+
+def inputs(rank, n):
+    return np.arange(n, dtype=np.float64) * (rank + 1) + rank
+
+
+def expected(size, n):
+    return sum(inputs(r, n) for r in range(size))
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_threads_of_one_process_read_each_other(size):
+    """Thread ranks (one pid) take the direct path, with chunks of every size."""
+    g = ThreadGroup(size)
+    try:
+        n = 3 * 65536 + size + 1
+        for seg in (64, 24 << 10, 1 << 20):
+            bufs = [inputs(r, n) for r in range(size)]
+            names = g.run(lambda ctx: run_direct(ctx, bufs[ctx.rank], segment_bytes=seg))
+            assert names == ["direct"] * size
+            for buf in bufs:
+                np.testing.assert_array_equal(buf, expected(size, n))
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("transport,env", [("shm", {"PYCOLLECT_CMA": "0"}), ("tcp", {})])
+def test_without_memory_reads_every_rank_runs_halving_doubling(monkeypatch, transport, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    g = ThreadGroup(3, transport=transport)
+    try:
+        n = 100003
+        bufs = [inputs(r, n) for r in range(3)]
+        assert g.run(lambda ctx: run_direct(ctx, bufs[ctx.rank])) == ["halving_doubling"] * 3
+        for buf in bufs:
+            np.testing.assert_array_equal(buf, expected(3, n))
+    finally:
+        g.close()
+
+
+def test_one_rank_that_may_not_be_read_sends_every_rank_to_the_fallback():
+    """Readability can be one-sided (ptrace rules): the ranks agree in the first step."""
+    g = ThreadGroup(4)
+    try:
+        n = 5000
+        bufs = [inputs(r, n) for r in range(4)]
+        names = g.run(lambda ctx: run_direct(ctx, bufs[ctx.rank], readable=ctx.rank != 2))
+        assert names == ["halving_doubling"] * 4
+        for buf in bufs:
+            np.testing.assert_array_equal(buf, expected(4, n))
+    finally:
+        g.close()
+
+
+def test_auto_picks_direct_when_every_pair_shares_memory():
+    big = np.zeros(DIRECT_MIN_BYTES // 4, np.float32)
+    small = np.zeros(DIRECT_MIN_BYTES // 4 - 1, np.float32)
+    g = ThreadGroup(3)
+    try:
+        ctx = g.contexts[0]
+        assert ctx._auto_allreduce(big) == DIRECT
+        assert ctx._auto_allreduce(small) != DIRECT
+    finally:
+        g.close()
+    g = ThreadGroup(3, transport="tcp")
+    try:
+        assert g.contexts[0]._auto_allreduce(big) != DIRECT
+    finally:
+        g.close()
+
+
+def test_subgroups_read_their_members_memory():
+    g = ThreadGroup(4)
+    try:
+        n = 70001
+
+        def body(ctx):
+            sub = ctx.new_group([3, 1])
+            odd = ctx.split(ctx.rank % 2, key=-ctx.rank)
+            out = []
+            if sub is not None:
+                buf = inputs(sub.rank, n)
+                out.append((run_direct(sub, buf), buf))
+            buf = inputs(odd.rank, n)
+            out.append((run_direct(odd, buf), buf))
+            buf = np.full(n, ctx.rank + 1.0)
+            odd.allreduce(buf, algorithm="direct", op=pc.AVG)
+            out.append(("avg", buf))
+            return out
+
+        for rank, out in enumerate(g.run(body)):
+            for name, buf in out[:-1]:
+                assert name == "direct"
+                np.testing.assert_array_equal(buf, expected(2, n))
+            peers = [r for r in range(4) if r % 2 == rank % 2]
+            np.testing.assert_array_equal(out[-1][1], np.mean([r + 1.0 for r in peers]))
+    finally:
+        g.close()
+
+
+def test_a_peer_whose_memory_cannot_be_read_is_named():
+    """process_vm_readv failing (here ESRCH: a process that is gone) is a PeerError."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    g = ThreadGroup(2, timeout=10)
+    try:
+        def body(ctx):
+            pids = ctx._direct_peers()[0]
+            if ctx.rank == 0:
+                pids = [pids[0], gone.pid]
+            start = time.monotonic()
+            with pytest.raises(pc.PeerError) as info:
+                run_direct(ctx, np.ones(100000), pids=pids)
+            return str(info.value), time.monotonic() - start
+
+        (msg0, took0), (msg1, took1) = g.run(body)
+        assert "rank 1" in msg0 and "cannot read" in msg0 and "No such process" in msg0, msg0
+        assert "rank 0" in msg1, msg1
+        assert max(took0, took1) < 5
+    finally:
+        g.close()
+
+
+_VICTIM = r"""
+import os, signal, sys, threading, time
+import numpy as np
+import pycollect as pc
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
+assert ctx._direct_peers()[1], "cross-memory attach is needed for this test"
+buf = np.ones(4 << 20, np.float32)
+ctx.allreduce(buf, algorithm="direct")
+ctx.barrier()
+if rank == 2:
+    # Die at a random moment inside a loop of 16 MiB direct allreduces.
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+t0 = time.monotonic()
+try:
+    for i in range(100000):
+        ctx.allreduce(buf, algorithm="direct")
+except pc.PeerError as exc:
+    print("rank %d PeerError after %.2f s: %s" % (rank, time.monotonic() - t0, exc))
+    sys.exit(0)
+sys.exit("rank %d finished without an error" % rank)
+"""
+
+
+def test_a_rank_killed_during_direct_allreduces(tmp_path):
+    run_victims(tmp_path, _VICTIM)
