@@ -14,9 +14,9 @@ allreduce
     3. *down*: every leader broadcasts the result to its host (binomial).
 
 broadcast
-    1. the root's host broadcasts from the root;
+    1. a root that is not its host's leader sends the buffer to the leader;
     2. the leaders broadcast from the root's host leader;
-    3. every other host broadcasts from its leader.
+    3. every host broadcasts from its leader (the root's host without the root).
 
 Hosts with a single rank skip their local phases; ranks that are not leaders
 skip the middle one.  AVG sums through all phases and divides once, by the
@@ -45,11 +45,13 @@ log = logging.getLogger("pycollect")
 
 HIERARCHICAL = next(code for code, name in ALGORITHM_NAMES.items() if name == "hierarchical")
 
-# From these sizes "auto" runs the hierarchical algorithms on a multi-host job
-# whose hosts hold several ranks (measured: docs/algorithms.md).
-ALLREDUCE_MIN_BYTES = 64 << 10
-BROADCAST_MIN_BYTES = 64 << 10
 NEVER = float("inf")
+# From these sizes "auto" runs the hierarchical algorithms on a multi-host job
+# whose hosts hold several ranks (measured with benchmarks/hierarchy.py, see
+# docs/algorithms.md).  A hierarchical broadcast never beat the binomial tree
+# there (the tree already crosses hosts once per host), so auto leaves it out.
+ALLREDUCE_MIN_BYTES = 128 << 10
+BROADCAST_MIN_BYTES = NEVER
 
 _BINOMIAL_REDUCE = _rooted.REDUCE_ALGORITHMS["binomial"]
 _BINOMIAL = _broadcast.ALGORITHMS["binomial"]
@@ -76,6 +78,7 @@ class Topology:
         self.allreduce_min_bytes = ALLREDUCE_MIN_BYTES if self.multi_level else NEVER
         self.broadcast_min_bytes = BROADCAST_MIN_BYTES if self.multi_level else NEVER
         self._groups = None
+        self._by_root = {}      # broadcast from a rank that is not its host's leader
 
     def __repr__(self):
         return "<Topology %d host(s): %s>" % (len(self.hosts), self.hosts)
@@ -94,6 +97,18 @@ class Topology:
             log.debug("rank %d: hierarchy of %d hosts %s; leaders %s", ctx.rank,
                       len(self.hosts), self.hosts, self.leaders)
         return self._groups
+
+    def _root_groups(self, root):
+        """On the host of ``root``, not its leader: ([leader, root], the host less root)."""
+        if root not in self._by_root:
+            ctx, leader = self._ctx, self.local[0]
+            pair = (ctx._group([leader, root], ("hierarchy", "to leader", root))
+                    if ctx.rank in (leader, root) else None)
+            rest = [r for r in self.local if r != root]
+            down = (ctx._group(rest, ("hierarchy", "down without", root))
+                    if ctx.rank != root and len(rest) > 1 else None)
+            self._by_root[root] = (pair, down)
+        return self._by_root[root]
 
     def allreduce(self, buf, op):
         """The ``run(seq)`` of a hierarchical allreduce of ``buf`` with ``op``."""
@@ -130,24 +145,27 @@ class Topology:
         """The ``run(seq)`` of a hierarchical broadcast of root's ``buf``."""
         rank = self._ctx.rank
         _buffer.check(buf, "broadcast", "buf", rank != root)
-        up, across, down = self._phases()
+        _, across, down = self._phases()
         root_host = self.host_of[root]
-        on_root_host = self.host_of[rank] == root_host
+        to_leader = None
+        if self.host_of[rank] == root_host and root != self.local[0]:
+            # The root hands the buffer to its leader, and stays out of its host's
+            # broadcast (its buffer may be read-only).
+            to_leader, down = self._root_groups(root)
         timeout = self._ctx.timeout
 
         def run(seq):
             end = _now() + timeout
-            if on_root_host and down is not None:
-                local_root = self.local.index(root)
-                _phase("broadcast", "root's host", rank, end, lambda left: _broadcast.broadcast(
-                    down._transport, buf, local_root, _BINOMIAL, seq, left,
-                    down._segment_bytes))
+            if to_leader is not None:
+                _phase("broadcast", "to leader", rank, end, lambda left: _broadcast.broadcast(
+                    to_leader._transport, buf, 1, _BINOMIAL, seq, left,
+                    to_leader._segment_bytes))
             if across is not None:
                 algo = across._broadcast_algorithm("auto", buf)
                 _phase("broadcast", "across", rank, end, lambda left: _broadcast.broadcast(
                     across._transport, buf, root_host, algo, seq, left,
                     across._segment_bytes))
-            if not on_root_host and down is not None:
+            if down is not None:
                 _phase("broadcast", "down", rank, end, lambda left: _broadcast.broadcast(
                     down._transport, buf, 0, _BINOMIAL, seq, left, down._segment_bytes))
             return HIERARCHICAL

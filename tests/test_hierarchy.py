@@ -137,15 +137,16 @@ def test_allreduce_every_algorithm_on_fake_hosts(monkeypatch, placement):
                                            "rank %d %s %d" % (rank, algo, count))
 
 
-def test_broadcast_hierarchical_from_every_root(monkeypatch):
-    placement = [0, 1, 1, 2, 2]
+@pytest.mark.parametrize("placement", [[0, 1, 1, 2, 2], [0, 0, 0, 1]])
+def test_broadcast_hierarchical_from_every_root(monkeypatch, placement):
     with fake_hosts(monkeypatch, placement) as contexts:
         for count in (0, 3, 70000):
             for root in range(len(placement)):
                 data = make_input("float64", count, root, pc.SUM, seed=7)
+                data.flags.writeable = False        # the root's buffer may be read-only
 
                 def body(ctx):
-                    buf = data.copy() if ctx.rank == root else np.zeros(count)
+                    buf = data if ctx.rank == root else np.zeros(count)
                     work = ctx.broadcast(buf, root=root, algorithm="hierarchical",
                                          async_op=True)
                     work.wait()
@@ -172,7 +173,8 @@ def test_auto_chooses_hierarchical_for_large_buffers_and_says_so(monkeypatch, ca
         for chosen in _run(contexts, body):
             assert chosen[0] == "recursive_doubling"
             assert chosen[1] != "hierarchical"
-            assert chosen[2] == "hierarchical" and chosen[3] == "hierarchical"
+            assert chosen[2] == "hierarchical"
+            assert chosen[3] == "binomial"      # measured: the tree is as good on 2 x 2
     assert any("ran hierarchical" in r.getMessage() for r in caplog.records)
     assert any("hierarchy of 2 hosts" in r.getMessage() for r in caplog.records)
 
@@ -273,7 +275,7 @@ def _check_matrix(reports, placement):
                 assert kind == "tcp", report
         assert report["checks"] > 1000
         assert report["auto_allreduce"] == "hierarchical"
-        assert report["auto_broadcast"] == "hierarchical"
+        assert report["auto_broadcast"] in ("binomial", "pipelined")
         assert report["auto_small"] == "recursive_doubling"
 
 
