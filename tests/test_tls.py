@@ -60,10 +60,10 @@ def _on_all(contexts, fn):
 
 
 def test_every_pair_is_tls(tls_group):
+    """Also between ranks of one host: no shared memory, and auto never takes "direct"."""
     for rank, ctx in enumerate(tls_group):
-        kinds = ctx._transport.pair_kinds()
-        assert kinds[rank] == "self"
-        assert [k for i, k in enumerate(kinds) if i != rank] == ["tcp+tls"] * 2
+        assert ctx._transport.pair_kinds() == ["self" if p == rank else "tcp" for p in range(3)]
+        assert ctx._transport.tls_pairs() == [p != rank for p in range(3)]
 
 
 @pytest.mark.parametrize("algorithm", [a for a in ALLREDUCE_ALGORITHMS if a != "hierarchical"])
@@ -113,13 +113,70 @@ def test_large_message(tls_group):
         assert got.shape == (n,) and np.all(got == size * (size + 1) / 2)
 
 
+def test_messages_that_wait_inside_openssl(tls_group):
+    """A peer far ahead: its messages sit decrypted in OpenSSL, where poll() cannot see them."""
+    sizes = [10, 100000, 1, 3 << 20, 7]
+    sent = [np.random.default_rng(n).integers(0, 255, n, dtype=np.uint8) for n in sizes]
+
+    def job(ctx):
+        if ctx.rank == 1:
+            for msg in sent:
+                ctx.send(msg, 0, tag=9, async_op=True)
+            ctx.barrier()
+            return None
+        if ctx.rank == 0:
+            time.sleep(0.3)     # everything is on the wire or in OpenSSL's buffers by now
+            got = []
+            for msg in sent:
+                buf = np.zeros_like(msg)
+                ctx.recv(buf, 1, tag=9)
+                got.append(buf)
+        ctx.barrier()
+        return got if ctx.rank == 0 else None
+
+    for want, got in zip(sent, _on_all(tls_group, job)[0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def _fresh_pair(pki):
+    store = _store()
+    return run_ranks(2, lambda r: pc.init(rank=r, size=2, store=store, timeout=20,
+                                          **_tls(pki, r)))
+
+
+def test_disagreeing_ranks_fail_over_tls(pki):
+    """The abort frame crosses TLS: both ranks name the disagreement, at once."""
+    contexts = _fresh_pair(pki)
+    try:
+        start = time.monotonic()
+        results = outcomes(2, lambda r: contexts[r].allreduce(np.ones(10 + 10 * r)), timeout=30)
+        assert time.monotonic() - start < 5
+        assert all(isinstance(x, pc.MismatchError) for x in results), results
+    finally:
+        for ctx in contexts:
+            ctx.close()
+
+
+def test_a_peer_that_leaves_is_named_over_tls(pki):
+    contexts = _fresh_pair(pki)
+    try:
+        contexts[1].close()
+        start = time.monotonic()
+        with pytest.raises(pc.PeerError, match=r"rank 0: allreduce.* #1 failed: rank 1 "
+                           r"\(127.0.0.1:\d+\) (closed its connection|connection lost)"):
+            contexts[0].allreduce(np.ones(1 << 20))
+        assert time.monotonic() - start < 5
+    finally:
+        contexts[0].close()
+
+
 def test_processes_take_the_settings_from_the_environment(pki, tmp_path):
     """Two processes, TLS files from PYCOLLECT_TLS_*, over a file store."""
     script = textwrap.dedent("""
         import numpy as np, pycollect as pc
         with pc.init(transport="tcp+tls", timeout=20) as ctx:
             got = ctx.allreduce(np.full(300000, ctx.rank + 1.0))
-            assert ctx._transport.pair_kinds()[1 - ctx.rank] == "tcp+tls"
+            assert ctx._transport.tls_pairs()[1 - ctx.rank]
             assert np.all(got == 3.0), got[:4]
             print("rank", ctx.rank, "ok")
     """)

@@ -267,10 +267,13 @@ cdef class TcpTransport(Transport):
             pr.shm = 1
 
     def pair_kinds(self):
-        """How each peer is reached: "self", "tcp", "shm" or "shm+cma"."""
+        """How each peer is reached: "self", "tcp", "shm" or "shm+cma" (TLS pairs: "tcp")."""
         return ["self" if p == self.rank else ("shm+cma" if self.pairs[p].cma else "shm")
-                if self.pairs[p].shm else ("tcp+tls" if self.pairs[p].tls else "tcp")
-                for p in range(self.size)]
+                if self.pairs[p].shm else "tcp" for p in range(self.size)]
+
+    def tls_pairs(self):
+        """Which peers this rank talks to through TLS."""
+        return [self.pairs[p].tls != NULL for p in range(self.size)]
 
     def peer_pids(self):
         """Each same-host peer's process id (this process's own for self), -1 elsewhere."""
@@ -622,9 +625,11 @@ cdef class TcpTransport(Transport):
         return sendmsg(pr.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
 
     cdef ssize_t _sock_readv(self, Pair* pr, iovec* iov, int cnt) noexcept nogil:
-        """readv; on a TLS pair the peeked header bytes come first."""
+        """readv; on a TLS pair the peeked header bytes come first, then what OpenSSL has."""
         cdef size_t taken = 0, k
-        cdef int i
+        cdef int i, left = 0
+        cdef iovec rest[2]
+        cdef ssize_t n
         if pr.tls == NULL:
             return readv(pr.fd, iov, cnt)
         if pr.tls_peeked == 0:
@@ -635,9 +640,16 @@ cdef class TcpTransport(Transport):
                 k = pr.tls_peeked - taken
             memcpy(iov[i].iov_base, pr.tls_peek + taken, k)
             taken += k
+            if k < iov[i].iov_len and left < 2:
+                rest[left].iov_base = (<char*>iov[i].iov_base) + k
+                rest[left].iov_len = iov[i].iov_len - k
+                left += 1
         pr.tls_peeked -= <uint32_t>taken
         memmove(pr.tls_peek, pr.tls_peek + taken, pr.tls_peeked)
-        return <ssize_t>taken
+        # Read on as readv would: a short count tells the caller the socket is empty,
+        # and bytes left inside OpenSSL would wake no poll().
+        n = self.tls_ops.readv(pr.tls, rest, left) if left and pr.tls_peeked == 0 else 0
+        return <ssize_t>taken + (n if n > 0 else 0)
 
     cdef int _sock_peek(self, Pair* pr, MsgHeader* h) noexcept nogil:
         """recv(MSG_PEEK) of a header; a TLS pair decrypts it into ``tls_peek``."""
