@@ -3,6 +3,7 @@
     sudo python benchmarks/hierarchy.py                 # 2 hosts x 2 ranks, network namespaces
     python benchmarks/hierarchy.py --host-id            # same shape, PYCOLLECT_HOST_ID, loopback
     python benchmarks/hierarchy.py --hosts 3 --ranks-per-host 2 --elements 16384 1048576
+    sudo python benchmarks/hierarchy.py --rate 2gbit    # each host's link shaped (tc tbf)
 
 The launcher makes the hosts (network namespaces joined by a bridge, at
 198.18.0.0/15 addresses, removed at the end; or, with ``--host-id``, host
@@ -119,6 +120,11 @@ def launch(args):
                 _ip("-n", name, "addr", "add", "%s.%d/24" % (SUBNET, h), "dev", "eth0")
                 _ip("-n", name, "link", "set", "eth0", "up")
                 _ip("-n", name, "link", "set", "lo", "up")
+                if args.rate:
+                    subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev",
+                                    "eth0", "root", "tbf", "rate", args.rate, "burst", "4mb",
+                                    "latency", "100ms"], check=True, capture_output=True,
+                                   timeout=10)
             store = "tcp://%s.1:29600" % SUBNET
         for rank in range(size):
             host = rank // args.ranks_per_host
@@ -151,6 +157,8 @@ def main():
                         help="seconds per size and algorithm, about")
     parser.add_argument("--host-id", action="store_true",
                         help="split hosts with PYCOLLECT_HOST_ID on loopback (no root needed)")
+    parser.add_argument("--rate", help="shape each namespace host's link to this tc rate "
+                        "(e.g. 2gbit): a network slower than memory, as between real hosts")
     parser.add_argument("--rank-program", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_program:

@@ -20,7 +20,9 @@ broadcast
 
 Hosts with a single rank skip their local phases; ranks that are not leaders
 skip the middle one.  AVG sums through all phases and divides once, by the
-world size, at the end.  The phases run under one deadline, the collective's.
+world size, at the end.  The phases run under the collective's deadline, a
+later phase with a short grace (``_grace``) so that a missing rank is named
+by the rank that waits for it directly, and by every other rank after it.
 A failure in any phase fails the shared connections, so every rank, on every
 host, fails fast.
 
@@ -122,18 +124,18 @@ class Topology:
         size, timeout = self._ctx.size, self._ctx.timeout
 
         def run(seq):
-            end = _now() + timeout
+            end, grace = _now() + timeout, _grace(timeout)
             if up is not None:
                 _phase("allreduce", "up", self._ctx.rank, end, lambda left: _rooted.reduce(
                     up._transport, buf, 0, total, _BINOMIAL_REDUCE, seq, left,
                     up._segment_bytes))
             if across is not None:
                 algo = across._auto_allreduce(buf)
-                _phase("allreduce", "across", self._ctx.rank, end,
+                _phase("allreduce", "across", self._ctx.rank, end + grace,
                        lambda left: _allreduce.allreduce(across._transport, buf, total, algo,
                                                          seq, left, across._segment_bytes))
             if down is not None:
-                _phase("allreduce", "down", self._ctx.rank, end, lambda left: _broadcast.broadcast(
+                _phase("allreduce", "down", self._ctx.rank, end + 2 * grace, lambda left: _broadcast.broadcast(
                     down._transport, buf, 0, _BINOMIAL, seq, left, down._segment_bytes))
             if op == ReduceOp.AVG and size > 1:
                 _reduce.divide(buf, size)
@@ -155,22 +157,32 @@ class Topology:
         timeout = self._ctx.timeout
 
         def run(seq):
-            end = _now() + timeout
+            end, grace = _now() + timeout, _grace(timeout)
             if to_leader is not None:
                 _phase("broadcast", "to leader", rank, end, lambda left: _broadcast.broadcast(
                     to_leader._transport, buf, 1, _BINOMIAL, seq, left,
                     to_leader._segment_bytes))
             if across is not None:
                 algo = across._broadcast_algorithm("auto", buf)
-                _phase("broadcast", "across", rank, end, lambda left: _broadcast.broadcast(
+                _phase("broadcast", "across", rank, end + grace, lambda left: _broadcast.broadcast(
                     across._transport, buf, root_host, algo, seq, left,
                     across._segment_bytes))
             if down is not None:
-                _phase("broadcast", "down", rank, end, lambda left: _broadcast.broadcast(
+                _phase("broadcast", "down", rank, end + 2 * grace, lambda left: _broadcast.broadcast(
                     down._transport, buf, 0, _BINOMIAL, seq, left, down._segment_bytes))
             return HIERARCHICAL
 
         return run
+
+
+def _grace(timeout):
+    """How much longer a later phase waits than the one before it.
+
+    The rank that waits on a missing peer directly (in an earlier phase) then
+    reaches its deadline first and tells the others, so the error on every
+    host names that peer instead of the rank that waited for it.
+    """
+    return min(2.0, max(0.5, 0.1 * timeout))
 
 
 def _phase(what, phase, rank, end, call):

@@ -87,7 +87,7 @@ def test_topology_from_the_host_table(table, groups, multi):
 # -- threads as ranks of fake hosts -----------------------------------------
 
 @contextlib.contextmanager
-def fake_hosts(monkeypatch, placement):
+def fake_hosts(monkeypatch, placement, timeout=20):
     """Contexts for ranks as threads; rank r sits on host ``placement[r]``."""
     local = threading.local()
     monkeypatch.setattr(tcp, "_host_identity", lambda machine: "fake:%s" % local.host)
@@ -95,7 +95,7 @@ def fake_hosts(monkeypatch, placement):
 
     def join(rank):
         local.host = placement[rank]
-        return pc.init(rank=rank, size=len(placement), store=store, timeout=20)
+        return pc.init(rank=rank, size=len(placement), store=store, timeout=timeout)
 
     contexts = run_ranks(len(placement), join, timeout=30)
     try:
@@ -217,6 +217,23 @@ def test_bad_input_is_refused_on_every_rank_and_the_context_stays_usable(monkeyp
             assert "AVG is defined for floating and complex types only" in errors[0]
             assert "bitwise ops need an integer" in errors[1]
             assert np.all(buf == 10.0)
+
+
+def test_a_rank_that_never_comes_is_named_at_the_deadline_on_every_host(monkeypatch):
+    timeout = 1.5
+    with fake_hosts(monkeypatch, [0, 0, 1, 1], timeout=timeout) as contexts:
+        def body(ctx):
+            if ctx.rank == 3:
+                return None         # never calls; the others give up at their deadline
+            start = time.monotonic()
+            with pytest.raises((pc.Timeout, pc.PeerError)) as info:
+                ctx.allreduce(np.ones(50000, np.float32), algorithm="hierarchical")
+            return time.monotonic() - start, str(info.value), ctx.failed
+        results = _run(contexts, body)
+    for rank, (elapsed, message, failed) in enumerate(results[:3]):
+        assert elapsed < timeout + 2, (rank, elapsed, message)
+        assert "rank 3" in message and "hierarchical allreduce" in message, message
+        assert failed is not None
 
 
 def test_split_groups_and_user_numbering_are_untouched(monkeypatch):
