@@ -3,6 +3,7 @@
     python benchmarks/compare.py                 # 2 and 4 ranks, every peer found; ~5 minutes
     python benchmarks/compare.py --quick         # a smoke run: 2 ranks, 3 sizes, short budgets
     python benchmarks/compare.py --peers pycollect-tcp,gloo --ranks 2 --no-write
+    python benchmarks/compare.py --torch         # torch.distributed only: gloo vs "pycollect"
 
 Each peer runs as its own group of long-lived worker processes (MPI's under
 mpirun).  The driver hands one case at a time to one group over a loopback
@@ -14,7 +15,8 @@ calls, and per call the slowest rank's time.  The results go into
 docs/performance.md (between the compare.py markers) and docs/img/*.png.
 
 Peers: pycollect over each --transport given, torch 2.13.0 (the CPU wheel) with
-backend gloo, and mpi4py on Open MPI with its default (shared memory) and with
+backend gloo, torch.distributed with backend "pycollect" (pycollect.torch: the
+same dist calls, tensors handed to pycollect), and mpi4py on Open MPI with its default (shared memory) and with
 TCP forced (--mca pml ob1 --mca btl tcp,self).  A peer that is not installed
 is left out and named in the report.
 """
@@ -48,10 +50,15 @@ OTHER_CASES = (("broadcast", 1 << 20), ("allgather", 1 << 20), ("barrier", 0))
 SETUP_S = 120.0
 BEGIN_MARK = "<!-- compare.py: begin (generated; edit benchmarks/compare.py instead) -->"
 END_MARK = "<!-- compare.py: end -->"
+TORCH_BEGIN_MARK = ("<!-- compare.py --torch: begin (generated; edit benchmarks/compare.py "
+                    "instead) -->")
+TORCH_END_MARK = "<!-- compare.py --torch: end -->"
 COLORS = {"pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf", "gloo": "#ff7f0e",
-          "mpi-shm": "#d62728", "mpi-tcp": "#9467bd"}
+          "mpi-shm": "#d62728", "mpi-tcp": "#9467bd", "torch-pycollect": "#2ca02c"}
 LABELS = {"gloo": "torch gloo", "mpi-shm": "MPI shm", "mpi-tcp": "MPI TCP",
-          "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp"}
+          "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
+          "torch-pycollect": "torch pycollect"}
+TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
 
 
 def label(peer):
@@ -72,11 +79,14 @@ class Peer:
             self.pc, self.ctx = pc, pc.init(rank=rank, size=size, store=rdv, transport=kind[10:])
             self.rank, self.size = rank, size
             self.barrier = self.ctx.barrier
-        elif kind == "gloo":
+        elif kind in TORCH_PEERS:
             import torch
             import torch.distributed as dist
             from datetime import timedelta
-            dist.init_process_group("gloo", init_method=rdv, rank=rank, world_size=size,
+            if kind == "torch-pycollect":
+                import pycollect.torch  # noqa: F401  (registers the backend "pycollect")
+            dist.init_process_group("gloo" if kind == "gloo" else "pycollect", init_method=rdv,
+                                    rank=rank, world_size=size,
                                     timeout=timedelta(seconds=SETUP_S))
             self.torch, self.dist = torch, dist
             self.rank, self.size = rank, size
@@ -90,7 +100,7 @@ class Peer:
     def agree_max(self, value):
         """The largest ``value`` over the group."""
         buf = np.array([value], np.float64)
-        if self.kind == "gloo":
+        if self.kind in TORCH_PEERS:
             t = self.torch.from_numpy(buf)
             self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
         elif self.kind.startswith("pycollect-"):
@@ -107,7 +117,7 @@ class Peer:
                     "broadcast": lambda: ctx.broadcast(send, 0),
                     "allgather": lambda: ctx.allgather(send, recv),
                     "barrier": ctx.barrier}[collective]
-        if self.kind == "gloo":
+        if self.kind in TORCH_PEERS:
             dist, torch = self.dist, self.torch
             ts = torch.from_numpy(send)
             tr = torch.from_numpy(recv) if recv is not None else None
@@ -125,7 +135,7 @@ class Peer:
         """Leave the group."""
         if self.kind.startswith("pycollect-"):
             self.ctx.close()
-        elif self.kind == "gloo":
+        elif self.kind in TORCH_PEERS:
             self.dist.destroy_process_group()
 
 
@@ -214,7 +224,7 @@ class Group:
             self.procs = [subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True)]
             return
-        if peer == "gloo":
+        if peer in TORCH_PEERS:
             rdv = f"tcp://127.0.0.1:{free_port()}"
         else:
             rdv = f"{store_url}?prefix={peer}-{size}-{secrets.token_hex(4)}"
@@ -313,9 +323,10 @@ def available_peers(transports):
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
-        peers.append("gloo")
+        peers += ["gloo", "torch-pycollect"]
     except ImportError:
-        missing["gloo"] = "torch is not installed (pip install torch==2.13.0)"
+        missing["gloo"] = missing["torch-pycollect"] = (
+            "torch is not installed (pip install torch==2.13.0)")
     try:
         import mpi4py  # noqa: F401
         mpi_ok = shutil.which("mpirun") is not None
@@ -431,7 +442,7 @@ def versions(peers):
         out["pycollect_git"] = rev + ("+local changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
-    if "gloo" in peers:
+    if any(p in TORCH_PEERS for p in peers):
         import torch
         out["torch"] = torch.__version__
     if any(p.startswith("mpi-") for p in peers):
@@ -502,17 +513,23 @@ def ratio_pairs(peers):
     """(peer, pycollect peer) pairs to show as ratios: TCP against TCP, shm against shm."""
     ours = [p for p in peers if p.startswith("pycollect-")]
     if not ours:
-        return []
+        return torch_pairs(peers)
     tcp = "pycollect-tcp" if "pycollect-tcp" in ours else ours[0]
     local = next((p for p in ours if p != tcp), tcp)
     pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local)]
     return list(dict.fromkeys((a, b) for a, b in pairs if a in peers))
 
 
+def torch_pairs(peers):
+    """The torch.distributed comparison: gloo over backend "pycollect", when both ran."""
+    return [("gloo", "torch-pycollect")] if set(TORCH_PEERS) <= set(peers) else []
+
+
 def _table(doc, size, cases, first):
     """Markdown rows: one per case, a cell per peer, ratios against pycollect, the load."""
     peers = doc["peers"]
     pairs = ratio_pairs(peers)
+    pairs += [p for p in torch_pairs(peers) if p not in pairs]
     head = [first] + [label(p) for p in peers] + [f"{label(a)} ÷ {label(b)}" for a, b in pairs]
     rows = ["| " + " | ".join(head + ["load"]) + " |", "|" + "---|" * (len(head) + 1)]
     for coll, count in cases:
@@ -528,13 +545,20 @@ def _table(doc, size, cases, first):
     return rows
 
 
+def markers(doc):
+    """The markers around the page's section for this run: the torch-only run has its own."""
+    return (TORCH_BEGIN_MARK, TORCH_END_MARK) if doc.get("torch_only") else (BEGIN_MARK,
+                                                                             END_MARK)
+
+
 def markdown(doc, images):
     """The generated section of docs/performance.md."""
     peers = doc["peers"]
     ours = next((p for p in peers if p.startswith("pycollect-")), None)
     v = doc["versions"]
+    begin, end = markers(doc)
     lines = [
-        BEGIN_MARK, "",
+        begin, "",
         f"Run of {doc['started']}, {doc['seconds']} s: `python benchmarks/{doc['command']}`.",
         f"Machine: {doc['machine']}; load average (1, 5, 15 min) "
         f"{'/'.join(f'{x:.2f}' for x in doc['load_before'])} before, "
@@ -570,7 +594,11 @@ def markdown(doc, images):
     if ours:
         lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""]
         lines += targets(doc, ours)
-    lines += ["", END_MARK]
+    if torch_pairs(peers):
+        lines += ["", "### Issue 8's targets in this run (torch.distributed, backend "
+                      "\"pycollect\" against \"gloo\")", ""]
+        lines += targets(doc, "torch-pycollect", TORCH_TARGETS)
+    lines += ["", end]
     return "\n".join(lines) + "\n"
 
 
@@ -588,10 +616,18 @@ TARGETS = (
 )
 
 
-def targets(doc, ours):
+# Issue 8's: the same dist.all_reduce calls with backend "pycollect" against backend "gloo".
+TORCH_TARGETS = (
+    (2, "allreduce", 1, "gloo", 5, "p50"),
+    (2, "allreduce", 1 << 20, "gloo", 2, "busbw"),
+    (2, "allreduce", 16 << 20, "gloo", 2, "busbw"),
+)
+
+
+def targets(doc, ours, table=TARGETS):
     """The issue's speed targets, each with the measured figures and whether it holds."""
-    rows = ["| target | pycollect | peer | speedup | holds |", "|---|---|---|---|---|"]
-    for size, coll, count, peer, need, what in TARGETS:
+    rows = [f"| target | {label(ours)} | peer | speedup | holds |", "|---|---|---|---|---|"]
+    for size, coll, count, peer, need, what in table:
         mine, theirs = (_find(doc, size, coll, count, p) for p in (ours, peer))
         if mine is None or theirs is None:
             continue
@@ -673,15 +709,16 @@ how to measure it yourself.
 """
 
 
-def write_page(path, section):
-    """Replace the generated section of ``path`` (or start the page with it)."""
+def write_page(path, section, marks=(BEGIN_MARK, END_MARK), title="Latest comparison"):
+    """Replace the generated section of ``path`` between ``marks`` (or append it)."""
+    begin, end = marks
     text = Path(path).read_text() if os.path.exists(path) else PAGE_HEAD
-    if BEGIN_MARK in text and END_MARK in text:
-        head, rest = text.split(BEGIN_MARK, 1)
-        tail = rest.split(END_MARK, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + section.rstrip("\n") + tail
     else:
-        text = text.rstrip("\n") + "\n\n## Latest comparison\n\n" + section
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n" + section
     Path(path).write_text(text)
 
 
@@ -709,6 +746,9 @@ def parse_args(argv=None):
                         help="timed calls per round at least (default 10)")
     parser.add_argument("--max-iters", type=int, default=20000,
                         help="timed calls per round at most (default 20000)")
+    parser.add_argument("--torch", action="store_true",
+                        help="torch.distributed only: backend gloo against backend pycollect, "
+                             "2 ranks, allreduce (the page's torch section; the rest is kept)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 2 ranks, counts 1,65536,1M, 0.2 s budgets")
     parser.add_argument("--out", default=str(ROOT / "docs" / "performance.md"),
@@ -728,6 +768,11 @@ def parse_args(argv=None):
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rdv", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.torch:
+        defaults = parser.parse_args([])
+        args.peers = args.peers or ",".join(TORCH_PEERS)
+        if args.ranks == defaults.ranks:
+            args.ranks = "2"
     if args.quick:
         defaults = parser.parse_args([])
         for key, value in (("ranks", "2"), ("counts", "1,65536,1048576"), ("budget", 0.2)):
@@ -757,16 +802,24 @@ def main(argv=None):
         doc = json.loads(Path(args.from_json).read_text())
     else:
         doc = drive(args)
+        doc["torch_only"] = args.torch
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     elif not args.no_write and not args.from_json:
         # Keep the raw results beside the plots, so that --from-json can redraw them.
         os.makedirs(args.img_dir, exist_ok=True)
-        Path(args.img_dir, "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
+        name = "compare-torch.json" if doc.get("torch_only") else "compare.json"
+        Path(args.img_dir, name).write_text(json.dumps(doc, indent=1) + "\n")
     if args.no_write:
         print(markdown(doc, {}))
         return 0
     os.makedirs(args.img_dir, exist_ok=True)
+    if doc.get("torch_only"):
+        page = Path(args.out)
+        write_page(page, markdown(doc, {}), markers(doc),
+                   "Latest torch.distributed comparison (backend pycollect against gloo)")
+        print(f"compare: wrote the torch section of {page}", file=sys.stderr)
+        return 0
     try:
         images = plot(doc, args.img_dir)
     except ImportError:

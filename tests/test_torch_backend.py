@@ -239,3 +239,20 @@ def test_torch_store_adapter():
     assert store.delete("a") is True
     with pytest.raises(pycollect.Timeout):
         store.get("missing", timeout=0.2)
+
+
+def test_view_cache_follows_the_tensor():
+    t = torch.zeros(4)
+    a = pctorch._cached_view(t)
+    assert pctorch._cached_view(t) is a          # reused while the tensor is unchanged
+    t.set_(torch.zeros(1000))                    # new memory: a new view
+    b = pctorch._cached_view(t)
+    assert b.size == 1000 and b is not a
+    b[:] = 3
+    assert t.sum().item() == 3000
+    big = torch.zeros((pctorch._VIEW_CACHE_MAX_BYTES // 4) + 1)
+    pctorch._cached_view(big)
+    assert id(big) not in pctorch._VIEW_CACHE    # large tensors are not kept alive
+    for _ in range(3 * pctorch._VIEW_CACHE_SIZE):
+        pctorch._cached_view(torch.zeros(2))
+    assert len(pctorch._VIEW_CACHE) <= pctorch._VIEW_CACHE_SIZE

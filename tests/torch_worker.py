@@ -164,6 +164,13 @@ class Checks:
             return outs
         self.record("all_gather", all_gather)
 
+        def all_gather_coalesced():
+            inputs = [data(rank, 3, torch.float32), data(rank, 2, torch.int64)]
+            outs = [[torch.empty(3), torch.empty(2, dtype=torch.int64)] for _ in ranks]
+            dist.all_gather_coalesced(outs, inputs)
+            return outs
+        self.record("all_gather_coalesced", all_gather_coalesced)
+
         def all_gather_uneven():
             # all_gather with a different size per rank
             outs = [torch.empty(r + 1) for r in ranks]
