@@ -103,6 +103,19 @@ def test_broadcast_allgather_and_send_recv(tls_group):
         np.testing.assert_array_equal(got, np.full(3, (rank - 1) % size))
 
 
+def test_a_sub_group_runs_over_the_same_tls_pairs(tls_group):
+    def job(ctx):
+        group = ctx.new_group([0, 2])
+        if group is None:
+            return None
+        return group.allreduce(np.full(1000, ctx.rank + 1, np.int64))
+
+    results = _on_all(tls_group, job)
+    assert results[1] is None
+    for rank in (0, 2):
+        np.testing.assert_array_equal(results[rank], np.full(1000, 4))
+
+
 def test_large_message(tls_group):
     """6 MiB per rank: many TLS records per message, partial writes, full socket buffers."""
     size = len(tls_group)
