@@ -25,15 +25,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]     # the reference helpers; this tree's pycollect
 
 import pycollect as pc                                                   # noqa: E402
-from pycollect.context import (ALLREDUCE_ALGORITHMS as ALL_ALLREDUCE,  # noqa: E402
-                               BROADCAST_ALGORITHMS, REDUCE_ALGORITHMS)
+from pycollect.context import (ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS,  # noqa: E402
+                               REDUCE_ALGORITHMS)
 from reference import (BFLOAT16, assert_matches, make_input, ops_for,   # noqa: E402
                        reduce_reference)
 
 DTYPES = ["float32", "float64", "int32", "uint8", "float16", "complex64"] + \
     (["bfloat16"] if BFLOAT16 is not None else [])
-# "direct" needs every rank on one host: it is not a mixed-topology algorithm.
-ALLREDUCE_ALGORITHMS = [a for a in ALL_ALLREDUCE if a != "direct"]
 LARGE = 40000           # elements: 160 KB of float32, above the hierarchical threshold
 
 
