@@ -382,3 +382,57 @@ def test_tls_settings_without_tls_transport_are_refused(pki):
     cert, key = pki["certs"][0]
     with pytest.raises(pc.InvalidArgument, match="need transport='tcp\\+tls'"):
         pc.init(rank=0, size=1, transport="tcp", tls_cert=cert, tls_key=key)
+
+
+# -- the engine itself, against a peer that stalls in the middle of a TLS record ----------
+
+def _pump(a, b):
+    """Move whatever is readable between two non-blocking sockets, both ways."""
+    for src, dst in ((a, b), (b, a)):
+        try:
+            data = src.recv(1 << 16)
+        except BlockingIOError:
+            continue
+        if data:
+            dst.sendall(data)
+
+
+def test_a_peer_stalled_inside_a_record_meets_the_deadline_without_spinning(pki):
+    """Half a TLS record is in the kernel: the engine sleeps in poll() until the deadline."""
+    import socket
+
+    from pycollect._ext import _allreduce, _tls
+    from pycollect._ext._tcp import TcpTransport
+
+    config = _tls.TlsConfig(pki["certs"][0][0], pki["certs"][0][1], pki["ca"].ca_file)
+    ours, relay_in = socket.socketpair()
+    peer, relay_out = socket.socketpair()
+    for s in (ours, relay_in, peer, relay_out):
+        s.setblocking(False)
+    mine = _tls.TlsStream(config, ours.fileno(), True)
+    theirs = _tls.TlsStream(config, peer.fileno(), False)
+    deadline = time.monotonic() + 5
+    done = [False, False]
+    while not all(done):
+        assert time.monotonic() < deadline, "the handshake did not finish"
+        for i, stream in enumerate((mine, theirs)):
+            if not done[i]:
+                done[i] = stream.handshake() is None
+        _pump(relay_in, relay_out)
+    assert theirs.send(b"x" * 1000) == 1000
+    time.sleep(0.05)
+    record = relay_out.recv(1 << 16)
+    relay_in.sendall(record[:len(record) // 2])     # the rest never comes
+    t = TcpTransport(0, 2, [-1, ours.detach()], ["self", "stalled"], spin_us=0)
+    t.attach_tls(_tls.engine_ops(), [None, mine])
+    try:
+        cpu, start = time.thread_time(), time.monotonic()
+        with pytest.raises(pc.Timeout, match="rank 1"):
+            _allreduce.allreduce(t, np.ones(4, np.float32), 0,
+                                 _allreduce.ALGORITHMS["recursive_doubling"], 1, 1.0, 1 << 20)
+        assert 0.9 < time.monotonic() - start < 3
+        assert time.thread_time() - cpu < 0.25, "the engine spun instead of sleeping in poll()"
+    finally:
+        t.close()
+        for s in (relay_in, peer, relay_out):
+            s.close()

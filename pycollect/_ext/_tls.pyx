@@ -58,7 +58,7 @@ cdef extern from "<openssl/ssl.h>" nogil:
     int SSL_read(SSL* ssl, void* buf, int n)
     int SSL_write(SSL* ssl, const void* buf, int n)
     int SSL_get_error(const SSL* ssl, int ret)
-    int SSL_has_pending(const SSL* ssl)
+    int SSL_pending(const SSL* ssl)
     long SSL_get_verify_result(const SSL* ssl)
     X509* SSL_get1_peer_certificate(const SSL* ssl)
     const char* SSL_get_version(const SSL* ssl)
@@ -401,7 +401,11 @@ cdef ssize_t tls_writev(void* handle, const iovec* iov, int cnt) noexcept nogil:
 
 
 cdef int tls_pending(void* handle) noexcept nogil:
-    return SSL_has_pending(<SSL*>handle)
+    # Decrypted bytes only.  Without read-ahead OpenSSL reads no further than the
+    # record it works on, so a partial record is still waiting in the kernel (poll()
+    # sees it); SSL_has_pending would also count those bytes and keep the engine
+    # from ever sleeping while a peer stalls in the middle of a record.
+    return SSL_pending(<SSL*>handle) > 0
 
 
 cdef TlsOps _OPS
