@@ -94,8 +94,10 @@ def _same(a, b):
 
 
 def _compared_checks(gloo_rank0):
-    return [k for k in gloo_rank0 if not k.startswith(("seconds", "ddp parameters"))
-            and not k.startswith("all_reduce PREMUL_SUM") and k not in GLOO_REFUSES]
+    return [k for k in gloo_rank0
+            if not k.startswith(("seconds", "ddp parameters", "pycollect group in a gloo job"))
+            and not k.startswith("all_reduce PREMUL_SUM") and k not in GLOO_REFUSES
+            and not k.endswith("torch.int16")]
 
 
 def test_every_collective_equals_gloo(results):
@@ -124,7 +126,7 @@ def test_premul_sum_is_factor_times_gloos_sum(results):
     checked = 0
     for r in range(len(gloo)):
         for name, got in pyc[r].items():
-            if not name.startswith("all_reduce PREMUL_SUM"):
+            if not name.startswith("all_reduce PREMUL_SUM") or name.endswith("int16"):
                 continue
             dtype = name.split()[-1]
             summed = gloo[r]["all_reduce SUM %s" % dtype]
@@ -134,7 +136,24 @@ def test_premul_sum_is_factor_times_gloos_sum(results):
                 checked += 1
             else:      # integers and bool: a clear refusal, as NCCL's premul sum
                 assert _is_error(got) and got[1] == "InvalidArgument", (name, got)
-    assert checked == 6 * len(gloo)
+    assert checked == 6 * len(gloo)      # 4 floating and 2 complex dtypes
+
+
+def test_int16_which_gloo_refuses_equals_gloos_int32(results):
+    gloo, pyc = results["gloo"], results["pycollect"]
+    checked = 0
+    for r in range(len(gloo)):
+        for name, got in pyc[r].items():
+            if not (name.startswith("all_reduce") and name.endswith("torch.int16")):
+                continue
+            assert _is_error(gloo[r][name]), name     # gloo has no int16
+            wide = gloo[r][name.replace("int16", "int32")]
+            if _is_error(wide) or name.startswith("all_reduce PREMUL_SUM"):
+                assert _is_error(got), (name, got)
+            else:
+                assert _same(got, wide.to(torch.int16)), (name, got, wide)
+                checked += 1
+    assert checked == 7 * len(gloo)     # SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR
 
 
 def test_all_to_all_with_blocks_of_different_sizes(results):
@@ -193,6 +212,15 @@ def test_failed_async_operation_reaches_wait_and_future(results):
         assert got["future"].startswith("MismatchError") and "disagrees" in got["future"], got
         assert got["wait"] == "MismatchError" and got["is_completed"], got
         assert got["is_success"] is False, got
+
+
+def test_pycollect_group_next_to_another_backend(results):
+    size = len(results["gloo"])
+    for r, res in enumerate(results["gloo"]):
+        name, t = res["pycollect group in a gloo job"]
+        assert name == "pycollect"
+        once = sum(torch.arange(5) % 3 + 1 + p for p in range(size)).to(torch.float64)
+        assert torch.equal(t, once * size), (r, t)
 
 
 def test_non_cpu_tensor_is_refused_clearly(results):

@@ -11,6 +11,10 @@ reads BACKEND, WORLD_SIZE and TEMP_DIR from the environment.  Each test forks
 WORLD_SIZE ranks (torch's MultiProcessTestCase), which rendezvous through a
 file store.  Needs ``pip install expecttest``.
 
+With ``--as gloo`` (or ``--as mpi``) the suite is imported as for that
+backend, so that the tests it keeps for it run too, while every group still
+gets --backend: tests of that backend's own features or name then fail.
+
 Prints one line per test (PASS / FAIL / SKIP / ERROR, with the reason), then
 the counts.  Exit status 0 when no test failed.  ``--budget`` stops starting
 new tests after that many seconds (the ones not run are counted as such).
@@ -47,6 +51,11 @@ def parse_args(argv=None):
     ap.add_argument("--collectives", action="store_true",
                     help="only the CPU collective tests (COLLECTIVE_TESTS, as in CI)")
     ap.add_argument("--backend", default="pycollect")
+    ap.add_argument("--as", dest="as_backend", choices=("gloo", "mpi"),
+                    help="import the suite as for this backend (so that the tests it keeps "
+                         "for gloo, or for MPI, run too) but give every group the backend "
+                         "--backend: a test that checks the backend's name, or that "
+                         "backend's own features, then fails")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--budget", type=float, default=None,
                     help="start no test after this many seconds")
@@ -60,8 +69,38 @@ def parse_args(argv=None):
     return args
 
 
-def load_suite(backend, world_size, temp_dir):
+def _as_backend(backend, alias):
+    """Make torch.distributed give ``backend`` to every group asked for with ``alias``."""
+    import torch.distributed as dist
+
+    def swap(name):
+        return backend if isinstance(name, str) and name.lower() == alias else name
+
+    init, new_group = dist.init_process_group, dist.new_group
+
+    def init_process_group(*args, **kwargs):
+        if args:
+            args = (swap(args[0]),) + args[1:]
+        if "backend" in kwargs:
+            kwargs["backend"] = swap(kwargs["backend"])
+        return init(*args, **kwargs)
+
+    def new_group_(*args, **kwargs):
+        if len(args) > 2:
+            args = args[:2] + (swap(args[2]),) + args[3:]
+        if "backend" in kwargs:
+            kwargs["backend"] = swap(kwargs["backend"])
+        return new_group(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    dist.new_group = new_group_
+
+
+def load_suite(backend, world_size, temp_dir, alias=None):
     """The suite's test class for ``backend``, imported the way the suite expects."""
+    if alias:
+        _as_backend(backend, alias)
+        backend = alias
     os.environ["BACKEND"] = backend
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["TEMP_DIR"] = temp_dir
@@ -150,7 +189,8 @@ def selected(names, patterns, excludes):
 
 def run(args):
     temp_dir = tempfile.mkdtemp(prefix="torch-suite-")
-    common_distributed, cls = load_suite(args.backend, args.world_size, temp_dir)
+    common_distributed, cls = load_suite(args.backend, args.world_size, temp_dir,
+                                         args.as_backend)
     # one test's ranks are killed after this long (torch's default is 300 s)
     common_distributed.TIMEOUT_DEFAULT = args.test_timeout
     names = selected(sorted(unittest.TestLoader().getTestCaseNames(cls)), args.patterns,
@@ -169,8 +209,8 @@ def run(args):
     counts = {}
     for outcome, _ in result.outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
-    print("\n%s, world size %d, %d tests selected in %.0f s: %s%s" % (
-        args.backend, args.world_size, len(names), time.monotonic() - started,
+    print("\n%s%s, world size %d, %d tests selected in %.0f s: %s%s" % (
+        args.backend, " (as %s)" % args.as_backend if args.as_backend else "", args.world_size, len(names), time.monotonic() - started,
         ", ".join("%d %s" % (counts[k], k.lower()) for k in sorted(counts)) or "none run",
         (", %d not run (budget)" % len(not_run)) if not_run else ""), flush=True)
     return 0 if not (result.failures or result.errors or not_run) else 1

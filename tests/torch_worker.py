@@ -27,7 +27,7 @@ import pycollect.torch  # noqa: F401  (registers "pycollect")
 
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-          torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
+          torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
 OPS = [("SUM", R.SUM), ("PRODUCT", R.PRODUCT), ("MIN", R.MIN), ("MAX", R.MAX),
        ("BAND", R.BAND), ("BOR", R.BOR), ("BXOR", R.BXOR), ("AVG", R.AVG),
        ("PREMUL_SUM", None)]
@@ -341,6 +341,15 @@ class Checks:
             return [t, objs]
         self.record("new_group([0, 1])", sub)
         dist.barrier()
+        if self.backend == "gloo":
+            # a pycollect group inside a job whose default group is another backend's
+            pg = dist.new_group(backend="pycollect")
+            t = data(rank, 5, torch.float64)
+            dist.all_reduce(t, group=pg)
+            w = dist.all_reduce(t, group=pg, async_op=True)
+            w.wait()
+            self.results["pycollect group in a gloo job"] = [dist.get_backend(pg), t]
+            dist.destroy_process_group(pg)
 
     def ddp(self):
         from torch.nn.parallel import DistributedDataParallel as DDP
