@@ -34,6 +34,7 @@ the phase in progress.
 """
 
 import logging
+import re
 from time import monotonic as _now
 
 from ._ext import _allreduce, _broadcast, _buffer, _reduce, _rooted
@@ -58,6 +59,7 @@ BROADCAST_MIN_BYTES = NEVER
 _BINOMIAL_REDUCE = _rooted.REDUCE_ALGORITHMS["binomial"]
 _BINOMIAL = _broadcast.ALGORITHMS["binomial"]
 _AVERAGED = ("float", "bfloat", "complex")
+_GROUP_RANK = re.compile(r"^rank \d+: ")
 
 
 class Topology:
@@ -186,9 +188,13 @@ def _grace(timeout):
 
 
 def _phase(what, phase, rank, end, call):
-    """Run ``call(seconds left)``; an error names the context rank and the phase."""
+    """Run ``call(seconds left)``; an error names the context rank and the phase.
+
+    The sub-group's own "rank N: " prefix goes: N is a rank of the sub-group,
+    not of the context (its peers are named with their context rank too).
+    """
     try:
         call(max(end - _now(), 1e-3))
     except Error as exc:
-        raise type(exc)("rank %d: hierarchical %s, %s phase: %s"
-                        % (rank, what, phase, exc)) from exc
+        raise type(exc)("rank %d: hierarchical %s, %s phase: %s" % (
+            rank, what, phase, _GROUP_RANK.sub("", str(exc), count=1))) from exc
