@@ -137,8 +137,8 @@ class Topology:
                        lambda left: _allreduce.allreduce(across._transport, buf, total, algo,
                                                          seq, left, across._segment_bytes))
             if down is not None:
-                _phase("allreduce", "down", self._ctx.rank, end + 2 * grace, lambda left: _broadcast.broadcast(
-                    down._transport, buf, 0, _BINOMIAL, seq, left, down._segment_bytes))
+                _phase("allreduce", "down", self._ctx.rank, end + 2 * grace,
+                       _broadcast_in(down, buf, 0, _BINOMIAL, seq))
             if op == ReduceOp.AVG and size > 1:
                 _reduce.divide(buf, size)
             return HIERARCHICAL
@@ -161,20 +161,24 @@ class Topology:
         def run(seq):
             end, grace = _now() + timeout, _grace(timeout)
             if to_leader is not None:
-                _phase("broadcast", "to leader", rank, end, lambda left: _broadcast.broadcast(
-                    to_leader._transport, buf, 1, _BINOMIAL, seq, left,
-                    to_leader._segment_bytes))
+                _phase("broadcast", "to leader", rank, end,
+                       _broadcast_in(to_leader, buf, 1, _BINOMIAL, seq))
             if across is not None:
                 algo = across._broadcast_algorithm("auto", buf)
-                _phase("broadcast", "across", rank, end + grace, lambda left: _broadcast.broadcast(
-                    across._transport, buf, root_host, algo, seq, left,
-                    across._segment_bytes))
+                _phase("broadcast", "across", rank, end + grace,
+                       _broadcast_in(across, buf, root_host, algo, seq))
             if down is not None:
-                _phase("broadcast", "down", rank, end + 2 * grace, lambda left: _broadcast.broadcast(
-                    down._transport, buf, 0, _BINOMIAL, seq, left, down._segment_bytes))
+                _phase("broadcast", "down", rank, end + 2 * grace,
+                       _broadcast_in(down, buf, 0, _BINOMIAL, seq))
             return HIERARCHICAL
 
         return run
+
+
+def _broadcast_in(group, buf, root, algo, seq):
+    """The call(seconds left) that broadcasts ``buf`` from group rank ``root`` in ``group``."""
+    return lambda left: _broadcast.broadcast(group._transport, buf, root, algo, seq, left,
+                                             group._segment_bytes)
 
 
 def _grace(timeout):
