@@ -436,3 +436,36 @@ def test_a_peer_stalled_inside_a_record_meets_the_deadline_without_spinning(pki)
         t.close()
         for s in (relay_in, peer, relay_out):
             s.close()
+
+
+def test_tls_contexts_in_a_loop_leak_no_descriptors_or_sessions(pki):
+    """Every SSL session goes with its context: no descriptor, thread or TlsStream is left."""
+    import gc
+    import threading
+
+    def sessions():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o).__name__ == "TlsStream")
+
+    def cycle():
+        contexts = _fresh_pair(pki)
+        got = run_ranks(2, lambda r: contexts[r].allreduce(np.ones(5000)))
+        assert all(np.all(g == 2) for g in got)
+        for ctx in contexts:
+            ctx.close()
+
+    cycle()
+    fds, threads, base = len(os.listdir("/proc/self/fd")), threading.active_count(), sessions()
+    contexts = _fresh_pair(pki)
+    assert sessions() == base + 2     # one per rank and pair: what the count can see
+    for ctx in contexts:
+        ctx.close()
+    del contexts, ctx
+    for _ in range(10):
+        cycle()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sessions() == base
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert threading.active_count() <= threads
