@@ -209,6 +209,44 @@ def test_processes_take_the_settings_from_the_environment(pki, tmp_path):
         assert out.decode().strip() == "rank %d ok" % rank
 
 
+def test_a_killed_rank_is_named_over_tls(pki, tmp_path):
+    """SIGKILL in the middle of large allreduces: the survivor's PeerError names the dead rank
+    within seconds, far inside its 30 s deadline."""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        import numpy as np, pycollect as pc
+        with pc.init(transport="tcp+tls", timeout=30) as ctx:
+            buf = np.ones(1 << 20, np.float32)
+            for i in range(1000):
+                if ctx.rank == 1 and i == 3:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                t0 = time.monotonic()
+                try:
+                    ctx.allreduce(buf)
+                except pc.PeerError as exc:
+                    print("%.2f %s" % (time.monotonic() - t0, exc))
+                    sys.exit(0)
+            sys.exit("no error")
+    """)
+    procs = []
+    for rank in range(2):
+        cert, key = pki["certs"][rank]
+        env = dict(os.environ, PYCOLLECT_RANK=str(rank), PYCOLLECT_SIZE="2",
+                   PYCOLLECT_STORE="file://%s" % (tmp_path / "store"),
+                   PYCOLLECT_TLS_CERT=cert, PYCOLLECT_TLS_KEY=key,
+                   PYCOLLECT_TLS_CA=pki["ca"].ca_file,
+                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out, err = procs[0].communicate(timeout=60)
+    procs[1].wait(timeout=60)
+    assert procs[1].returncode == -9
+    assert procs[0].returncode == 0, err.decode()
+    took, message = out.decode().strip().split(" ", 1)
+    assert float(took) < 5, message
+    assert message.startswith("rank 0: allreduce(") and "rank 1 (" in message, message
+
+
 def _refused(pki, settings, caplog=None):
     """Start two ranks with per-rank init settings; return (outcomes, seconds taken)."""
     store = _store()
