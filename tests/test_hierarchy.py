@@ -251,6 +251,26 @@ def test_split_groups_and_user_numbering_are_untouched(monkeypatch):
             assert sub_hosts == [[0], [1]]
 
 
+def test_hierarchical_inside_a_group_that_spans_hosts(monkeypatch):
+    """A group's phases nest one GroupTransport in another: each keeps its own group id."""
+    with fake_hosts(monkeypatch, [0, 0, 1, 1, 1]) as contexts:
+        def body(ctx):
+            sub = ctx.new_group([4, 0, 3, 1])       # hosts {4, 3} and {0, 1}
+            if sub is None:
+                return None
+            buf = np.full(hierarchy.ALLREDUCE_MIN_BYTES, ctx.rank + 1.0, np.float32)
+            work = sub.allreduce(buf, async_op=True)
+            work.wait()
+            data = np.arange(5000.0) if sub.rank == 3 else np.zeros(5000)
+            sub.broadcast(data, root=3, algorithm="hierarchical")
+            return work.algorithm, buf, data, sub._topology.hosts
+        results = _run(contexts, body)
+    assert results[2] is None
+    for algo, buf, data, hosts in filter(None, results):
+        assert algo == "hierarchical" and hosts == [[0, 2], [1, 3]]
+        assert np.all(buf == 1 + 2 + 4 + 5) and np.array_equal(data, np.arange(5000.0))
+
+
 # -- processes -------------------------------------------------------------
 
 def _start(rank, size, store, mode, host_env=None, netns=None):

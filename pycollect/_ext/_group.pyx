@@ -57,7 +57,8 @@ cdef class GroupTransport(Transport):
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
         self.op = op[0]
-        self.op.context = self.gid
+        if self.op.context == 0:
+            self.op.context = self.gid      # a group nested in this one keeps its own id
         self.timeout_s = timeout_s
         if self.failed:
             return -1
@@ -93,7 +94,8 @@ cdef class GroupTransport(Transport):
 
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
-        self.op.context = self.gid
+        if self.op.context == 0:
+            self.op.context = self.gid
         if self.failed:
             return -1
         return self._mirror(self.parent.set_op(&self.op))

@@ -709,6 +709,12 @@ cdef class TcpTransport(Transport):
             progressed = 1
         if pr.ack_head >= 0 and pr.eof:
             # The reader left before copying a message from our memory: no ack will come.
+            # What it wrote before leaving comes first: an abort frame says why it left.
+            if ring_used(&pr.inn) >= HDR_BYTES and not pr.data_waiting:
+                if pr.recv_head >= 0:
+                    return progressed       # the posted receive reads it
+                if self._peek_idle(peer) < 0:
+                    return -1
             return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context before "
                                   "copying our data (shared memory)")
         while pr.send_head >= 0:
