@@ -1,6 +1,6 @@
 """One rank of the mixed-topology tests: every collective, checked against NumPy.
 
-Usage: python tests/hierarchy_worker.py matrix|loop [--timeout S]
+Usage: python tests/hierarchy_worker.py matrix|loop|leave [--timeout S]
 
 Rank, size and store come from the environment (PYCOLLECT_RANK, _SIZE,
 _STORE).  Every rank builds every rank's seeded input, so it checks each
@@ -11,6 +11,8 @@ saw, the number of checks and the algorithm "auto" ran for a large allreduce
 and broadcast; it exits 1 with the reason on stderr at the first wrong result.
 ``loop`` prints "READY" after its first hierarchical allreduce, then runs them
 until one fails and prints "FAILED <error class> <seconds> <message>".
+``leave`` (2 ranks): rank 0 sends rank 1 a large message, which rank 1 never
+receives: it exits half a second later; rank 0 prints its FAILED line.
 """
 
 import argparse
@@ -195,17 +197,33 @@ def run_loop(ctx):
                                      str(exc).replace("\n", " ")), flush=True)
 
 
+def run_leave(ctx):
+    ctx.barrier()
+    if ctx.rank == 1:
+        time.sleep(0.5)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        ctx.send(np.ones(1 << 20, np.float32), 1)
+        print("SENT", flush=True)
+    except pc.Error as exc:
+        print("FAILED %s %.3f %s" % (type(exc).__name__, time.monotonic() - start, exc),
+              flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("matrix", "loop"))
+    parser.add_argument("mode", choices=("matrix", "loop", "leave"))
     parser.add_argument("--timeout", type=float, default=20.0)
     args = parser.parse_args()
     ctx = pc.init(timeout=args.timeout)
     try:
         if args.mode == "matrix":
             print(json.dumps(run_matrix(ctx)), flush=True)
-        else:
+        elif args.mode == "loop":
             run_loop(ctx)
+        else:
+            run_leave(ctx)
     except (AssertionError, pc.Error) as exc:
         sys.exit("rank %d FAILED: %s: %s" % (ctx.rank, type(exc).__name__, exc))
     finally:

@@ -328,6 +328,18 @@ def test_matrix_three_hosts_of_one_two_and_two_ranks_by_override():
     _check_matrix(_reports(_finish(procs)), placement)
 
 
+def test_a_large_shared_memory_send_fails_at_once_when_its_reader_exits():
+    """The sender waits for the reader to copy from its memory; the reader's exit ends that."""
+    before = _shm_names()
+    store = "tcp://127.0.0.1:%d" % (20000 + (os.getpid() + 7) % 20000)
+    results = _finish([_start(r, 2, store, "leave") for r in range(2)])
+    code, out = results[0]
+    assert code == 0 and "FAILED PeerError" in out, out
+    assert "rank 1" in out, out
+    assert float(out.split("FAILED PeerError ")[1].split()[0]) < 5, out
+    assert _shm_names() - before == set()
+
+
 def _netns_job(names, placement, mode):
     store = "tcp://%s.1:%d" % (SUBNET, 29500)
     return [_start(r, len(placement), store, mode, netns=names[h - 1])
