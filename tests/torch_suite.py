@@ -30,7 +30,7 @@ import unittest
 
 
 # --collectives: the suite's CPU collective, point-to-point, group and DDP-on-CPU
-# tests (tests/test_torch_suite.py runs these in CI).
+# tests.
 COLLECTIVE_TESTS = [
     "test_all_reduce*", "test_reduce*", "test_broadcast*", "test_all_gather*", "test_gather*",
     "test_scatter*", "test_all_to_all*", "test_reduce_scatter*", "test_barrier*",
@@ -39,6 +39,18 @@ COLLECTIVE_TESTS = [
     "test_Backend_enum_class", "test_new_subgroups*", "test_average_parameters*",
 ]
 COLLECTIVE_EXCLUDES = ["*_profiler"]       # the same calls again, under torch's profilers
+# --ci: one or two tests per collective family from those (about 1 s each on 2
+# cores, every one forks its ranks): tests/test_torch_suite.py runs these.
+CI_TESTS = [
+    "test_all_reduce_sum", "test_all_reduce_sum_async", "test_all_reduce_max",
+    "test_all_reduce_product", "test_all_reduce_sum_complex",
+    "test_all_reduce_complex_unsupported_ops",
+    "test_all_gather", "test_all_gather_coalesced_simple", "test_broadcast", "test_reduce_sum",
+    "test_reduce_sum_twice", "test_gather", "test_gather_checks", "test_scatter",
+    "test_scatter_checks", "test_barrier", "test_send_recv", "test_send_recv_any_source",
+    "test_send_recv_with_tag", "test_isend", "test_irecv", "test_DistributedDataParallelCPU",
+    "test_destroy_group", "test_get_rank_size_group",
+]
 
 
 def parse_args(argv=None):
@@ -50,6 +62,8 @@ def parse_args(argv=None):
                     help="skip the tests whose name matches this glob (repeatable)")
     ap.add_argument("--collectives", action="store_true",
                     help="only the CPU collective tests (COLLECTIVE_TESTS, as in CI)")
+    ap.add_argument("--ci", action="store_true",
+                    help="only CI_TESTS: one or two of --collectives per collective family")
     ap.add_argument("--backend", default="pycollect")
     ap.add_argument("--as", dest="as_backend", choices=("gloo", "mpi"),
                     help="import the suite as for this backend (so that the tests it keeps "
@@ -66,6 +80,8 @@ def parse_args(argv=None):
     if args.collectives:
         args.patterns += COLLECTIVE_TESTS
         args.exclude += COLLECTIVE_EXCLUDES
+    if args.ci:
+        args.patterns += CI_TESTS
     return args
 
 
