@@ -235,6 +235,24 @@ def test_a_rank_that_never_comes_is_named_at_the_deadline_on_every_host(monkeypa
         assert failed is not None
 
 
+def test_ranks_that_disagree_on_the_size_all_get_mismatch(monkeypatch):
+    """One rank's small buffer takes a flat algorithm, the others' the hierarchy: no hang."""
+    timeout = 5.0
+    with fake_hosts(monkeypatch, [0, 0, 1, 1], timeout=timeout) as contexts:
+        def body(ctx):
+            start = time.monotonic()
+            count = 1000 if ctx.rank == 0 else hierarchy.ALLREDUCE_MIN_BYTES
+            with pytest.raises((pc.MismatchError, pc.PeerError)) as info:
+                ctx.allreduce(np.ones(count, np.float32))
+            return time.monotonic() - start, info.value
+        results = _run(contexts, body)
+    for elapsed, exc in results:
+        assert elapsed < timeout, exc
+    # The ranks that meet the other side's message say so; a rank whose peer left
+    # with that message still queued to it sees a departed peer.
+    assert any(isinstance(exc, pc.MismatchError) for _, exc in results), results
+
+
 def test_split_groups_and_user_numbering_are_untouched(monkeypatch):
     """The hierarchy's sub-groups take no number from split/new_group."""
     with fake_hosts(monkeypatch, [0, 0, 1, 1]) as contexts:
