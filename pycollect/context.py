@@ -54,7 +54,7 @@ _RECURSIVE_DOUBLING = _allreduce.ALGORITHMS["recursive_doubling"]
 _HALVING_DOUBLING = _allreduce.ALGORITHMS["halving_doubling"]
 _RING_CHUNKED = _allreduce.ALGORITHMS["ring_chunked"]
 _DIRECT = _allreduce.ALGORITHMS["direct"]
-DIRECT_MIN_BYTES = 256 << 10             # from here, when every pair shares memory: direct
+DIRECT_MIN_BYTES = 1 << 20               # from here, when every pair shares memory: direct
 
 
 class Context:
