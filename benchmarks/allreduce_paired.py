@@ -1,0 +1,91 @@
+"""Allreduce algorithms call by call: each iteration runs one call of every algorithm.
+
+    python benchmarks/allreduce_paired.py --ranks 4 --count 1048576 \
+        --algorithms direct,halving_doubling,ring --iterations 40
+
+On a machine other jobs share, a burst of load lands on whichever call runs
+then.  Here every iteration calls each algorithm once, back to back, in an
+order that rotates, and each call's time is the slowest rank's; the report
+gives each algorithm's median and minimum and the median, over iterations, of
+its time over the first algorithm's in the same iteration.  Ranks are local
+processes over the default transport (shared memory on one host).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def rank_main(args):
+    import pycollect as pc
+    ctx = pc.init(rank=args.rank, size=args.ranks, store=args.store, timeout=args.timeout,
+                  transport=args.transport)
+    names = args.algorithms.split(",")
+    buf = np.ones(args.count, np.dtype(args.dtype))
+    for name in names:
+        for _ in range(args.warmup):
+            ctx.allreduce(buf, algorithm=name)
+    times = np.zeros((args.iterations, len(names)))
+    for i in range(args.iterations):
+        k = i % len(names)
+        for j in list(range(k, len(names))) + list(range(k)):
+            ctx.barrier()
+            t0 = time.perf_counter()
+            ctx.allreduce(buf, algorithm=names[j])
+            times[i, j] = time.perf_counter() - t0
+    ctx.allreduce(times, op=pc.MAX)
+    if args.rank == 0:
+        nbytes = buf.nbytes
+        factor = 2 * (args.ranks - 1) / args.ranks
+        print("%d ranks, %d x %s, %d iterations, load %s" % (
+            args.ranks, args.count, args.dtype, args.iterations,
+            " ".join(open("/proc/loadavg").read().split()[:3])))
+        print("%-20s %12s %12s %12s %12s" % ("algorithm", "median (us)", "busbw (GB/s)",
+                                              "min (us)", "÷ " + names[0]))
+        for j, name in enumerate(names):
+            med = np.median(times[:, j])
+            print("%-20s %12.1f %12.3f %12.1f %12.2f" % (
+                name, med * 1e6, factor * nbytes / med / 1e9, times[:, j].min() * 1e6,
+                np.median(times[:, j] / times[:, 0])))
+    ctx.close()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--count", type=int, default=1 << 20, help="elements per rank")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--algorithms", default="direct,halving_doubling,ring_chunked")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--transport", default="auto")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.rank is not None:
+        return rank_main(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = "file://" + os.path.join(tmp, "store")
+        given = sys.argv[1:] if argv is None else list(argv)
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *given,
+                                   "--rank", str(r), "--store", store])
+                 for r in range(args.ranks)]
+        deadline = time.monotonic() + args.timeout * 4
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
