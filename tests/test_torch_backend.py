@@ -31,6 +31,10 @@ BACKENDS = ("gloo", "pycollect")
 # gloo refuses these; pycollect computes them, checked against gloo's own results
 PREMUL_FACTOR = 2.0
 GLOO_REFUSES = {"all_to_all uneven"}
+# gloo gets these wrong (seen here with torch 2.13.0: the coalesced
+# all_gather_into_tensor returns values that are not the inputs); pycollect's
+# results are checked against the same calls made one by one
+GLOO_WRONG = {"all_gather_into_tensor, reduce_scatter_tensor coalesced"}
 
 
 def _free_port():
@@ -96,7 +100,7 @@ def _same(a, b):
 def _compared_checks(gloo_rank0):
     return [k for k in gloo_rank0
             if not k.startswith(("seconds", "ddp parameters", "pycollect group in a gloo job"))
-            and not k.startswith("all_reduce PREMUL_SUM") and k not in GLOO_REFUSES
+            and not k.startswith("all_reduce PREMUL_SUM") and k not in GLOO_REFUSES | GLOO_WRONG
             and not k.endswith("torch.int16")]
 
 
@@ -156,6 +160,15 @@ def test_int16_which_gloo_refuses_equals_gloos_int32(results):
     assert checked == 7 * len(gloo)     # SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR
 
 
+def test_coalesced_gathers_equal_the_same_calls_one_by_one(results):
+    for r, res in enumerate(results["pycollect"]):
+        got = res["all_gather_into_tensor, reduce_scatter_tensor coalesced"]
+        assert _same(got["coalesced"], got["one by one"]), (r, got)
+        # and the one-by-one calls agree with gloo's
+        gloo = results["gloo"][r]["all_gather_into_tensor, reduce_scatter_tensor coalesced"]
+        assert _same(got["one by one"], gloo["one by one"]), (r, got, gloo)
+
+
 def test_all_to_all_with_blocks_of_different_sizes(results):
     # gloo refuses it; pycollect delivers: rank s sends s+1 elements 10s + p to rank p
     size = len(results["gloo"])
@@ -166,21 +179,27 @@ def test_all_to_all_with_blocks_of_different_sizes(results):
         assert _same(got, expected), (r, got)
 
 
-def test_ddp_trains_the_same_as_gloo(results):
+@pytest.mark.parametrize("suffix", ["", " with fp16_compress_hook"],
+                         ids=["no hook", "fp16_compress_hook"])
+def test_ddp_trains_the_same_as_gloo(results, suffix):
     gloo, pyc = results["gloo"], results["pycollect"]
     size = len(gloo)
     for r in range(size):
         # every rank ends with the same parameters, under both backends
         for b in (gloo, pyc):
-            everyone = b[r]["ddp parameters of every rank"]
+            everyone = b[r]["ddp parameters of every rank" + suffix]
             assert all(torch.equal(everyone[0], x) for x in everyone)
-        g, p = gloo[r]["ddp parameters"], pyc[r]["ddp parameters"]
+        g, p = gloo[r]["ddp parameters" + suffix], pyc[r]["ddp parameters" + suffix]
         if size == 2:
             # a sum of two is the same in any order: bit-identical
             assert torch.equal(g, p)
-        else:
+        elif not suffix:
             # three gradients summed in a different order differ in the last bit
             torch.testing.assert_close(p, g, rtol=1e-6, atol=1e-7)
+        else:
+            # ... and in float16 (11-bit significand) the last bit is 2**-11 of a
+            # gradient: after 4 steps at lr 0.1, a few 1e-5 at most (seen: 2.4e-5)
+            torch.testing.assert_close(p, g, rtol=1e-2, atol=1e-4)
     torch.manual_seed(0)
     start = torch.cat([q.detach().reshape(-1) for q in torch.nn.Sequential(
         torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)).parameters()])

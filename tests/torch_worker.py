@@ -127,6 +127,28 @@ class Checks:
             return ts
         self.record("all_reduce coalescing manager", coalesced)
 
+        def coalesced_gather_scatter():
+            size = self.size
+            outs = [torch.empty(size * 3), torch.empty(size * 2, dtype=torch.float64)]
+            ins = [data(self.rank, 3, torch.float32), data(self.rank, 2, torch.float64)]
+            with dist._coalescing_manager():
+                for o, i in zip(outs, ins):
+                    dist.all_gather_into_tensor(o, i)
+            rs = [torch.empty(2), torch.empty(4)]
+            with dist._coalescing_manager():
+                for o in rs:
+                    dist.reduce_scatter_tensor(o, data(self.rank, size * o.numel(),
+                                                       torch.float32))
+            # the same calls one by one: the coalesced results must equal these
+            plain = [torch.empty_like(t) for t in outs + rs]
+            for o, i in zip(plain, ins):
+                dist.all_gather_into_tensor(o, i)
+            for o in plain[2:]:
+                dist.reduce_scatter_tensor(o, data(self.rank, size * o.numel(), torch.float32))
+            return {"coalesced": outs + rs, "one by one": plain}
+        self.record("all_gather_into_tensor, reduce_scatter_tensor coalesced",
+                    coalesced_gather_scatter)
+
     def data_movers(self):
         n, size, rank = 6, self.size, self.rank
         ranks = range(size)
@@ -351,13 +373,16 @@ class Checks:
             self.results["pycollect group in a gloo job"] = [dist.get_backend(pg), t]
             dist.destroy_process_group(pg)
 
-    def ddp(self):
+    def ddp(self, hook=None):
         from torch.nn.parallel import DistributedDataParallel as DDP
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
                                     torch.nn.Linear(32, 3))
         # a small bucket cap: several bucket all-reduces per step
         ddp_model = DDP(model, bucket_cap_mb=0.0005)
+        if hook is not None:
+            # a Python communication hook: dist.all_reduce(async_op=True).get_future().then()
+            ddp_model.register_comm_hook(None, hook)
         opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(100 + self.rank)   # different data per rank
         for _ in range(4):
@@ -369,8 +394,9 @@ class Checks:
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         everyone = [torch.empty_like(flat) for _ in range(self.size)]
         dist.all_gather(everyone, flat)
-        self.results["ddp parameters"] = flat
-        self.results["ddp parameters of every rank"] = everyone
+        suffix = "" if hook is None else " with %s" % hook.__name__
+        self.results["ddp parameters" + suffix] = flat
+        self.results["ddp parameters of every rank" + suffix] = everyone
 
     # -- pycollect only ---------------------------------------------------
 
@@ -410,7 +436,7 @@ class Checks:
         rank = self.rank
         t = torch.ones(3)
         if rank != 0:
-            time.sleep(1.0)
+            time.sleep(0.5)
         w = dist.all_reduce(t, async_op=True)
         outcome = None
         if rank == 0:
@@ -468,6 +494,8 @@ def run(backend, outdir):
     checks.objects()
     checks.groups()
     checks.ddp()
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    checks.ddp(default_hooks.fp16_compress_hook)
     if backend == "pycollect":
         checks.overlap()
         checks.wait_timeout()
