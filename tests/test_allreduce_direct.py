@@ -159,24 +159,31 @@ import os, signal, sys, threading, time
 import numpy as np
 import pycollect as pc
 rank, store = int(sys.argv[1]), sys.argv[2]
-ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
+ctx = pc.init(rank=rank, size=3, store=store, timeout=TIMEOUT, transport="shm")
 assert ctx._direct_peers()[1], "cross-memory attach is needed for this test"
 buf = np.ones(4 << 20, np.float32)
 ctx.allreduce(buf, algorithm="direct")
 ctx.barrier()
 if rank == 2:
-    # Die at a random moment inside a loop of 16 MiB direct allreduces.
-    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    # Die (or stop, its memory staying readable) at a random moment inside a loop
+    # of 16 MiB direct allreduces.
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGNAL)).start()
 t0 = time.monotonic()
 try:
     for i in range(100000):
         ctx.allreduce(buf, algorithm="direct")
-except pc.PeerError as exc:
-    print("rank %d PeerError after %.2f s: %s" % (rank, time.monotonic() - t0, exc))
+except (pc.Timeout, pc.PeerError) as exc:
+    print("rank %d %s after %.2f s: %s" % (rank, type(exc).__name__, time.monotonic() - t0, exc))
     sys.exit(0)
 sys.exit("rank %d finished without an error" % rank)
 """
 
 
 def test_a_rank_killed_during_direct_allreduces(tmp_path):
-    run_victims(tmp_path, _VICTIM)
+    run_victims(tmp_path, _VICTIM.replace("SIGNAL", "SIGKILL").replace("TIMEOUT", "30"))
+
+
+def test_a_stopped_rank_fails_its_peers_at_the_deadline(tmp_path):
+    """A rank that stops mid-operation: the others fail by the deadline (3 s), naming it."""
+    run_victims(tmp_path, _VICTIM.replace("SIGNAL", "SIGSTOP").replace("TIMEOUT", "3"),
+                stopped=True, bound_s=3 + 5)
