@@ -100,7 +100,7 @@ def _same(a, b):
 def _compared_checks(gloo_rank0):
     return [k for k in gloo_rank0
             if not k.startswith(("seconds", "ddp parameters", "pycollect group in a gloo job"))
-            and not k.startswith("all_reduce PREMUL_SUM") and k not in GLOO_REFUSES | GLOO_WRONG
+            and "PREMUL_SUM" not in k and k not in GLOO_REFUSES | GLOO_WRONG
             and not k.endswith("torch.int16")]
 
 
@@ -126,21 +126,26 @@ def test_every_collective_equals_gloo(results):
 
 
 def test_premul_sum_is_factor_times_gloos_sum(results):
+    # all_reduce, reduce and reduce_scatter(_tensor) with PREMUL_SUM, which gloo lacks
     gloo, pyc = results["gloo"], results["pycollect"]
     checked = 0
     for r in range(len(gloo)):
         for name, got in pyc[r].items():
-            if not name.startswith("all_reduce PREMUL_SUM") or name.endswith("int16"):
+            if "PREMUL_SUM" not in name or name.endswith("int16"):
                 continue
-            dtype = name.split()[-1]
-            summed = gloo[r]["all_reduce SUM %s" % dtype]
-            if summed.is_floating_point() or summed.is_complex():
+            assert _is_error(gloo[r][name]), name
+            summed = gloo[r][name.replace("PREMUL_SUM", "SUM")]
+            if summed is None:      # reduce: not the root
+                assert got is None, (name, got)
+            elif summed.is_floating_point() or summed.is_complex():
                 expected = (summed * PREMUL_FACTOR).to(summed.dtype)
                 assert _same(got, expected), (name, got, expected)
                 checked += 1
             else:      # integers and bool: a clear refusal, as NCCL's premul sum
                 assert _is_error(got) and got[1] == "InvalidArgument", (name, got)
-    assert checked == 6 * len(gloo)      # 4 floating and 2 complex dtypes
+    # all_reduce over 4 floating and 2 complex dtypes, reduce_scatter and
+    # reduce_scatter_tensor on every rank, reduce on its roots
+    assert checked >= 8 * len(gloo) + 1, checked
 
 
 def test_int16_which_gloo_refuses_equals_gloos_int32(results):

@@ -172,8 +172,10 @@ class Checks:
                 return out
             self.record("all_to_all_single %s" % dt, a2a)
 
+        premul = torch._C._distributed_c10d._make_nccl_premul_sum(PREMUL_FACTOR)
         for root in (0, size - 1):
-            for opname, op in (("SUM", R.SUM), ("MAX", R.MAX), ("PRODUCT", R.PRODUCT)):
+            for opname, op in (("SUM", R.SUM), ("MAX", R.MAX), ("PRODUCT", R.PRODUCT),
+                               ("PREMUL_SUM", premul)):
                 def red(root=root, op=op):
                     t = data(rank, n, torch.float32)
                     dist.reduce(t, root, op=op)
@@ -200,7 +202,8 @@ class Checks:
             return outs
         self.record("all_gather uneven", all_gather_uneven)
 
-        for opname, op in (("SUM", R.SUM), ("MAX", R.MAX), ("AVG", R.AVG)):
+        for opname, op in (("SUM", R.SUM), ("MAX", R.MAX), ("AVG", R.AVG),
+                           ("PREMUL_SUM", premul)):
             def rst(op=op):
                 out = torch.empty(n)
                 dist.reduce_scatter_tensor(out, data(rank, size * n, torch.float32), op=op)
