@@ -189,8 +189,9 @@ class Checks:
         self.record("all_gather", all_gather)
 
         def all_gather_coalesced():
-            inputs = [data(rank, 3, torch.float32), data(rank, 2, torch.int64)]
-            outs = [[torch.empty(3), torch.empty(2, dtype=torch.int64)] for _ in ranks]
+            # dist requires one dtype across the inputs
+            inputs = [data(rank, 3, torch.float32), data(rank, 2, torch.float32)]
+            outs = [[torch.empty(3), torch.empty(2)] for _ in ranks]
             dist.all_gather_coalesced(outs, inputs)
             return outs
         self.record("all_gather_coalesced", all_gather_coalesced)
@@ -261,6 +262,42 @@ class Checks:
             w.wait()
             return "passed"
         self.record("barrier async", barrier_async)
+
+    def async_variants(self):
+        """async_op=True for calls whose results are copied out at completion."""
+        n, size, rank = 5, self.size, self.rank
+        ranks = range(size)
+
+        def run():
+            full = data(rank, 2 * n, torch.float32)
+            if self.backend == "gloo":          # see "all_reduce strided"
+                part = full[::2].contiguous()
+            else:
+                part = full[::2]
+            works = [dist.all_reduce(part, async_op=True)]
+            outs = [torch.empty(n, dtype=torch.int64) for _ in ranks]
+            works.append(dist.all_gather(outs, data(rank, n, torch.int64), async_op=True))
+            got = [torch.empty(n) for _ in ranks] if rank == 0 else None
+            works.append(dist.gather(data(rank, n, torch.float32), got, dst=0, async_op=True))
+            sc = torch.empty(3)
+            works.append(dist.scatter(sc, [torch.full((3,), 1.0 + p) for p in ranks]
+                                      if rank == 0 else None, src=0, async_op=True))
+            a2a = [torch.empty(2) for _ in ranks]
+            works.append(dist.all_to_all(a2a, [torch.full((2,), 10.0 * rank + p) for p in ranks],
+                                         async_op=True))
+            rs = torch.empty(n, dtype=torch.float64)
+            works.append(dist.reduce_scatter(rs, [data(rank + p, n, torch.float64)
+                                                  for p in ranks], async_op=True))
+            tr = data(rank, 12, torch.float64).reshape(3, 4).t()
+            if self.backend == "gloo":
+                tr = tr.contiguous()
+            works.append(dist.broadcast(tr, src=size - 1, async_op=True))
+            for w in works:
+                w.wait()
+            if self.backend == "gloo":
+                full[::2] = part
+            return [full, outs, got, sc, a2a, rs, tr.contiguous()]
+        self.record("async collectives copied out at completion", run)
 
     def point_to_point(self):
         rank, size = self.rank, self.size
@@ -493,6 +530,7 @@ def run(backend, outdir):
     started = time.monotonic()
     checks.all_reduce()
     checks.data_movers()
+    checks.async_variants()
     checks.point_to_point()
     checks.objects()
     checks.groups()
