@@ -44,7 +44,10 @@ REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 # Crossovers for algorithm="auto", measured with benchmarks/crossover.py on
 # this project's 2-core machines (see docs/algorithms.md).
 RECURSIVE_DOUBLING_MAX_BYTES = 64 << 10  # up to here, at 2 ranks: one whole-buffer swap
-RECURSIVE_DOUBLING_MAX_BYTES_MANY = 8 << 10   # ... with more ranks
+RECURSIVE_DOUBLING_MAX_BYTES_SHM = 16 << 10   # ... when both ranks share memory
+RECURSIVE_DOUBLING_MAX_BYTES_MANY = 4 << 10   # ... with more ranks
+BCUBE_MIN_BYTES_4 = 256 << 10            # from here, at 4 ranks: bcube's single base-4 step
+                                         # (up to direct's threshold when memory is shared)
 RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overlap reduction
                                          # and wire; otherwise halving-doubling
 PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
@@ -53,8 +56,10 @@ DEFAULT_SEGMENT_BYTES = 1 << 20
 _RECURSIVE_DOUBLING = _allreduce.ALGORITHMS["recursive_doubling"]
 _HALVING_DOUBLING = _allreduce.ALGORITHMS["halving_doubling"]
 _RING_CHUNKED = _allreduce.ALGORITHMS["ring_chunked"]
+_BCUBE = _allreduce.ALGORITHMS["bcube"]
 _DIRECT = _allreduce.ALGORITHMS["direct"]
 DIRECT_MIN_BYTES = 1 << 20               # from here, when every pair shares memory: direct
+_NEVER = float("inf")
 
 
 class Context:
@@ -73,8 +78,7 @@ class Context:
         self._lock = lock or threading.Lock()     # shared with sub-groups
         self._group_id = group_id
         self._groups_made = 0
-        self._rd_max_bytes = (RECURSIVE_DOUBLING_MAX_BYTES if size == 2
-                              else RECURSIVE_DOUBLING_MAX_BYTES_MANY)
+        self._auto_rule = None  # auto's thresholds, fixed on first use (_auto_thresholds)
         self._failure = None
         self._closed = False
         self._on_close = list(on_close)
@@ -517,15 +521,31 @@ class Context:
             nbytes = buf.nbytes
         except AttributeError:
             nbytes = _nbytes(buf)
-        if nbytes <= self._rd_max_bytes:
+        rd_max, direct_min, bcube_min = self._auto_rule or self._auto_thresholds()
+        if nbytes <= rd_max:
             return _RECURSIVE_DOUBLING
         if nbytes >= self._hier_min_bytes:
             return _HIERARCHICAL
-        if nbytes >= DIRECT_MIN_BYTES and self._all_shared():
+        if nbytes >= direct_min:
             return _DIRECT
+        if nbytes >= bcube_min:
+            return _BCUBE
         if nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
             return _RING_CHUNKED
         return _HALVING_DOUBLING
+
+    def _auto_thresholds(self):
+        """(recursive doubling's largest, direct's and bcube's smallest size) for this group:
+        the same on every rank, since every rank sees the same topology."""
+        shared = self._all_shared()
+        if self._size == 2:
+            rd_max = RECURSIVE_DOUBLING_MAX_BYTES_SHM if shared else RECURSIVE_DOUBLING_MAX_BYTES
+        else:
+            rd_max = RECURSIVE_DOUBLING_MAX_BYTES_MANY
+        direct_min = DIRECT_MIN_BYTES if shared else _NEVER
+        bcube_min = BCUBE_MIN_BYTES_4 if self._size == 4 else _NEVER
+        self._auto_rule = (rd_max, direct_min, bcube_min)
+        return self._auto_rule
 
     def _pair_info(self):
         """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp") and its process id."""

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 import pycollect as pc
+from pycollect._ext._transport import ALGORITHM_NAMES
 from conftest import counts_for
+from group import ThreadGroup
 from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, ops_for,
                        reduce_reference)
 
@@ -87,5 +89,33 @@ def test_allreduce_large_default_segments():
             return buf
         for res in g.run(body):
             assert np.all(res == 6.0)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("size, transport, cases", [
+    (2, "auto", [(16 << 10, "recursive_doubling"), ((16 << 10) + 4, "halving_doubling"),
+                 ((1 << 20) - 4, "halving_doubling"), (1 << 20, "direct")]),
+    (2, "tcp", [(64 << 10, "recursive_doubling"), ((64 << 10) + 4, "halving_doubling"),
+                (4 << 20, "ring_chunked")]),
+    (4, "auto", [(4 << 10, "recursive_doubling"), ((4 << 10) + 4, "halving_doubling"),
+                 (256 << 10, "bcube"), ((1 << 20) - 4, "bcube"), (1 << 20, "direct")]),
+    (4, "tcp", [(4 << 10, "recursive_doubling"), ((256 << 10) - 4, "halving_doubling"),
+                (16 << 20, "bcube")]),
+    (3, "auto", [((1 << 20) - 4, "halving_doubling"), (1 << 20, "direct")]),
+])
+def test_auto_follows_the_measured_crossovers(size, transport, cases):
+    """auto's rule (docs/algorithms.md): by size, rank count and whether all pairs share memory;
+    every pick also runs and is reported on the handle."""
+    g = ThreadGroup(size, transport=transport)
+    try:
+        ctx = g.contexts[0]
+        for nbytes, name in cases:
+            code = ctx._auto_allreduce(np.zeros(nbytes // 4, np.float32))
+            assert ALGORITHM_NAMES[code] == name, (nbytes, ALGORITHM_NAMES[code], name)
+        nbytes, name = cases[-1]
+        works = g.run(lambda c: c.allreduce(np.ones(nbytes // 4, np.float32), async_op=True))
+        for w in works:
+            assert w.wait(timeout=60)[0] == size and w.algorithm == name
     finally:
         g.close()

@@ -18,7 +18,8 @@ hold everything; the extra ranks get the result last.  Every element is
 reduced along one tree, lower rank's operand first, so all ranks hold the
 same bits.
 
-BCube with base b generalises halving-doubling to radix b: with PB the
+BCube with base b generalises halving-doubling to radix b (a base larger
+than the group is cut to its size): with PB the
 largest power of b <= size (extra ranks fold in and out as above), rank r
 writes its index in base b; in step j the b ranks that differ only in digit
 j cut their current range into b parts, each keeps the part of its own digit
@@ -228,6 +229,8 @@ cdef int bcube_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype,
     cdef int strides[MAX_BCUBE_STEPS]
     cdef char* other
     if P > 1 and n > 0:
+        if base > P:
+            base = P        # one step of all ranks, instead of folding all into rank 0
         while pb * base <= P:
             pb *= base
         other = t.scratch(base * (n // base + 1) * es)
