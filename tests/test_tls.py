@@ -196,6 +196,15 @@ def test_processes_take_the_settings_from_the_environment(pki, tmp_path):
             assert np.all(got == 3.0), got[:4]
             print("rank", ctx.rank, "ok")
     """)
+    procs = _start_tls_ranks(script, pki, tmp_path)
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+        assert out.decode().strip() == "rank %d ok" % rank
+
+
+def _start_tls_ranks(script, pki, tmp_path):
+    """Two processes running ``script``, TLS files from PYCOLLECT_TLS_*, over a file store."""
     procs = []
     for rank in range(2):
         cert, key = pki["certs"][rank]
@@ -206,10 +215,7 @@ def test_processes_take_the_settings_from_the_environment(pki, tmp_path):
                    PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    for rank, proc in enumerate(procs):
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err.decode()
-        assert out.decode().strip() == "rank %d ok" % rank
+    return procs
 
 
 def test_a_killed_rank_is_named_over_tls(pki, tmp_path):
@@ -231,16 +237,7 @@ def test_a_killed_rank_is_named_over_tls(pki, tmp_path):
                     sys.exit(0)
             sys.exit("no error")
     """)
-    procs = []
-    for rank in range(2):
-        cert, key = pki["certs"][rank]
-        env = dict(os.environ, PYCOLLECT_RANK=str(rank), PYCOLLECT_SIZE="2",
-                   PYCOLLECT_STORE="file://%s" % (tmp_path / "store"),
-                   PYCOLLECT_TLS_CERT=cert, PYCOLLECT_TLS_KEY=key,
-                   PYCOLLECT_TLS_CA=pki["ca"].ca_file,
-                   PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    procs = _start_tls_ranks(script, pki, tmp_path)
     out, err = procs[0].communicate(timeout=60)
     procs[1].wait(timeout=60)
     assert procs[1].returncode == -9
