@@ -50,6 +50,8 @@ BCUBE_MIN_BYTES_4 = 256 << 10            # from here, at 4 ranks: bcube's single
                                          # (up to direct's threshold when memory is shared)
 RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overlap reduction
                                          # and wire; otherwise halving-doubling
+RING_CHUNKED_MIN_BYTES_4 = 16 << 20      # ... at 4 ranks (over TCP: with shared memory,
+                                         # direct comes first)
 PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
 RING_REDUCE_MIN_BYTES = 256 << 10        # below: binomial tree reduce
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -521,30 +523,32 @@ class Context:
             nbytes = buf.nbytes
         except AttributeError:
             nbytes = _nbytes(buf)
-        rd_max, direct_min, bcube_min = self._auto_rule or self._auto_thresholds()
+        rd_max, direct_min, chunked_min, bcube_min = self._auto_rule or self._auto_thresholds()
         if nbytes <= rd_max:
             return _RECURSIVE_DOUBLING
         if nbytes >= self._hier_min_bytes:
             return _HIERARCHICAL
         if nbytes >= direct_min:
             return _DIRECT
+        if nbytes >= chunked_min:
+            return _RING_CHUNKED
         if nbytes >= bcube_min:
             return _BCUBE
-        if nbytes >= RING_CHUNKED_MIN_BYTES and self._size == 2:
-            return _RING_CHUNKED
         return _HALVING_DOUBLING
 
     def _auto_thresholds(self):
-        """(recursive doubling's largest, direct's and bcube's smallest size) for this group:
-        the same on every rank, since every rank sees the same topology."""
+        """(recursive doubling's largest, direct's, ring_chunked's and bcube's smallest size)
+        for this group: the same on every rank, since every rank sees the same topology."""
         shared = self._all_shared()
         if self._size == 2:
             rd_max = RECURSIVE_DOUBLING_MAX_BYTES_SHM if shared else RECURSIVE_DOUBLING_MAX_BYTES
         else:
             rd_max = RECURSIVE_DOUBLING_MAX_BYTES_MANY
         direct_min = DIRECT_MIN_BYTES if shared else _NEVER
+        chunked_min = {2: RING_CHUNKED_MIN_BYTES, 4: RING_CHUNKED_MIN_BYTES_4}.get(self._size,
+                                                                                  _NEVER)
         bcube_min = BCUBE_MIN_BYTES_4 if self._size == 4 else _NEVER
-        self._auto_rule = (rd_max, direct_min, bcube_min)
+        self._auto_rule = (rd_max, direct_min, chunked_min, bcube_min)
         return self._auto_rule
 
     def _pair_info(self):

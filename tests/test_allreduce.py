@@ -101,7 +101,7 @@ def test_allreduce_large_default_segments():
     (4, "auto", [(4 << 10, "recursive_doubling"), ((4 << 10) + 4, "halving_doubling"),
                  (256 << 10, "bcube"), ((1 << 20) - 4, "bcube"), (1 << 20, "direct")]),
     (4, "tcp", [(4 << 10, "recursive_doubling"), ((256 << 10) - 4, "halving_doubling"),
-                (16 << 20, "bcube")]),
+                ((16 << 20) - 4, "bcube"), (16 << 20, "ring_chunked")]),
     (3, "auto", [((1 << 20) - 4, "halving_doubling"), (1 << 20, "direct")]),
 ])
 def test_auto_follows_the_measured_crossovers(size, transport, cases):
