@@ -1,7 +1,10 @@
-"""Small jobs: thread ranks through a store (one checked allreduce), and spawned ranks' results."""
+"""Small jobs: thread ranks through a store (one checked allreduce), spawned ranks' results,
+and three spawned ranks of which one dies or stops."""
 
 import contextlib
+import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -42,3 +45,27 @@ def stop(procs):
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
+
+
+def run_victims(tmp_path, victim, stopped=False, bound_s=10, min_s=0.0):
+    """Run ``victim`` (argv: rank, store URL) as ranks 0..2, where rank 2 dies by SIGKILL (or,
+    ``stopped``, stops): ranks 0 and 1 must print "<error> after <seconds> s: <message>"
+    naming it, after at least ``min_s`` and within ``bound_s`` seconds."""
+    script = tmp_path / "victim.py"
+    script.write_text(victim)
+    store = "file://%s" % (tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(3)]
+    try:
+        outs = [procs[r].communicate(timeout=60) for r in ((0, 1) if stopped else (0, 1, 2))]
+    finally:
+        stop(procs)
+    if not stopped:
+        assert procs[2].returncode == -signal.SIGKILL, outs[2]
+    for r in (0, 1):
+        assert procs[r].returncode == 0, outs[r]
+        line = outs[r][0]
+        assert "rank 2" in line, line
+        assert "PeerError" in line or (stopped and "Timeout" in line), line
+        assert min_s < float(line.split(" after ")[1].split(" s")[0]) < bound_s, line

@@ -14,7 +14,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
-from test_shm import run_victims
+from jobs import run_victims
 from pycollect._ext import _allreduce
 from pycollect.context import DIRECT_MIN_BYTES
 

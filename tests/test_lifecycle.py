@@ -1,16 +1,13 @@
 """Contexts opened and closed in a loop leak nothing; a stopped rank is named at the deadline."""
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
 
-import pycollect as pc
 from group import ThreadGroup
+from jobs import run_victims
 
 
 def _fds():
@@ -60,19 +57,4 @@ def test_a_stopped_rank_is_named_at_the_deadline(tmp_path):
     (A rank that waits on a live rank that itself waits on the stopped one
     names the rank it waited for, unless the other's failure reaches it first.)
     """
-    script = tmp_path / "stopped.py"
-    script.write_text(_STOPPED)
-    store = "file://%s" % (tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(3)]
-    try:
-        outs = [procs[r].communicate(timeout=30) for r in (0, 1)]
-    finally:
-        procs[2].send_signal(signal.SIGKILL)
-        procs[2].wait(10)
-    for r, (out, err) in enumerate(outs):
-        assert procs[r].returncode == 0, err
-        seconds = float(out.split(" after ")[1].split(" s")[0])
-        assert 2.5 < seconds < 10, out
-        assert "rank 2" in out, out
+    run_victims(tmp_path, _STOPPED, stopped=True, bound_s=10, min_s=2.5)

@@ -1,17 +1,12 @@
 """The shared-memory path: rings, single-copy reads, cleanup, and failure."""
 
 import glob
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
-import pycollect as pc
 from group import ThreadGroup
+from jobs import run_victims
 
 
 def _leftovers():
@@ -90,32 +85,6 @@ except pc.PeerError as exc:
     sys.exit(0)
 sys.exit("rank %d finished without an error" % rank)
 """
-
-
-def run_victims(tmp_path, victim, stopped=False, bound_s=10):
-    """Run ``victim`` as ranks 0..2, where rank 2 dies by SIGKILL (or, ``stopped``, stops):
-    ranks 0 and 1 must print an error naming it within ``bound_s`` seconds."""
-    script = tmp_path / "victim.py"
-    script.write_text(victim)
-    store = "file://%s" % (tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(3)]
-    try:
-        outs = [procs[r].communicate(timeout=60) for r in ((0, 1) if stopped else (0, 1, 2))]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if not stopped:
-        assert procs[2].returncode == -signal.SIGKILL, outs[2]
-    for r in (0, 1):
-        assert procs[r].returncode == 0, outs[r]
-        line = outs[r][0]
-        assert "rank 2" in line, line
-        assert "PeerError" in line or (stopped and "Timeout" in line), line
-        assert float(line.split(" after ")[1].split(" s")[0]) < bound_s, line
 
 
 def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
