@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 
 from group import ThreadGroup
@@ -25,3 +27,13 @@ def group(request):
 def counts_for(size):
     """The element counts of the matrix, one of them not divisible by ``size``."""
     return [0, 1, 4, 100, 1000, 10000, 7 * size + 3]
+
+
+def ipv6_loopback_works():
+    """Whether this machine can bind ::1 (tests of IPv6 addresses skip without it)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False

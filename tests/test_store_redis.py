@@ -15,6 +15,7 @@ from pycollect.plugins import open_store
 from pycollect.plugins.interfaces import choose_address
 from abstract import StoreSuite
 from jobs import allreduce_job
+from conftest import ipv6_loopback_works
 
 hiredis = pytest.importorskip("hiredis", reason="the redis store needs hiredis: "
                                                 "pip install 'pycollect[redis]'")
@@ -340,16 +341,7 @@ def test_init_rendezvous_through_redis_leaves_no_keys(request, fixture):
     assert redis.keys() == []
 
 
-def _ipv6_loopback_works():
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(not _ipv6_loopback_works(), reason="no IPv6 loopback")
+@pytest.mark.skipif(not ipv6_loopback_works(), reason="no IPv6 loopback")
 def test_an_ipv6_url_in_brackets_reaches_the_server_and_the_ranks_listen_on_ipv6(tmp_path):
     redis = RedisServer(tmp_path, extra=["--bind", "127.0.0.1", "::1"])
     try:

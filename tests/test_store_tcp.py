@@ -13,6 +13,7 @@ from pycollect.plugins.tcp_store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, REPLY_H
                                          REQUEST_HEADER, Op, Status, is_local_address,
                                          open_tcp_store, parse_tcp_url)
 from abstract import StoreSuite
+from conftest import ipv6_loopback_works
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,15 +24,6 @@ def _free_port(host="127.0.0.1"):
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
-
-
-def _ipv6_loopback_works():
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
-            probe.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
 
 
 def _raw_request(sock, op, key=b"", value=b"", wait_ms=0):
@@ -97,7 +89,7 @@ def test_server_on_port_zero_gets_a_port_and_url():
         assert parse_tcp_url(server.url) == ("127.0.0.1", server.port)
 
 
-@pytest.mark.skipif(not _ipv6_loopback_works(), reason="no IPv6 loopback")
+@pytest.mark.skipif(not ipv6_loopback_works(), reason="no IPv6 loopback")
 def test_ipv6_server_url_is_bracketed_and_served():
     with TCPStoreServer(host="::1") as server:
         assert server.url == f"tcp://[::1]:{server.port}"
