@@ -1,5 +1,8 @@
 """Tagged send/recv (Gloo's patterns) and sub-groups over the parent's connections."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -120,6 +123,38 @@ def test_receives_from_any_source_posted_before_the_sends():
             ctx.barrier()      # a collective after the batch: issue order holds
             return src
         assert g.run(body, timeout=60) == [2, 0, 1]
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_batch_fails_as_a_whole_when_its_peer_leaves(transport):
+    """Rank 1 closes instead of answering: every operation handed to rank 0's batch fails
+    with the PeerError naming rank 1, and the context fails after it."""
+    g = ThreadGroup(2, timeout=10, transport=transport)
+    queued = threading.Event()
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                assert queued.wait(10)
+                time.sleep(0.5)         # the batch takes both (it looks every 2 ms)
+                ctx.close()
+                return None
+            works = [ctx.recv(np.zeros(4), src=1, tag=1, async_op=True),
+                     ctx.send(np.ones(1 << 22), 1, tag=2, async_op=True)]
+            queued.set()
+            errors = []
+            for w in works:
+                with pytest.raises(pc.PeerError, match="rank 1") as info:
+                    w.wait(timeout=20)
+                errors.append(w.exception())
+                assert info.value is w.exception()
+            assert errors[0] is errors[1]          # one failure, handed to the whole batch
+            with pytest.raises(pc.PeerError, match="failed earlier"):
+                ctx.barrier()
+            return str(errors[0])
+        message = g.run(body, timeout=60)[0]
+        assert message.startswith("rank 0: send/recv(") and "rank 1 (" in message, message
     finally:
         g.close()
 
