@@ -316,6 +316,8 @@ class PycollectWork(dist.Work):
         return self._exc
 
     def result(self):
+        """The output tensors, once the operation has ended (waits; raises its error)."""
+        self.wait()
         return self._outputs
 
     def get_future(self):

@@ -1,16 +1,30 @@
 """Async handles, and the per-context thread that runs queued operations in order."""
 
 import collections
+import datetime
 import itertools
+import numbers
 import threading
 
-from .errors import Error, Timeout
+from .errors import Error, InvalidArgument, Timeout
 
-__all__ = ["Work", "Later", "P2P"]
+__all__ = ["Work", "Later", "P2P", "wait_seconds"]
 
 # How long a batch of sends and receives progresses before the runner looks
 # for more of them in its queue.
 BATCH_SLICE_S = 0.002
+
+
+def wait_seconds(timeout, what):
+    """A wait's ``timeout`` (None, seconds, or a ``datetime.timedelta``) in seconds, or None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout != timeout:
+        raise InvalidArgument("%s: timeout must be seconds or a datetime.timedelta, got %r"
+                              % (what, timeout))
+    return max(float(timeout), 0.0)
 
 
 class P2P:
@@ -57,14 +71,17 @@ class Work:
     def wait(self, timeout=None):
         """Block until the operation ends; return its result or raise its error.
 
-        ``timeout`` (seconds) bounds this wait only: on expiry ``Timeout`` is
-        raised and the operation goes on (its own deadline still applies).
+        ``timeout`` (seconds or a ``datetime.timedelta``) bounds this wait only:
+        on expiry ``Timeout`` is raised and the operation goes on (its own
+        deadline still applies).
         """
-        if not self._done.wait(timeout):
-            raise Timeout("%s did not complete within %g s" % (self.description, timeout))
+        seconds = wait_seconds(timeout, "Work.wait")
+        if not self._done.wait(seconds):
+            raise Timeout("%s did not complete within %g s" % (self.description, seconds))
         if self._exception is not None:
             raise self._exception
-        return self.result()
+        r = self._result
+        return r.value if isinstance(r, Later) else r
 
     def is_completed(self):
         """True once the operation has ended, successfully or not."""
@@ -74,10 +91,11 @@ class Work:
         """The error the operation ended with, None if it succeeded or is still running."""
         return self._exception
 
-    def result(self):
-        """The operation's output (the same object wait() returns), once completed."""
-        r = self._result
-        return r.value if isinstance(r, Later) else r
+    def result(self, timeout=None):
+        """The operation's output, as ``concurrent.futures.Future.result``: waits for the
+        end (at most ``timeout``), then returns the output or raises the operation's error.
+        Never hands out an output before it is final."""
+        return self.wait(timeout)
 
     def add_done_callback(self, fn):
         """Call ``fn(work)`` once the operation has ended (at once if it already has).
