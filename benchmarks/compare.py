@@ -344,7 +344,7 @@ def available_peers(transports):
 def drive(args):
     """Run every case for every world size and return the results document."""
     import pycollect as pc
-    from pycollect.plugins.tcp_store import TCPStoreServer
+    from pycollect.plugins.stores.tcp_store import TCPStoreServer
     peers, missing = available_peers(args.transports)
     if args.peers:
         wanted = args.peers.split(",")

@@ -11,9 +11,9 @@ from .types import ReduceOp
 from .context import ANY_SOURCE, ANY_TAG, Context
 from .work import Work
 from .plugins.store import PrefixStore, Store
-from .plugins.hash_store import HashStore
-from .plugins.file_store import FileStore
-from .plugins.tcp_store import TCPStore, TCPStoreServer
+from .plugins.stores.hash_store import HashStore
+from .plugins.stores.file_store import FileStore
+from .plugins.stores.tcp_store import TCPStore, TCPStoreServer
 from . import plugins
 from .rendezvous import DEFAULT_TIMEOUT, init
 

@@ -303,9 +303,9 @@ class Config:
             get_transport(args.transport)   # an unknown one fails here, with the registry's list
         self.transport = args.transport or _default_transport()
         if self.store is not None:
-            from .plugins.registry import _stores
+            from .plugins.registry import get_store_opener
             from .plugins.store import parse_url
-            _stores.load(parse_url(self.store).scheme.lower())   # e.g. no redis plugin yet
+            get_store_opener(parse_url(self.store).scheme)   # e.g. no redis plugin yet
         self.elements = [0] if self.collective.startswith("barrier") else args.elements
 
     def check_size(self, size):

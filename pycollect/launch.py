@@ -354,7 +354,7 @@ def main(argv=None):
     store_url = args.store
     if store_url is None:
         try:
-            from pycollect.plugins.tcp_store import TCPStoreServer
+            from pycollect.plugins.stores.tcp_store import TCPStoreServer
         except ImportError as exc:
             _fail(f"cannot host the embedded TCP store ({exc}); pass --store URL")
             return 1

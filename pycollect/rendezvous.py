@@ -37,7 +37,7 @@ from .context import Context
 from .errors import Error, InvalidArgument, Timeout
 from .plugins.registry import get_transport, open_store
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, backoff_delays
-from .plugins.tls import load_tls
+from .plugins.transports.tls import load_tls
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
@@ -117,7 +117,7 @@ def _present(environ, var):
 
 def _torchrun_store(environ):
     """``tcp://MASTER_ADDR:MASTER_PORT`` (the next port when torch's agent holds that one)."""
-    from .plugins.tcp_store import tcp_url
+    from .plugins.stores.tcp_store import tcp_url
     missing = [var for var in ("MASTER_ADDR", "MASTER_PORT") if not _present(environ, var)]
     if missing:
         raise InvalidArgument("init: running under torchrun (RANK is set) but %s %s not; set "

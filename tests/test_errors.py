@@ -267,8 +267,8 @@ def test_init_names_the_missing_variable(monkeypatch):
 
 def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
     """A connection without the run's token is dropped; the mesh still forms."""
-    import pycollect.plugins.tcp as tcp
-    real_mesh_run = tcp._Mesh.run
+    from pycollect.plugins import mesh
+    real_mesh_run = mesh.Mesh.run
     knocked = []
 
     def run_with_a_stranger(self, listener, addrs):
@@ -279,7 +279,7 @@ def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
             knocked.append(s)
         return real_mesh_run(self, listener, addrs)
 
-    monkeypatch.setattr(tcp._Mesh, "run", run_with_a_stranger)
+    monkeypatch.setattr(mesh.Mesh, "run", run_with_a_stranger)
     g = ThreadGroup(2, timeout=20)
     try:
         _still_usable(g)

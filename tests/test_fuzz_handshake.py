@@ -7,7 +7,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pycollect.plugins import tcp
+from pycollect.plugins import mesh as rendezvous_mesh
 
 TOKEN = b"t" * 32
 CONTEXT = b"c" * 32
@@ -15,7 +15,7 @@ CONTEXT = b"c" * 32
 
 def _feed(payload, close=True):
     """Hand ``payload`` to rank 0's handshake; return "admitted", "dropped" or "waiting"."""
-    mesh = tcp._Mesh(0, 3, TOKEN, CONTEXT, time.monotonic() + 5)
+    mesh = rendezvous_mesh.Mesh(0, 3, TOKEN, CONTEXT, time.monotonic() + 5)
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     state = {"buf": b"", "addr": ("198.18.0.9", 4242), "since": time.monotonic()}
@@ -42,11 +42,12 @@ def _feed(payload, close=True):
 
 
 def _hello(**fields):
-    values = dict(magic=tcp.HELLO_MAGIC, version=tcp.VERSION, flags=0, src=1, dst=0,
-                  context=CONTEXT, token=TOKEN)
+    values = dict(magic=rendezvous_mesh.HELLO_MAGIC, version=rendezvous_mesh.VERSION, flags=0,
+                  src=1, dst=0, context=CONTEXT, token=TOKEN)
     values.update(fields)
-    return tcp.HELLO.pack(values["magic"], values["version"], values["flags"], values["src"],
-                          values["dst"], values["context"], values["token"])
+    return rendezvous_mesh.HELLO.pack(values["magic"], values["version"], values["flags"],
+                                      values["src"], values["dst"], values["context"],
+                                      values["token"])
 
 
 def test_the_runs_hello_is_admitted():
@@ -65,14 +66,14 @@ def test_random_bytes_are_dropped(payload):
        version=st.integers(0, 2**16 - 1))
 def test_hellos_with_wrong_fields_are_dropped(token, context, src, dst, version):
     payload = _hello(token=token, context=context, src=src, dst=dst, version=version)
-    expected = ("admitted" if (token, context, version, dst) == (TOKEN, CONTEXT, tcp.VERSION, 0)
+    expected = ("admitted" if (token, context, version, dst) == (TOKEN, CONTEXT, rendezvous_mesh.VERSION, 0)
                 and 0 < src < 3 else "dropped")
     assert _feed(payload) == expected
 
 
 def test_a_silent_stranger_is_dropped_after_the_grace_period(monkeypatch):
-    monkeypatch.setattr(tcp, "STRANGER_GRACE_S", 0.0)
-    mesh = tcp._Mesh(0, 2, TOKEN, CONTEXT, time.monotonic() + 5)
+    monkeypatch.setattr(rendezvous_mesh, "STRANGER_GRACE_S", 0.0)
+    mesh = rendezvous_mesh.Mesh(0, 2, TOKEN, CONTEXT, time.monotonic() + 5)
     ours, theirs = socket.socketpair()
     state = {"buf": b"", "addr": ("198.18.0.9", 4242), "since": time.monotonic() - 1}
     mesh.sel.register(ours, selectors.EVENT_READ, ("incoming", state))

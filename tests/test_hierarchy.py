@@ -27,7 +27,8 @@ from group import run_ranks
 from jobs import collect, stop
 from pycollect import hierarchy
 from pycollect.context import ALLREDUCE_ALGORITHMS
-from pycollect.plugins import tcp
+from pycollect.plugins import hosts as host_table
+from pycollect.plugins.hosts import boot_id, check_host_table, host_identity, machine_identity
 from reference import assert_matches, make_input, ops_for, reduce_reference
 from test_netns import SUBNET, hosts  # noqa: F401  (the namespace fixture)
 
@@ -41,24 +42,24 @@ JOB_TIMEOUT_S = 45
 # -- host identity -----------------------------------------------------------
 
 def test_identity_names_the_network_namespace_and_can_be_overridden(monkeypatch):
-    machine = tcp._machine_identity()
+    machine = machine_identity()
     inode = os.stat("/proc/self/ns/net").st_ino
-    assert machine.endswith("/net:%d" % inode) and tcp._boot_id() in machine
+    assert machine.endswith("/net:%d" % inode) and boot_id() in machine
     monkeypatch.delenv("PYCOLLECT_HOST_ID", raising=False)
-    assert tcp._host_identity(machine) == machine
+    assert host_identity(machine) == machine
     monkeypatch.setenv("PYCOLLECT_HOST_ID", " rack3-node7 ")
-    assert tcp._host_identity(machine) == "id:rack3-node7"
+    assert host_identity(machine) == "id:rack3-node7"
 
 
 def test_one_override_on_two_machines_is_refused():
     addrs = [{"host": "198.18.0.1", "port": 1, "hostid": "id:x", "machine": "a", "boot": "1"},
              {"host": "198.18.0.2", "port": 1, "hostid": "id:x", "machine": "b", "boot": "2"}]
     with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_HOST_ID must differ"):
-        tcp._check_spans_hosts(1, addrs)
+        check_host_table(1, addrs)
     # Split hosts on one machine may talk over loopback: it is one machine.
     split = [dict(a, host="127.0.0.1", hostid="id:%d" % i, machine="m", boot="1")
              for i, a in enumerate(addrs)]
-    tcp._check_spans_hosts(0, split)
+    check_host_table(0, split)
 
 
 class _FakeContext:
@@ -89,7 +90,7 @@ def test_topology_from_the_host_table(table, groups, multi):
 def fake_hosts(monkeypatch, placement, timeout=20):
     """Contexts for ranks as threads; rank r sits on host ``placement[r]``."""
     local = threading.local()
-    monkeypatch.setattr(tcp, "_host_identity", lambda machine: "fake:%s" % local.host)
+    monkeypatch.setattr(host_table, "host_identity", lambda machine: "fake:%s" % local.host)
     store = "hash://hierarchy-%d-%d" % (os.getpid(), time.monotonic_ns())
 
     def join(rank):

@@ -95,7 +95,7 @@ def test_embedded_store_serves_every_rank_with_a_secret(tmp_path):
     program = write_program(tmp_path, """
         from urllib.parse import parse_qs, urlsplit
         from pycollect.plugins.store import PrefixStore
-        from pycollect.plugins.tcp_store import TCPStore
+        from pycollect.plugins.stores.tcp_store import TCPStore
         url = urlsplit(os.environ["PYCOLLECT_STORE"])
         auth = os.environ["PYCOLLECT_AUTH"]
         with PrefixStore(parse_qs(url.query)["prefix"][0],

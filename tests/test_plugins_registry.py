@@ -153,8 +153,8 @@ def test_pycollect_errors_from_a_plugin_pass_through(fake_entry_points):
 
 def test_one_name_from_two_places_is_a_plugin_error(fake_entry_points):
     fake_entry_points({registry.STORE_GROUP: [
-        _entry_point("twice", "pycollect.plugins.hash_store:open_hash_store"),
-        _entry_point("twice", "pycollect.plugins.file_store:open_file_store")]})
+        _entry_point("twice", "pycollect.plugins.stores.hash_store:open_hash_store"),
+        _entry_point("twice", "pycollect.plugins.stores.file_store:open_file_store")]})
     with pytest.raises(pc.PluginError, match="more than once"):
         open_store("twice://x")
 

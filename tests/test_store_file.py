@@ -11,7 +11,7 @@ import pytest
 
 import pycollect as pc
 from pycollect.plugins import FileStore
-from pycollect.plugins.file_store import key_file_name, open_file_store
+from pycollect.plugins.stores.file_store import key_file_name, open_file_store
 from abstract import StoreSuite
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ import pytest
 
 import pycollect as pc
 from pycollect.plugins import HashStore
-from pycollect.plugins.hash_store import open_hash_store
+from pycollect.plugins.stores.hash_store import open_hash_store
 from abstract import StoreSuite
 
 pytestmark = pytest.mark.timeout(30)

@@ -19,7 +19,7 @@ from conftest import ipv6_loopback_works
 
 hiredis = pytest.importorskip("hiredis", reason="the redis store needs hiredis: "
                                                 "pip install 'pycollect[redis]'")
-from pycollect.plugins.redis_store import RedisStore, parse_redis_url  # noqa: E402
+from pycollect.plugins.stores.redis_store import RedisStore, parse_redis_url  # noqa: E402
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -328,7 +328,7 @@ def test_an_increment_whose_reply_is_lost_is_not_repeated():
 
 
 def test_missing_hiredis_names_the_extra(monkeypatch):
-    from pycollect.plugins import redis_store
+    from pycollect.plugins.stores import redis_store
     monkeypatch.setattr(redis_store, "hiredis", None)
     with pytest.raises(pc.PluginError, match=r"pycollect\[redis\]"):
         open_store("redis://127.0.0.1:1/")

@@ -9,7 +9,7 @@ import pytest
 
 import pycollect as pc
 from pycollect.plugins import TCPStore, TCPStoreServer
-from pycollect.plugins.tcp_store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, REPLY_HEADER,
+from pycollect.plugins.stores.tcp_store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, REPLY_HEADER,
                                          REQUEST_HEADER, Op, Status, is_local_address,
                                          open_tcp_store, parse_tcp_url)
 from abstract import StoreSuite

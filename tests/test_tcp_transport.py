@@ -5,7 +5,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
-from pycollect.plugins import tcp
+from pycollect.plugins import hosts, interfaces
 
 
 def _sum_check(g):
@@ -30,25 +30,25 @@ def test_listen_on_the_chosen_interface(interface):
 
 def test_interface_from_the_environment(monkeypatch):
     monkeypatch.setenv("PYCOLLECT_SOCKET_IFNAME", "lo")
-    assert tcp.choose_address(None, None)[0] == "127.0.0.1"
+    assert interfaces.choose_address(None, None)[0] == "127.0.0.1"
     monkeypatch.setenv("PYCOLLECT_SOCKET_IFNAME", "::1")
-    assert tcp.choose_address(None, None)[0] == "::1"
+    assert interfaces.choose_address(None, None)[0] == "::1"
 
 
 def test_an_argument_beats_the_environment(monkeypatch):
     monkeypatch.setenv("PYCOLLECT_SOCKET_IFNAME", "lo")
-    assert tcp.choose_address("::1", None)[0] == "::1"
+    assert interfaces.choose_address("::1", None)[0] == "::1"
 
 
 def test_unknown_interface_is_named():
     with pytest.raises(pc.InvalidArgument, match="no-such-if0"):
-        tcp.choose_address("no-such-if0", None)
+        interfaces.choose_address("no-such-if0", None)
 
 
 def test_default_routes_to_the_store_host():
     class FakeStore:
         host = "127.0.0.2"
-    addr, why = tcp.choose_address(None, FakeStore())
+    addr, why = interfaces.choose_address(None, FakeStore())
     assert addr.startswith("127.") and "127.0.0.2" in why
 
 
@@ -56,8 +56,8 @@ def test_loopback_is_refused_when_the_job_spans_hosts():
     addrs = [{"host": "127.0.0.1", "port": 1, "hostid": "a"},
              {"host": "198.18.0.2", "port": 1, "hostid": "b"}]
     with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_SOCKET_IFNAME"):
-        tcp._check_spans_hosts(1, addrs)
-    tcp._check_spans_hosts(0, [dict(a, hostid="same") for a in addrs])
+        hosts.check_host_table(1, addrs)
+    hosts.check_host_table(0, [dict(a, hostid="same") for a in addrs])
 
 
 def test_segment_size_from_the_environment(monkeypatch):

@@ -322,9 +322,9 @@ def test_plaintext_bytes_at_a_tls_listener_are_dropped_and_logged(pki, caplog):
     import socket
     import threading
 
-    from pycollect.plugins import tcp
+    from pycollect.plugins import mesh
 
-    real_run = tcp._Mesh.run
+    real_run = mesh.Mesh.run
     poked = threading.Event()
 
     def poke(address):
@@ -344,14 +344,14 @@ def test_plaintext_bytes_at_a_tls_listener_are_dropped_and_logged(pki, caplog):
             time.sleep(0.2)     # the stranger comes first, before rank 1's connection
         return real_run(mesh, listener, addrs)
 
-    tcp._Mesh.run = run_and_poke
+    mesh.Mesh.run = run_and_poke
     try:
         with caplog.at_level(logging.WARNING, logger="pycollect.tcp"):
             store = _store()
             contexts = run_ranks(2, lambda r: pc.init(rank=r, size=2, store=store, timeout=10,
                                                       **_tls(pki, r)))
     finally:
-        tcp._Mesh.run = real_run
+        mesh.Mesh.run = real_run
     try:
         assert poked.wait(5)
         got = run_ranks(2, lambda r: contexts[r].allreduce(np.full(4, r + 1.0)))

@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, urlencode, urlunsplit
 from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url
 
-__all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_transport", "open_store",
-           "refresh"]
+__all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_store_opener", "get_transport",
+           "open_store", "refresh"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"
@@ -113,6 +113,13 @@ def get_transport(name):
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"a transport name must be a non-empty str, got {name!r}")
     return _transports.load(name)
+
+
+def get_store_opener(scheme):
+    """The store plugin object registered for the URL scheme ``scheme``, imported on first use."""
+    if not isinstance(scheme, str) or not scheme:
+        raise InvalidArgument(f"a store scheme must be a non-empty str, got {scheme!r}")
+    return _stores.load(scheme.lower())
 
 
 def _split_prefix(spec):

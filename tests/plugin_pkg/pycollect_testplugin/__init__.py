@@ -41,6 +41,6 @@ def open_memo_store(url, *, timeout=None, rank=None, size=None):
 
 def create_counted_transport(rank, size, store, **options):
     """pycollect's TCP transport, counting the calls."""
-    from pycollect.plugins.tcp import create_tcp_transport
+    from pycollect.plugins.transports.tcp import create_tcp_transport
     _count("counted-tcp")
     return create_tcp_transport(rank, size, store, **options)

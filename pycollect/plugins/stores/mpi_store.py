@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from ..errors import InvalidArgument, PluginError, StoreError, Timeout
-from .store import Deadline, backoff_delays, resolve_timeout, split_store_url
+from ...errors import InvalidArgument, PluginError, StoreError, Timeout
+from ..store import Deadline, backoff_delays, resolve_timeout, split_store_url
 from .tcp_store import TCPStore, TCPStoreServer, tcp_url
 
 __all__ = ["MPIStore", "open_mpi_store", "world"]
@@ -67,7 +67,7 @@ def _complete(request, deadline, rank, what):
 
 def _host_address(hostids, interface):
     """Where rank 0 hosts the store: loopback on one host, else a routable address."""
-    from .tcp import choose_address
+    from ..interfaces import choose_address
     if len(set(hostids)) == 1:
         return "127.0.0.1"
     host, why = choose_address(interface, None)
@@ -82,12 +82,12 @@ class MPIStore(TCPStore):
     """A ``TCPStore`` whose server rank 0 hosts, found through one MPI exchange at open."""
 
     def __init__(self, timeout=None, *, interface=None):
-        from .tcp import _machine_identity
+        from ..hosts import machine_identity
         _, comm = world()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         deadline = Deadline(resolve_timeout(timeout))
         hostids = np.zeros((self.size, HOST_ID_BYTES), np.uint8)
-        request = comm.Iallgather(_fixed(_machine_identity(), HOST_ID_BYTES, "host identity"),
+        request = comm.Iallgather(_fixed(machine_identity(), HOST_ID_BYTES, "host identity"),
                                   hostids)
         _complete(request, deadline, self.rank, "allgather of host identities")
         hostids = [_unfixed(row) for row in hostids]

@@ -17,8 +17,8 @@ import struct
 import threading
 import time
 
-from ..errors import InvalidArgument, StoreError
-from .store import Deadline, Store, backoff_delays, parse_counter, split_store_url
+from ...errors import InvalidArgument, StoreError
+from ..store import Deadline, Store, backoff_delays, parse_counter, split_store_url
 
 __all__ = ["TCPStore", "TCPStoreServer", "open_tcp_store", "is_local_address"]
 

@@ -1,19 +1,22 @@
-"""Rendezvous for the TCP transport: listener, address exchange, full mesh, handshake.
+"""The rendezvous mesh: listener, address exchange, full mesh of sockets, hello.
 
-This is the one place that touches both a store and a transport.  Each rank
-binds a listener on the chosen interface, publishes its address and host
-identity under the context's prefix, connects to every lower rank and
+Each rank binds a listener on the chosen interface, publishes its address and
+host identity under the context's prefix, connects to every lower rank and
 accepts every higher one.  A connection proves itself with a hello that
 carries the run's random token (rank 0 creates it and shares it through the
 store), both ranks and the context id; anything else that reaches the
 listener (a port scanner, garbage, a rank of another run) is logged and
 dropped while the job goes on.  All of it runs under one deadline.
+
+A transport that encrypts its pairs passes a hook (``tls=``) that wraps each
+socket right after the TCP connect, before the hello, so the token never
+crosses the network in clear.  The mesh hands back plain file descriptors;
+the transport factories (transports/) build their transport over them.
 """
 
 import errno
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -25,7 +28,10 @@ import struct
 import time
 
 from ..errors import InvalidArgument, PeerError, StoreError, Timeout
+from . import hosts
 from .interfaces import choose_address
+
+__all__ = ["ACK", "HELLO", "Joined", "Mesh", "connect_mesh", "forget", "format_addr", "tune"]
 
 log = logging.getLogger("pycollect.tcp")
 
@@ -38,42 +44,15 @@ SOCKET_BUFFER_BYTES = 4 << 20
 STRANGER_GRACE_S = 5.0
 
 
-def _boot_id():
-    """The running kernel's boot id: processes with the same one share the CPUs."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+class _NoTls(Exception):
+    """Stands for the TLS error class where no pair is wrapped."""
 
 
-def _machine_identity():
-    """Host name, kernel boot id and network namespace: ranks that share memory and a loopback.
-
-    Ranks in different network namespaces of one kernel (containers, the
-    tests' namespace "hosts") reach each other only through the network, so
-    they count as different hosts.
-    """
-    try:
-        netns = "net:%d" % os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        netns = ""
-    return "%s/%s/%s" % (socket.gethostname(), _boot_id(), netns)
-
-
-def _host_identity(machine):
-    """The host ranks are grouped by: ``PYCOLLECT_HOST_ID`` if set, else the machine identity."""
-    override = os.environ.get("PYCOLLECT_HOST_ID", "")
-    if override.strip():
-        return "id:" + override.strip()
-    return machine
-
-
-def _format_addr(host, port):
+def format_addr(host, port):
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
 
 
-def _tune(sock):
+def tune(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
@@ -82,10 +61,12 @@ def _tune(sock):
             pass
 
 
-class _Mesh:
+class Mesh:
     """One rank's side of the full-mesh setup, driven by a selector."""
 
     def __init__(self, rank, size, token, context, deadline, tls=None):
+        """``tls``: None, or the hook that wraps every socket before the hello (``TlsHook``
+        of transports/tls.py: ``stream(sock, server)`` and the exception class ``error``)."""
         self.rank = rank
         self.size = size
         self.token = token
@@ -93,7 +74,8 @@ class _Mesh:
         self.deadline = deadline
         self.socks = [None] * size
         self.sel = selectors.DefaultSelector()
-        self.tls = tls                      # a TlsConfig: TLS before the hello, on every pair
+        self.tls = tls                      # wraps every pair before the hello, or None
+        self.tls_error = _NoTls if tls is None else tls.error
         self.streams = [None] * size        # ... and each pair's TlsStream
         self.addrs = None
         self.dropped = []                   # why strangers were dropped, for a timeout
@@ -119,7 +101,7 @@ class _Mesh:
                                if p != self.rank and self.socks[p] is None]
                     raise Timeout("rank %d: connecting the TCP mesh timed out; no connection "
                                   "with rank(s) %s (%s)%s" % (self.rank, missing, ", ".join(
-                                      _format_addr(addrs[p]["host"], addrs[p]["port"])
+                                      format_addr(addrs[p]["host"], addrs[p]["port"])
                                       for p in missing), "; dropped meanwhile: " + "; ".join(
                                           self.dropped[-3:]) if self.dropped else ""))
                 for key, events in self.sel.select(timeout=min(left, 0.5)):
@@ -148,7 +130,7 @@ class _Mesh:
         if err not in (0, errno.EINPROGRESS):
             sock.close()
             raise PeerError("rank %d: cannot connect to rank %d at %s: %s"
-                            % (self.rank, peer, _format_addr(host, port), os.strerror(err)))
+                            % (self.rank, peer, format_addr(host, port), os.strerror(err)))
         state = state or {"peer": peer, "tries": 0}
         state.update(stage="connecting", buf=b"", sent=0)
         self.sel.register(sock, selectors.EVENT_WRITE, ("connect", state))
@@ -166,11 +148,11 @@ class _Mesh:
                     self._start_connect(peer, addrs[peer], state)
                     return
                 raise PeerError("rank %d: cannot connect to rank %d at %s: %s" % (
-                    self.rank, peer, _format_addr(addrs[peer]["host"], addrs[peer]["port"]),
+                    self.rank, peer, format_addr(addrs[peer]["host"], addrs[peer]["port"]),
                     os.strerror(err)))
             if self.tls is not None:
                 state["stage"] = "tls"
-                state["stream"] = _tls_stream(self.tls, sock, server=False)
+                state["stream"] = self.tls.stream(sock, server=False)
         if state["stage"] == "tls":
             if not self._connect_tls(sock, state, addrs):
                 return
@@ -185,7 +167,7 @@ class _Mesh:
                 return
         except (BlockingIOError, InterruptedError):
             return
-        except _TlsError as exc:
+        except self.tls_error as exc:
             raise self._refused(peer, addrs, exc)
         except OSError as exc:
             data = b""
@@ -196,14 +178,14 @@ class _Mesh:
         if not data:
             raise PeerError("rank %d: rank %d at %s refused the handshake (closed the "
                             "connection); is it another run, or a rank with another token?"
-                            % (self.rank, peer, _format_addr(addrs[peer]["host"],
+                            % (self.rank, peer, format_addr(addrs[peer]["host"],
                                                              addrs[peer]["port"])))
         state["buf"] += data
         if len(state["buf"]) == ACK.size:
             magic, their_rank = ACK.unpack(state["buf"])
             if magic != ACK_MAGIC or their_rank != peer:
                 raise PeerError("rank %d: the process at %s answered as rank %d, not rank %d"
-                                % (self.rank, _format_addr(addrs[peer]["host"],
+                                % (self.rank, format_addr(addrs[peer]["host"],
                                                             addrs[peer]["port"]),
                                    their_rank, peer))
             self.sel.unregister(sock)
@@ -212,10 +194,10 @@ class _Mesh:
     def _connect_tls(self, sock, state, addrs):
         """Drive the client side of the TLS handshake; True once done and the peer checked."""
         peer = state["peer"]
-        where = _format_addr(addrs[peer]["host"], addrs[peer]["port"])
+        where = format_addr(addrs[peer]["host"], addrs[peer]["port"])
         try:
             wants = state["stream"].handshake()
-        except _TlsError as exc:
+        except self.tls_error as exc:
             raise PeerError("rank %d: TLS handshake with rank %d at %s failed: %s%s" % (
                 self.rank, peer, where, exc, "" if addrs[peer].get("tls") else
                 " (that rank runs without TLS)"))
@@ -236,7 +218,7 @@ class _Mesh:
         return PeerError("rank %d: rank %d at %s refused this rank's TLS certificate or "
                          "dropped the connection: %s" % (
                              self.rank, peer,
-                             _format_addr(addrs[peer]["host"], addrs[peer]["port"]), exc))
+                             format_addr(addrs[peer]["host"], addrs[peer]["port"]), exc))
 
     def _send_small(self, sock, stream, data, addrs, peer):
         """Send a handshake message (a few bytes) to ``peer`` within the deadline."""
@@ -246,7 +228,7 @@ class _Mesh:
         while data:
             try:
                 n = stream.send(data)
-            except _TlsError as exc:
+            except self.tls_error as exc:
                 raise self._refused(peer, addrs, exc)
             data = data[n:]
             if data:
@@ -264,13 +246,13 @@ class _Mesh:
             sock.setblocking(False)
             state = {"buf": b"", "addr": addr, "since": time.monotonic()}
             if self.tls is not None:
-                state["stream"] = _tls_stream(self.tls, sock, server=True)
+                state["stream"] = self.tls.stream(sock, server=True)
             self.sel.register(sock, selectors.EVENT_READ, ("incoming", state))
 
     def _drop(self, sock, state, why):
-        self.dropped.append("%s (%s)" % (_format_addr(state["addr"][0], state["addr"][1]), why))
+        self.dropped.append("%s (%s)" % (format_addr(state["addr"][0], state["addr"][1]), why))
         log.warning("rank %d: dropped a connection from %s: %s", self.rank,
-                    _format_addr(state["addr"][0], state["addr"][1]), why)
+                    format_addr(state["addr"][0], state["addr"][1]), why)
         self.sel.unregister(sock)
         sock.close()
 
@@ -279,7 +261,7 @@ class _Mesh:
         if stream is not None and not state.get("secure"):
             try:
                 wants = stream.handshake()
-            except _TlsError as exc:
+            except self.tls_error as exc:
                 return self._drop(sock, state, "TLS handshake failed: %s" % exc)
             if wants:
                 self.sel.modify(sock, selectors.EVENT_READ if wants == "read"
@@ -293,7 +275,7 @@ class _Mesh:
                 return
         except (BlockingIOError, InterruptedError):
             return
-        except _TlsError as exc:
+        except self.tls_error as exc:
             return self._drop(sock, state, "TLS failed: %s" % exc)
         except OSError as exc:
             return self._drop(sock, state, "receive failed: %s" % exc)
@@ -336,30 +318,24 @@ class _Mesh:
                 self._drop(key.fileobj, state, "no hello within %g s" % STRANGER_GRACE_S)
 
 
-def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
-                         spin_us=None, shared_memory="never", tls=None):
-    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport.
+class Joined:
+    """What the mesh leaves a transport factory: one fd per peer and what every rank published."""
 
-    ``shared_memory``: "never" (TCP to every peer), "local" (same-host peers
-    through shared memory, see plugins/shm.py) or "all" (every peer must be
-    on this host).  ``tls``: a ``TlsConfig`` puts every pair under TLS
-    (plugins/tls.py); it excludes shared memory.
+    def __init__(self, fds, addrs, token, context, streams, deadline):
+        self.fds = fds              # one connected socket's fd per peer, -1 for this rank
+        self.addrs = addrs          # every rank's published record (host, port, hostid, ...)
+        self.token = token          # the run's secret (32 bytes)
+        self.context = context      # sha256 of the context id
+        self.streams = streams      # each pair's TLS stream, where the tls hook wrapped it
+        self.deadline = deadline    # time.monotonic() deadline of the whole rendezvous
+
+
+def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", tls=None):
+    """Listen, publish this rank's address, connect the full mesh; return a ``Joined``.
+
+    ``deadline`` is a ``time.monotonic()`` value that bounds all of it; ``tls``
+    wraps every socket before the hello (``Mesh``).
     """
-    if tls is not None and shared_memory != "never":
-        raise InvalidArgument("rank %d: TLS covers TCP pairs only; shared memory cannot be "
-                              "combined with it" % rank)
-    from .._ext._tcp import TcpTransport
-
-    deadline = time.monotonic() + timeout
-    if spin_us is None:
-        raw = os.environ.get("PYCOLLECT_SPIN_US", "50")
-        try:
-            spin_us = float(raw)
-        except ValueError:
-            spin_us = -1.0
-        if not 0 <= spin_us <= 1e6:
-            raise InvalidArgument("PYCOLLECT_SPIN_US=%r is not a number of microseconds "
-                                  "in 0..1000000" % raw)
     host, why = choose_address(interface, store)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
@@ -370,10 +346,10 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
         raise InvalidArgument("rank %d: cannot listen on %s (%s): %s" % (rank, host, why, exc))
     listener.listen(max(size, 16))
     port = listener.getsockname()[1]
-    log.debug("rank %d: listening on %s (%s)", rank, _format_addr(host, port), why)
-    machine = _machine_identity()
-    me = {"host": host, "port": port, "hostid": _host_identity(machine), "machine": machine,
-          "boot": _boot_id(), "pid": os.getpid()}
+    log.debug("rank %d: listening on %s (%s)", rank, format_addr(host, port), why)
+    machine = hosts.machine_identity()
+    me = {"host": host, "port": port, "hostid": hosts.host_identity(machine), "machine": machine,
+          "boot": hosts.boot_id(), "pid": os.getpid()}
     if tls is not None:
         me["tls"] = {"name": socket.gethostname()}
     try:
@@ -391,49 +367,27 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
                 raw = store.get("tcp/addr/%d" % peer,
                                 timeout=max(deadline - time.monotonic(), 0.001))
                 addrs.append(json.loads(raw.decode()))
-        _check_spans_hosts(rank, addrs)
+        hosts.check_host_table(rank, addrs)
         _check_same_security(rank, addrs)
         context = hashlib.sha256(context_id.encode()).digest()
-        mesh = _Mesh(rank, size, token, context, deadline, tls=tls)
+        mesh = Mesh(rank, size, token, context, deadline, tls=tls)
         socks = mesh.run(listener, addrs)
     finally:
         listener.close()
     fds = []
-    for peer, sock in enumerate(socks):
+    for sock in socks:
         if sock is None:
             fds.append(-1)
             continue
-        _tune(sock)
+        tune(sock)
         fds.append(sock.detach())
-    local = sum(1 for a in addrs if a["hostid"] == me["hostid"])
-    sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == me["boot"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    transport = TcpTransport(rank, size, fds,
-                             [_format_addr(a["host"], a["port"]) for a in addrs],
-                             spin_us=spin_us, yield_spin=sharing_cores > cores)
-    transport.host_ids = [a["hostid"] for a in addrs]
-    if tls is not None:
-        transport.attach_tls(_tls_engine().engine_ops(), mesh.streams)
     # Everyone has read every address once the mesh stands: leave the store clean
     # (best effort: a store hosted by a rank that already finished may be gone).
-    _forget(store, ["tcp/addr/%d" % rank] + (["tcp/token"] if rank == 0 else []))
-    if shared_memory != "never":
-        from .shm import attach_shared_memory
-        if shared_memory == "all" and local < size:
-            transport.close()
-            raise InvalidArgument("rank %d: transport 'shm' needs every rank on this host, "
-                                  "but only %d of %d are; use transport='auto'"
-                                  % (rank, local, size))
-        try:
-            attach_shared_memory(transport, rank, addrs, store, token + context, deadline,
-                                 required=shared_memory == "all")
-        except BaseException:
-            transport.close()
-            raise
-    return transport
+    forget(store, ["tcp/addr/%d" % rank] + (["tcp/token"] if rank == 0 else []))
+    return Joined(fds, addrs, token, context, mesh.streams, deadline)
 
 
-def _forget(store, keys):
+def forget(store, keys):
     """Delete rendezvous keys nobody needs any more, if the store is still there."""
     try:
         for key in keys:
@@ -458,54 +412,8 @@ def _peer_names(addr):
     return [n for n in (addr["host"], (addr.get("tls") or {}).get("name")) if n]
 
 
-def _tls_engine():
-    from .tls import _engine
-    return _engine()
-
-
-class _NoTls(Exception):
-    """Stands for _tls.TlsError where TLS is never used."""
-
-
-def _tls_error():
-    try:
-        from .._ext._tls import TlsError
-    except ImportError:
-        return _NoTls
-    return TlsError
-
-
-_TlsError = _tls_error()
-
-
-def _tls_stream(config, sock, server):
-    return _tls_engine().TlsStream(config, sock.fileno(), server)
-
-
 def _recv(sock, stream, n):
     """Up to ``n`` handshake bytes: b"" at the end of the stream, None when none are there."""
     if stream is None:
         return sock.recv(n)
     return stream.recv(n)
-
-
-def _check_spans_hosts(rank, addrs):
-    """Refuse a loopback listener in a job whose ranks sit on several machines, and one
-    host identity (``PYCOLLECT_HOST_ID``) given to ranks of different kernels."""
-    kernels = {}
-    for peer, a in enumerate(addrs):
-        first = kernels.setdefault(a["hostid"], (peer, a.get("boot")))
-        if first[1] != a.get("boot"):
-            raise InvalidArgument(
-                "rank %d: ranks %d and %d run on different machines but share the host "
-                "identity %r; PYCOLLECT_HOST_ID must differ between machines"
-                % (rank, first[0], peer, a["hostid"]))
-    hosts = {a.get("machine", a["hostid"]) for a in addrs}
-    if len(hosts) < 2:
-        return
-    for peer, a in enumerate(addrs):
-        if ipaddress.ip_address(a["host"]).is_loopback:
-            raise InvalidArgument(
-                "rank %d: the job spans %d hosts but rank %d listens on loopback %s; set "
-                "PYCOLLECT_SOCKET_IFNAME (or init(interface=...)) to a routable interface"
-                % (rank, len(hosts), peer, a["host"]))

@@ -10,8 +10,8 @@ import threading
 import time
 from urllib.parse import quote, unquote
 
-from ..errors import InvalidArgument, StoreError, Timeout
-from .store import Deadline, Store, backoff_delays, parse_counter, split_store_url
+from ...errors import InvalidArgument, StoreError, Timeout
+from ..store import Deadline, Store, backoff_delays, parse_counter, split_store_url
 
 __all__ = ["FileStore", "open_file_store"]
 

@@ -1,4 +1,4 @@
-"""Shared memory between the ranks of one host, set up at rendezvous.
+"""Transports "shm" and "auto": shared memory between the ranks of one host, set up at rendezvous.
 
 The TCP mesh is connected first (its sockets stay as the wake-up and
 end-of-stream channel); then the ranks of each host share one segment in
@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 
-from ..errors import InvalidArgument, StoreError
+from ...errors import InvalidArgument, StoreError
+from ..mesh import forget
+from .tcp import open_tcp
 
 log = logging.getLogger("pycollect.shm")
 
@@ -42,7 +44,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     When the host's first rank cannot create the segment (no /dev/shm, say),
     every rank of the host stays on TCP, unless ``required``.
     """
-    from .._ext._shm import RING_HEADER_BYTES, Segment, cma_probe
+    from ..._ext._shm import RING_HEADER_BYTES, Segment, cma_probe
 
     def left():
         return max(deadline - time.monotonic(), 0.001)
@@ -103,24 +105,38 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s",
               rank, [p for p in local if p != rank], ring_bytes >> 10, sorted(readers))
     # Every local rank has read every probe once all 'readable' lists exist.
-    from .tcp import _forget
     try:
         count = store.add("shm/attached/%s" % tag, 1)
     except StoreError:
         return      # the store's host already finished: nothing left to tidy there
     if count == nlocal:
-        _forget(store, ["shm/probe/%d" % p for p in local] +
+        forget(store, ["shm/probe/%d" % p for p in local] +
                 ["shm/readable/%d" % p for p in local] +
                 ["shm/segment/%s" % tag, "shm/attached/%s" % tag])
 
 
+def _with_shared_memory(rank, size, store, required, options):
+    transport, joined = open_tcp(rank, size, store, **options)
+    try:
+        if required:
+            local = sum(1 for a in joined.addrs if a["hostid"] == joined.addrs[rank]["hostid"])
+            if local < size:
+                raise InvalidArgument("rank %d: transport 'shm' needs every rank on this host, "
+                                      "but only %d of %d are; use transport='auto'"
+                                      % (rank, local, size))
+        attach_shared_memory(transport, rank, joined.addrs, store, joined.token + joined.context,
+                             joined.deadline, required=required)
+    except BaseException:
+        transport.close()
+        raise
+    return transport
+
+
 def create_shm_transport(rank, size, store, **options):
     """Every rank on this host: shared memory between all pairs."""
-    from .tcp import create_tcp_transport
-    return create_tcp_transport(rank, size, store, shared_memory="all", **options)
+    return _with_shared_memory(rank, size, store, True, options)
 
 
 def create_auto_transport(rank, size, store, **options):
     """Shared memory between ranks of one host, TCP between hosts."""
-    from .tcp import create_tcp_transport
-    return create_tcp_transport(rank, size, store, shared_memory="local", **options)
+    return _with_shared_memory(rank, size, store, False, options)

@@ -10,7 +10,8 @@ between ranks of one host (no shared memory).  See docs/security.md.
 
 import os
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
+from .tcp import open_tcp
 
 # (keyword argument of pc.init, environment variable, what the file holds)
 SETTINGS = (
@@ -22,7 +23,7 @@ SETTINGS = (
 
 def _engine():
     try:
-        from .._ext import _tls
+        from ..._ext import _tls
     except ImportError as exc:
         raise InvalidArgument(
             "transport 'tcp+tls' needs pycollect._ext._tls, which is built only where "
@@ -52,10 +53,27 @@ def load_tls(tls_cert=None, tls_key=None, tls_ca=None, environ=None):
     return _engine().TlsConfig(*paths, names=tuple(names))
 
 
+class TlsHook:
+    """What the rendezvous mesh calls to put a socket under TLS before the hello."""
+
+    def __init__(self, config):
+        self.engine = _engine()
+        self.config = config
+        self.error = self.engine.TlsError
+
+    def stream(self, sock, server):
+        """A TLS stream over ``sock``, not yet shaken hands (the mesh drives that)."""
+        return self.engine.TlsStream(self.config, sock.fileno(), server)
+
+
 def create_tls_transport(rank, size, store, *, tls=None, **options):
     """The TCP transport over TLS to every peer (``tls``: a ``TlsConfig``; left out, from
     ``PYCOLLECT_TLS_*``)."""
-    from .tcp import create_tcp_transport
-    if tls is None:
-        tls = load_tls()
-    return create_tcp_transport(rank, size, store, tls=tls, **options)
+    hook = TlsHook(load_tls() if tls is None else tls)
+    transport, joined = open_tcp(rank, size, store, tls=hook, **options)
+    try:
+        transport.attach_tls(hook.engine.engine_ops(), joined.streams)
+    except BaseException:
+        transport.close()
+        raise
+    return transport

@@ -3,8 +3,8 @@
 import itertools
 import threading
 
-from ..errors import InvalidArgument
-from .store import Store, parse_counter, split_store_url
+from ...errors import InvalidArgument
+from ..store import Store, parse_counter, split_store_url
 
 __all__ = ["HashStore", "open_hash_store"]
 

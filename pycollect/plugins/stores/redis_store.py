@@ -19,8 +19,8 @@ import threading
 import time
 from urllib.parse import parse_qsl, quote, unquote
 
-from ..errors import InvalidArgument, PluginError, StoreError, Timeout
-from .store import Deadline, Store, backoff_delays, parse_url
+from ...errors import InvalidArgument, PluginError, StoreError, Timeout
+from ..store import Deadline, Store, backoff_delays, parse_url
 
 try:
     import hiredis

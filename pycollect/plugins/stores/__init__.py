@@ -1,0 +1,1 @@
+"""The built-in rendezvous stores, one module each, registered through pycollect's entry points."""

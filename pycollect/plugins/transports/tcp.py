@@ -1,0 +1,60 @@
+"""Transport "tcp": the full mesh of sockets (plugins/mesh.py) handed to the TCP engine.
+
+``open_tcp`` is the step every socket-based factory shares (``shm`` and
+``auto`` add rings to same-host pairs, ``tcp+tls`` wraps every pair);
+``create_tcp_transport`` is the ``tcp`` entry point itself.
+"""
+
+import os
+import time
+
+from ...errors import InvalidArgument
+from ..mesh import connect_mesh, format_addr
+
+__all__ = ["create_tcp_transport", "open_tcp"]
+
+
+def _spin_us(spin_us):
+    if spin_us is not None:
+        return spin_us
+    raw = os.environ.get("PYCOLLECT_SPIN_US", "50")
+    try:
+        spin_us = float(raw)
+    except ValueError:
+        spin_us = -1.0
+    if not 0 <= spin_us <= 1e6:
+        raise InvalidArgument("PYCOLLECT_SPIN_US=%r is not a number of microseconds "
+                              "in 0..1000000" % raw)
+    return spin_us
+
+
+def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_us=None,
+             tls=None):
+    """Connect the full mesh and build a ``TcpTransport`` over it: ``(transport, joined)``.
+
+    ``joined`` is the mesh's ``Joined`` record (addresses, token, deadline) for
+    a factory that goes on setting up (shared memory); ``tls`` is the mesh's
+    wrapping hook.
+    """
+    from ..._ext._tcp import TcpTransport
+
+    deadline = time.monotonic() + timeout
+    spin_us = _spin_us(spin_us)
+    joined = connect_mesh(rank, size, store, deadline=deadline, interface=interface,
+                          context_id=context_id, tls=tls)
+    addrs = joined.addrs
+    sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == addrs[rank]["boot"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    transport = TcpTransport(rank, size, joined.fds,
+                             [format_addr(a["host"], a["port"]) for a in addrs],
+                             spin_us=spin_us, yield_spin=sharing_cores > cores)
+    transport.host_ids = [a["hostid"] for a in addrs]
+    return transport, joined
+
+
+def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
+                         spin_us=None):
+    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport
+    that reaches every peer over TCP."""
+    return open_tcp(rank, size, store, timeout=timeout, interface=interface,
+                    context_id=context_id, spin_us=spin_us)[0]
