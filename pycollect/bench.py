@@ -982,6 +982,19 @@ def _launch_local(parser, cfg):
     return launch.main(argv)
 
 
+def _rank_label(args):
+    """This rank for a message: ``--rank``, else ``PYCOLLECT_RANK``, else "?"."""
+    from . import settings
+    from .errors import InvalidArgument
+    if args.rank is not None:
+        return args.rank
+    try:
+        rank = settings.get("PYCOLLECT_RANK")
+    except InvalidArgument:
+        return "?"
+    return "?" if rank is None else rank
+
+
 def main(argv=None):
     """Run pycollect-bench; return its exit status."""
     from .errors import Error, InvalidArgument, PluginError
@@ -990,7 +1003,7 @@ def main(argv=None):
     cfg = Config(args, parser)
     if args.local is not None:
         return _launch_local(parser, cfg)
-    rank = args.rank if args.rank is not None else os.environ.get("PYCOLLECT_RANK", "?")
+    rank = _rank_label(args)
     try:
         return run(cfg)
     except VerificationFailed as exc:

@@ -33,11 +33,11 @@ import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
+from . import settings
 from .context import Context
 from .errors import Error, InvalidArgument, Timeout
-from .plugins.registry import get_transport, open_store
+from .plugins.registry import get_transport, open_store, transport_options
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, backoff_delays
-from .plugins.transports.tls import load_tls
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
@@ -73,27 +73,17 @@ def _parse(raw, var, parse, what):
         raise InvalidArgument("%s=%r is not a valid %s" % (var, raw, what)) from None
 
 
-def _from_env(value, var, parse, what, environ=None):
-    if value is not None:
-        return value
-    raw = (os.environ if environ is None else environ).get(var)
-    if raw is None or raw == "":
-        return None
-    return _parse(raw, var, parse, what)
-
-
 def _debug_enabled():
     """False, True (PYCOLLECT_DEBUG=1: log choices), or "detail" (also check every
     collective's signature across ranks: pycollect/signature.py)."""
-    flag = os.environ.get("PYCOLLECT_DEBUG", "").strip().lower()
-    if flag and flag != "0":
+    level = settings.get("PYCOLLECT_DEBUG")
+    if level:
         if not log.handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("pycollect %(levelname)s %(message)s"))
             log.addHandler(handler)
         log.setLevel(logging.DEBUG)
-        return "detail" if flag == "detail" else True
-    return False
+    return level
 
 
 def redact(url):
@@ -168,12 +158,12 @@ def _job(rank, size, store):
             sources[field] = "argument"
         elif _present(os.environ, var):
             sources[field] = var
-    rank = _from_env(rank, "PYCOLLECT_RANK", int, "rank")
-    size = _from_env(size, "PYCOLLECT_SIZE", int, "size")
+    rank = settings.get("PYCOLLECT_RANK") if rank is None else rank
+    size = settings.get("PYCOLLECT_SIZE") if size is None else size
     if store is not None:
         sources["store"] = "argument"
-    elif _present(os.environ, "PYCOLLECT_STORE"):
-        store, sources["store"] = os.environ["PYCOLLECT_STORE"], "PYCOLLECT_STORE"
+    elif settings.get("PYCOLLECT_STORE") is not None:
+        store, sources["store"] = settings.get("PYCOLLECT_STORE"), "PYCOLLECT_STORE"
     launcher = None
     if rank is None or size is None or store is None:
         try:
@@ -279,10 +269,9 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
     """
     debug = _debug_enabled()
     rank, size, store = _job(rank, size, store)
-    timeout = _from_env(timeout, "PYCOLLECT_TIMEOUT", float, "timeout in seconds")
-    segment_bytes = _from_env(segment_bytes, "PYCOLLECT_MAX_SEGMENT_BYTES", int, "byte count")
-    if timeout is None:
-        timeout = DEFAULT_TIMEOUT
+    timeout = settings.get("PYCOLLECT_TIMEOUT") if timeout is None else timeout
+    if segment_bytes is None:
+        segment_bytes = settings.get("PYCOLLECT_MAX_SEGMENT_BYTES")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not 0 < timeout < float("inf"):
         # Every blocking path has a deadline: an infinite one is refused too.
@@ -291,15 +280,13 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
     if not isinstance(transport, str):
         raise InvalidArgument("init: transport must be a name such as 'tcp', got %r"
                               % (transport,))
-    options = {}
-    if transport == "tcp+tls":
-        # Checked before joining: a bad file fails this rank now, not its peers later.
-        options["tls"] = load_tls(tls_cert, tls_key, tls_ca)
-    elif (tls_cert, tls_key, tls_ca) != (None, None, None):
-        raise InvalidArgument("init: tls_cert, tls_key and tls_ca need transport='tcp+tls', "
-                              "got transport=%r" % (transport,))
     deadline = Deadline(float(timeout))
     factory = get_transport(transport)
+    # The transport's own options, checked before joining: a bad one fails this rank now,
+    # not its peers later.
+    given = {name: value for name, value in (("tls_cert", tls_cert), ("tls_key", tls_key),
+                                             ("tls_ca", tls_ca)) if value is not None}
+    options = transport_options(transport, factory, given)
     owns_store = not isinstance(store, Store)
     base = open_store(store, timeout=timeout, rank=rank, size=size)
     try:

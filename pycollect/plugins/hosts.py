@@ -10,6 +10,7 @@ import ipaddress
 import os
 import socket
 
+from .. import settings
 from ..errors import InvalidArgument
 
 __all__ = ["boot_id", "check_host_table", "host_identity", "machine_identity"]
@@ -40,10 +41,8 @@ def machine_identity():
 
 def host_identity(machine):
     """The host ranks are grouped by: ``PYCOLLECT_HOST_ID`` if set, else the machine identity."""
-    override = os.environ.get("PYCOLLECT_HOST_ID", "")
-    if override.strip():
-        return "id:" + override.strip()
-    return machine
+    override = settings.get("PYCOLLECT_HOST_ID")
+    return machine if override is None else "id:" + override
 
 
 def check_host_table(rank, addrs):

@@ -20,16 +20,15 @@ the store's host, else the address the host name resolves to, else loopback
 import ctypes
 import ctypes.util
 import ipaddress
-import os
 import socket
 import struct
 import sys
 
+from .. import settings
 from ..errors import InvalidArgument
 
 __all__ = ["choose_address", "local_addresses", "parse_interface_spec", "store_host"]
 
-IFNAME_ENV = "PYCOLLECT_SOCKET_IFNAME"
 IFF_UP = 0x1
 # Longest chain of wrapped stores searched for a host name.
 MAX_STORE_WRAPPING = 16
@@ -215,7 +214,7 @@ def _from_spec(spec, host):
         allowed = [(n, a) for n, a in allowed if not a.is_loopback]
     if not allowed:
         raise InvalidArgument("%s=%r matches no usable address of this machine (interfaces "
-                              "that are up: %s)" % (IFNAME_ENV, spec, _describe(addresses)))
+                              "that are up: %s)" % ("PYCOLLECT_SOCKET_IFNAME", spec, _describe(addresses)))
     if host:
         try:
             routed = _route_source(host)
@@ -235,7 +234,7 @@ def choose_address(interface, store):
 
     Returns ``(address, why)``.
     """
-    spec = interface or os.environ.get(IFNAME_ENV)
+    spec = interface or settings.get("PYCOLLECT_SOCKET_IFNAME")
     host = store_host(store)
     if spec:
         return _from_spec(spec, host)

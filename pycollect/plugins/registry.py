@@ -14,7 +14,7 @@ from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url
 
 __all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_store_opener", "get_transport",
-           "open_store", "refresh"]
+           "open_store", "refresh", "transport_options"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"
@@ -120,6 +120,23 @@ def get_store_opener(scheme):
     if not isinstance(scheme, str) or not scheme:
         raise InvalidArgument(f"a store scheme must be a non-empty str, got {scheme!r}")
     return _stores.load(scheme.lower())
+
+
+def transport_options(name, factory, given):
+    """The keyword arguments ``init`` passes to transport ``name``'s ``factory``.
+
+    ``given``: the transport options of ``init`` that the caller set (not None).
+    A factory declares the ones it takes as ``factory.options`` (names) and
+    may check them before the rendezvous with ``factory.prepare(**given)``,
+    which returns its keyword arguments.
+    """
+    declared = getattr(factory, "options", ())
+    unknown = [option for option in given if option not in declared]
+    if unknown:
+        raise InvalidArgument("init: transport %r takes no option %s (it takes %s)" % (
+            name, ", ".join(unknown), ", ".join(declared) or "none"))
+    prepare = getattr(factory, "prepare", None)
+    return dict(given) if prepare is None else prepare(**given)
 
 
 def _split_prefix(spec):

@@ -12,10 +12,10 @@ import datetime
 import math
 import numbers
 import operator
-import os
 import time
 from urllib.parse import urlsplit
 
+from .. import settings
 from ..errors import InvalidArgument, StoreError, Timeout
 
 __all__ = [
@@ -30,8 +30,7 @@ __all__ = [
     "split_store_url",
 ]
 
-DEFAULT_TIMEOUT = 120.0
-TIMEOUT_ENV = "PYCOLLECT_TIMEOUT"
+DEFAULT_TIMEOUT = settings.SETTINGS["PYCOLLECT_TIMEOUT"].default
 # A Timeout message lists at most this many missing keys, then a count.
 MISSING_KEYS_SHOWN = 8
 
@@ -52,14 +51,7 @@ def resolve_timeout(timeout=None):
     """Return ``timeout`` validated, or the default (``PYCOLLECT_TIMEOUT``, else 120 s)."""
     if timeout is not None:
         return _seconds(timeout, "timeout")
-    from_env = os.environ.get(TIMEOUT_ENV)
-    if from_env is None or not from_env.strip():
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(from_env)
-    except ValueError:
-        raise InvalidArgument(f"{TIMEOUT_ENV}={from_env!r} is not a number of seconds") from None
-    return _seconds(seconds, TIMEOUT_ENV)
+    return settings.get("PYCOLLECT_TIMEOUT")
 
 
 class Deadline:

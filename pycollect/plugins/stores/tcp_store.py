@@ -10,13 +10,13 @@ import ipaddress
 import itertools
 import logging
 import math
-import os
 import selectors
 import socket
 import struct
 import threading
 import time
 
+from ... import settings
 from ...errors import InvalidArgument, StoreError
 from ..store import Deadline, Store, backoff_delays, parse_counter, split_store_url
 
@@ -39,7 +39,6 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024
 MAX_AUTH_BYTES = 4096
 MAX_WAIT_MS = 2**32 - 1
 PING_REPLY = b"pycollect-tcp-store/1"
-AUTH_ENV = "PYCOLLECT_AUTH"
 
 # Client timing.  Replies may arrive this long after the server's own deadline
 # before the connection is declared broken.
@@ -787,7 +786,7 @@ def _start_server_unless_taken(host, port, auth):
 def open_tcp_store(url, *, timeout=None, rank=None, size=None):
     """Open ``tcp://host:port``; rank 0 hosts the server when none runs at a local address."""
     host, port = parse_tcp_url(url)
-    auth = os.environ.get(AUTH_ENV) or None
+    auth = settings.get("PYCOLLECT_AUTH")
     server = None
     if rank == 0 and is_local_address(host) and not _accepts_connections(host, port):
         server = _start_server_unless_taken(host, port, auth)

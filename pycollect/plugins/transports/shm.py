@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 
+from ... import settings
 from ...errors import InvalidArgument, StoreError
 from ..mesh import forget
 from .tcp import open_tcp
@@ -27,7 +28,6 @@ log = logging.getLogger("pycollect.shm")
 RING_MAX_BYTES = 1 << 20
 RING_MIN_BYTES = 64 << 10
 SEGMENT_BUDGET_BYTES = 64 << 20
-DEFAULT_CMA_MIN_BYTES = 64 << 10
 
 
 def ring_bytes_for(nlocal):
@@ -83,7 +83,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
             {"pid": os.getpid(), "addr": int(probe.ctypes.data),
              "bytes": probe.tobytes().hex()}).encode())
         readable = []
-        if os.environ.get("PYCOLLECT_CMA", "1") != "0":
+        if settings.get("PYCOLLECT_CMA"):
             for p in local:
                 if p == rank:
                     continue
@@ -99,7 +99,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     finally:
         if created:
             segment.unlink()        # every local rank has mapped it (or failed)
-    cma_min = int(os.environ.get("PYCOLLECT_CMA_MIN_BYTES", DEFAULT_CMA_MIN_BYTES))
+    cma_min = settings.get("PYCOLLECT_CMA_MIN_BYTES")
     transport.attach_shared(segment, local_of, ring_bytes,
                             [a.get("pid", 0) for a in addrs], readers, cma_min)
     log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s",

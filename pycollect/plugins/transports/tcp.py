@@ -8,24 +8,10 @@
 import os
 import time
 
-from ...errors import InvalidArgument
+from ... import settings
 from ..mesh import connect_mesh, format_addr
 
 __all__ = ["create_tcp_transport", "open_tcp"]
-
-
-def _spin_us(spin_us):
-    if spin_us is not None:
-        return spin_us
-    raw = os.environ.get("PYCOLLECT_SPIN_US", "50")
-    try:
-        spin_us = float(raw)
-    except ValueError:
-        spin_us = -1.0
-    if not 0 <= spin_us <= 1e6:
-        raise InvalidArgument("PYCOLLECT_SPIN_US=%r is not a number of microseconds "
-                              "in 0..1000000" % raw)
-    return spin_us
 
 
 def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_us=None,
@@ -39,7 +25,7 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
     from ..._ext._tcp import TcpTransport
 
     deadline = time.monotonic() + timeout
-    spin_us = _spin_us(spin_us)
+    spin_us = settings.get("PYCOLLECT_SPIN_US") if spin_us is None else spin_us
     joined = connect_mesh(rank, size, store, deadline=deadline, interface=interface,
                           context_id=context_id, tls=tls)
     addrs = joined.addrs

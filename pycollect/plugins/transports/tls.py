@@ -8,8 +8,7 @@ token never crosses the network in clear.  Every pair goes over TLS, also
 between ranks of one host (no shared memory).  See docs/security.md.
 """
 
-import os
-
+from ... import settings
 from ...errors import InvalidArgument
 from .tcp import open_tcp
 
@@ -32,20 +31,19 @@ def _engine():
     return _tls
 
 
-def load_tls(tls_cert=None, tls_key=None, tls_ca=None, environ=None):
+def load_tls(tls_cert=None, tls_key=None, tls_ca=None):
     """The TLS configuration from arguments, else ``PYCOLLECT_TLS_*``: a ``TlsConfig``.
 
     A missing or unreadable file, a key that is not the certificate's, or a
     file that is not PEM raises ``InvalidArgument`` naming the setting and file.
     """
-    environ = os.environ if environ is None else environ
     paths, names = [], []
     for value, (arg, var, what) in zip((tls_cert, tls_key, tls_ca), SETTINGS):
         if value is not None:
             paths.append(value)
             names.append(arg)
-        elif environ.get(var, ""):
-            paths.append(environ[var])
+        elif settings.get(var) is not None:
+            paths.append(settings.get(var))
             names.append(var)
         else:
             raise InvalidArgument("init: transport 'tcp+tls' needs %s: pass %s= or set %s"
@@ -66,6 +64,12 @@ class TlsHook:
         return self.engine.TlsStream(self.config, sock.fileno(), server)
 
 
+def prepare_tls(tls_cert=None, tls_key=None, tls_ca=None):
+    """``init``'s options for ``tcp+tls``, checked before the rendezvous (a bad file fails
+    this rank at once): the factory's keyword arguments."""
+    return {"tls": load_tls(tls_cert, tls_key, tls_ca)}
+
+
 def create_tls_transport(rank, size, store, *, tls=None, **options):
     """The TCP transport over TLS to every peer (``tls``: a ``TlsConfig``; left out, from
     ``PYCOLLECT_TLS_*``)."""
@@ -77,3 +81,7 @@ def create_tls_transport(rank, size, store, *, tls=None, **options):
         transport.close()
         raise
     return transport
+
+
+create_tls_transport.options = tuple(arg for arg, _, _ in SETTINGS)
+create_tls_transport.prepare = prepare_tls

@@ -1,0 +1,165 @@
+"""Every ``PYCOLLECT_*`` environment variable, declared once: name, parser, default, doc.
+
+``get(name)`` is the one way pycollect reads one: an empty variable counts as
+unset (the default), and a value the parser refuses raises ``InvalidArgument``
+as ``NAME='value' is not <what it must be>``.  The README's table of variables
+is ``markdown_table()`` (a test holds the two together).  Build-time switches
+(``PYCOLLECT_DEBUG_BUILD``, ``PYCOLLECT_NATIVE``, ``PYCOLLECT_BUILD_JOBS``)
+belong to ``setup.py``, which runs before the package exists.
+"""
+
+import math
+import os
+
+from .errors import InvalidArgument
+
+__all__ = ["SETTINGS", "Setting", "get", "markdown_table"]
+
+
+class Setting:
+    """One variable: ``parse(raw)`` turns its text into a value or raises ``ValueError``."""
+
+    __slots__ = ("name", "parse", "default", "what", "doc")
+
+    def __init__(self, name, parse, default, what, doc):
+        self.name = name
+        self.parse = parse
+        self.default = default
+        self.what = what        # what a valid value is, for the error message
+        self.doc = doc          # one line for the README
+
+
+def _int_at_least(low):
+    def parse(raw):
+        value = int(raw)
+        if value < low:
+            raise ValueError(raw)
+        return value
+    return parse
+
+
+def _seconds(raw):
+    value = float(raw)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(raw)
+    return value
+
+
+def _microseconds(raw):
+    value = float(raw)
+    if not 0 <= value <= 1e6:
+        raise ValueError(raw)
+    return value
+
+
+def _text(raw):
+    return raw
+
+
+def _stripped(raw):
+    value = raw.strip()
+    if not value:
+        raise ValueError(raw)
+    return value
+
+
+def _on_unless_zero(raw):
+    return raw.strip() != "0"
+
+
+def _debug(raw):
+    flag = raw.strip().lower()
+    if flag in ("", "0"):
+        return False
+    return "detail" if flag == "detail" else True
+
+
+_TLS_DOC = ("with `transport=\"tcp+tls\"`: this rank's certificate and key, and the CA that signs "
+            "every rank's certificate (PEM files; `init`'s `tls_cert`, `tls_key`, `tls_ca` win). "
+            "See [docs/security.md](docs/security.md).")
+
+SETTINGS = {s.name: s for s in (
+    Setting("PYCOLLECT_RANK", int, None, "a rank (an int)",
+            "this process's rank, `0 <= rank < size`"),
+    Setting("PYCOLLECT_SIZE", int, None, "a group size (an int)",
+            "the number of ranks"),
+    Setting("PYCOLLECT_STORE", _text, None, "a store URL",
+            "the rendezvous store URL: `tcp://HOST:PORT`, `file:///dir`, `hash://NAME`, "
+            "`redis://[:password@]HOST:PORT[/db]` (`pip install '.[redis]'`) or `mpi://` "
+            "(`pip install '.[mpi]'`), optionally with `?prefix=NAME`. Without it, `pc.init()` "
+            "also reads torchrun's, Open MPI's, MPICH's and SLURM's variables (see "
+            "[docs/api.md](docs/api.md))."),
+    Setting("PYCOLLECT_TIMEOUT", _seconds, 120.0, "a positive, finite number of seconds",
+            "seconds (default 120). This bounds the rendezvous and every operation. It is also "
+            "the default timeout of any store opened without one."),
+    Setting("PYCOLLECT_SOCKET_IFNAME", _text, None, "an interface spec",
+            "the interface name (its first IPv4 address, else its first IPv6 address) or IP "
+            "address that the listener binds. The default is the local address that routes to "
+            "the `tcp://` store's host. For other stores it is the host name's address, or "
+            "`127.0.0.1` when that address is loopback."),
+    Setting("PYCOLLECT_MAX_SEGMENT_BYTES", _int_at_least(1), None, "a byte count (an int >= 1)",
+            "the segment size of `ring_chunked` allreduce, `pipelined` broadcast, and the ring "
+            "phases of `reduce`, `allgather` and `reduce_scatter` (default 1048576)"),
+    Setting("PYCOLLECT_CMA", _on_unless_zero, True, "0 or 1",
+            "`0` turns off single-copy reads of a same-host peer's memory "
+            "(`process_vm_readv`); large messages then stream through the shared-memory rings"),
+    Setting("PYCOLLECT_CMA_MIN_BYTES", _int_at_least(0), 64 << 10,
+            "a byte count (an int >= 0)",
+            "messages to a same-host peer from this size (default 65536) are read straight "
+            "from the sender's memory"),
+    Setting("PYCOLLECT_SPIN_US", _microseconds, 50.0,
+            "a number of microseconds in 0..1000000",
+            "how many microseconds the progress engine polls sockets without sleeping before "
+            "it blocks in `poll()` (default 50; 0 = block at once). It is read when a context "
+            "connects."),
+    Setting("PYCOLLECT_DEBUG", _debug, False, "0, 1 or detail",
+            "any value except `0` sends DEBUG logs of logger `pycollect` to stderr: the listen "
+            "address, the connection, and the algorithm each operation ran. `detail` also "
+            "checks, before every collective, that all ranks called the same one with the same "
+            "arguments: ranks that disagree all raise the same `MismatchError` before any data "
+            "moves ([docs/errors.md](docs/errors.md#pycollect_debugdetail))."),
+    Setting("PYCOLLECT_HOST_ID", _stripped, None, "a host name of your choice",
+            "ranks that give the same string are one host (shared memory between them, "
+            "hierarchical collectives across hosts). Default: host name + boot id + network "
+            "namespace."),
+    Setting("PYCOLLECT_TLS_CERT", _text, None, "a file name", _TLS_DOC),
+    Setting("PYCOLLECT_TLS_KEY", _text, None, "a file name", _TLS_DOC),
+    Setting("PYCOLLECT_TLS_CA", _text, None, "a file name", _TLS_DOC),
+    Setting("PYCOLLECT_AUTH", _text, None, "a secret",
+            "the shared secret of the embedded TCP store. A `tcp://` store opened from a URL "
+            "sends it, and a store that rank 0 hosts requires it. `pycollect-run` sets a random "
+            "secret when it hosts the store."),
+    Setting("PYCOLLECT_LOCAL_RANK", _int_at_least(0), None, "a rank (an int >= 0)",
+            "set by `pycollect-run` for the program it starts: the rank among the ranks of "
+            "this machine (pycollect itself does not read it)"),
+    Setting("PYCOLLECT_LOCAL_SIZE", _int_at_least(1), None, "a count (an int >= 1)",
+            "set by `pycollect-run` for the program it starts: how many ranks run on this "
+            "machine (pycollect itself does not read it)"),
+)}
+
+
+def get(name, environ=None):
+    """The value of the variable ``name`` (in ``environ``, default ``os.environ``), parsed."""
+    setting = SETTINGS[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except ValueError:
+        raise InvalidArgument("%s=%r is not %s" % (name, raw, setting.what)) from None
+
+
+def markdown_table():
+    """The README's table of variables: one row per doc, variables that share a doc together."""
+    rows, seen = [], {}
+    for setting in SETTINGS.values():
+        if setting.doc in seen:
+            rows[seen[setting.doc]][0].append(setting.name)
+        else:
+            seen[setting.doc] = len(rows)
+            rows.append(([setting.name], setting.doc))
+    lines = ["| variable | effect |", "| --- | --- |"]
+    for names, doc in rows:
+        lines.append("| %s | %s |" % (", ".join("`%s`" % n for n in names), doc))
+    return "\n".join(lines) + "\n"
