@@ -1,0 +1,306 @@
+"""pycollect as a collective backend of Ray (``ray.util.collective``).
+
+    import pycollect.ray                 # registers the backend "pycollect"
+    import ray.util.collective as col
+    col.init_collective_group(world_size, rank, backend="pycollect", group_name="g")
+    col.allreduce(array, group_name="g")
+
+Import this module in the driver and in every actor (at the top of the
+module that defines the actor class does both) before a group is made.
+Each group is one pycollect ``Context``: it rendezvouses through Ray's own
+key-value store (``pycollect/plugins/stores/ray_store.py``), so no address or
+port is chosen; ranks on one node talk over shared memory, ranks on
+different nodes over TCP, bound to the interface that routes to the Ray head.
+``context(group_name)`` hands an actor the group's Context for what Ray's
+API lacks (gather, scatter, alltoall, sub-groups, async operations).
+
+Arrays are NumPy arrays or CPU torch tensors, passed to pycollect as views
+that share their memory; a collective may mix the two.  An array that Ray
+handed the actor read-only (an argument or a ``ray.get`` result: its memory
+is Ray's object store) is written in place, as Ray's "gloo" backend does,
+with a warning: copy it first when anything else reads that object.  The
+deadline of a group is, first match wins, the ``gloo_timeout`` given to
+``create_collective_group``, ``PYCOLLECT_TIMEOUT``, else Ray's 30 s; an
+option's ``timeout_ms`` bounds one call.  See docs/ray.md.
+"""
+
+import ctypes
+import itertools
+import os
+import sys
+import warnings
+
+import numpy as np
+import ray
+import ray.util.collective as col
+from ray.util.collective import types as ray_types
+from ray.util.collective.collective_group.base_collective_group import BaseGroup
+
+import pycollect as pc
+from .plugins.stores.ray_store import RayStore
+
+__all__ = ["BACKEND_NAME", "PycollectGroup", "context", "register"]
+
+BACKEND_NAME = "pycollect"
+RAY_DEFAULT_TIMEOUT_S = 30.0      # ray.util.collective's default gloo_timeout
+INFO_ACTOR_PREFIX = "info_"       # create_collective_group's named actor per group
+
+_OPS = {
+    ray_types.ReduceOp.SUM: pc.SUM,
+    ray_types.ReduceOp.PRODUCT: pc.PRODUCT,
+    ray_types.ReduceOp.MIN: pc.MIN,
+    ray_types.ReduceOp.MAX: pc.MAX,
+}
+_UNSET = ray_types.unset_timeout_ms
+_opened = itertools.count()
+
+try:
+    import ml_dtypes as _ml_dtypes
+except ImportError:     # bfloat16 tensors then raise a clear error
+    _ml_dtypes = None
+
+
+def register():
+    """Register the backend ``"pycollect"`` with Ray in this process (importing does it)."""
+    if not col.is_backend_available(BACKEND_NAME):
+        col.register_collective_backend(BACKEND_NAME, PycollectGroup)
+
+
+# -- arrays ------------------------------------------------------------------
+
+def _single(tensors, what):
+    """The one array of Ray's one-element list (a bare array is taken too)."""
+    if type(tensors) is list:
+        if len(tensors) != 1:
+            raise pc.InvalidArgument("%s: the pycollect backend takes one array per process, "
+                                     "got a list of %d" % (what, len(tensors)))
+        return tensors[0]
+    return tensors
+
+
+def _array(obj, what):
+    """``obj`` (a NumPy array or a CPU torch tensor) as a NumPy array sharing its memory."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise pc.InvalidArgument("%s: the tensor is on %s; the pycollect backend takes "
+                                     "CPU tensors (use backend 'nccl' for GPUs)"
+                                     % (what, obj.device))
+        if not obj.is_contiguous():
+            raise pc.InvalidArgument("%s: the tensor is not contiguous; pass t.contiguous()"
+                                     % what)
+        obj = obj.detach()
+        if obj.dtype == torch.bfloat16:
+            if _ml_dtypes is None:
+                raise pc.InvalidArgument("%s: bfloat16 tensors need the ml_dtypes package "
+                                         "(pip install ml_dtypes)" % what)
+            return obj.view(torch.int16).numpy().view(_ml_dtypes.bfloat16)
+        return obj.numpy()
+    raise pc.InvalidArgument("%s: expected a NumPy array or a CPU torch.Tensor, got %s"
+                             % (what, type(obj).__name__))
+
+
+def _output(obj, what):
+    """``_array(obj)``, writable: a read-only array Ray deserialized is written in place."""
+    arr = _array(obj, what)
+    if arr.flags.writeable:
+        return arr
+    if not arr.flags.c_contiguous:
+        raise pc.InvalidArgument("%s: the array is read-only and not contiguous" % what)
+    warnings.warn("pycollect.ray: %s writes into a read-only array (memory of Ray's object "
+                  "store, as Ray's gloo backend does); copy it first (array.copy()) if "
+                  "anything else reads that object" % what, RuntimeWarning, stacklevel=4)
+    raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+    return np.frombuffer(raw, arr.dtype).reshape(arr.shape)
+
+
+def _blocks(tensor_list, world_size, like, what):
+    """The arrays of Ray's ``[list]`` argument, checked against ``like``: one per rank."""
+    inner = _single(tensor_list, what)
+    if not isinstance(inner, (list, tuple)) or len(inner) != world_size:
+        raise pc.InvalidArgument("%s: needs a list of %d arrays (one per rank), got %s"
+                                 % (what, world_size, _describe(inner)))
+    arrays = []
+    for i, obj in enumerate(inner):
+        arr = _array(obj, "%s: list[%d]" % (what, i))
+        if arr.size != like.size or arr.dtype != like.dtype:
+            raise pc.InvalidArgument("%s: list[%d] holds %d %s, the tensor %d %s"
+                                     % (what, i, arr.size, arr.dtype, like.size, like.dtype))
+        arrays.append(arr)
+    return inner, arrays
+
+
+def _describe(obj):
+    if isinstance(obj, (list, tuple)):
+        return "%d" % len(obj)
+    return "a %s" % type(obj).__name__
+
+
+def _reduce_op(op, what):
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):
+        if type(op) is pc.ReduceOp:
+            return op       # beyond Ray's four: pycollect's AVG, BAND, BOR, BXOR
+        raise pc.InvalidArgument("%s: unknown reduction op %r (Ray's ReduceOp or "
+                                 "pycollect.ReduceOp)" % (what, op)) from None
+
+
+def _call_timeout(options):
+    """An option's ``timeout_ms`` in seconds, or None when it is unset."""
+    timeout = getattr(options, "timeout_ms", _UNSET)
+    if timeout is _UNSET or timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout / 1e3
+    return seconds if seconds > 0 else None
+
+
+# -- the group ---------------------------------------------------------------
+
+def _group_timeout(group_name):
+    """The group's deadline: create_collective_group's gloo_timeout, PYCOLLECT_TIMEOUT, 30 s."""
+    try:
+        info = ray.get_actor(INFO_ACTOR_PREFIX + group_name)
+    except ValueError:
+        info = None
+    if info is not None:
+        gloo_timeout_ms = ray.get(info.get_info.remote())[4]
+        if gloo_timeout_ms:
+            return gloo_timeout_ms / 1e3
+    raw = os.environ.get("PYCOLLECT_TIMEOUT", "")
+    if raw.strip():
+        try:
+            return float(raw)
+        except ValueError:
+            raise pc.InvalidArgument("PYCOLLECT_TIMEOUT=%r is not a number of seconds"
+                                     % raw) from None
+    return RAY_DEFAULT_TIMEOUT_S
+
+
+class PycollectGroup(BaseGroup):
+    """One Ray collective group: a pycollect Context rendezvoused through Ray's key-value store."""
+
+    def __init__(self, world_size, rank, group_name):
+        super().__init__(world_size, rank, group_name)
+        timeout = _group_timeout(group_name)
+        namespace = ray.get_runtime_context().namespace
+        # A fresh label per group made: pycollect numbers contexts per store URL, and a
+        # group re-made under its old name must number like a newly started actor.
+        store = RayStore("%s/%s" % (namespace, group_name), timeout=timeout,
+                         label="%d.%d" % (os.getpid(), next(_opened)))
+        try:
+            self._context = pc.init(rank=rank, size=world_size, store=store, timeout=timeout)
+            # Past this barrier every rank has finished with the store: clear its keys.
+            self._context.barrier()
+        except BaseException:
+            store.close()
+            raise
+        if rank == 0:
+            store.cleanup()
+        else:
+            store.close()
+
+    @property
+    def context(self):
+        """The group's ``pycollect.Context``."""
+        return self._context
+
+    @classmethod
+    def backend(cls):
+        return BACKEND_NAME.upper()
+
+    @classmethod
+    def check_backend_availability(cls):
+        return True
+
+    def destroy_group(self):
+        self._context.close()
+
+    def _run(self, options, what, start):
+        """``start(async_op)``, bounded by the option's ``timeout_ms`` when it is shorter."""
+        limit = _call_timeout(options)
+        if limit is None or limit >= self._context.timeout:
+            return start(False)
+        work = start(True)
+        try:
+            return work.wait(limit)
+        except pc.Timeout:
+            self._context.abort()
+            raise pc.Timeout("rank %d of group %r: %s did not complete within its "
+                             "timeout_ms of %g s; the group has failed: destroy it and make "
+                             "a new one" % (self._rank, self._group_name, what, limit)) \
+                from None
+
+    def allreduce(self, tensor, allreduce_options=ray_types.AllReduceOptions):
+        buf = _output(_single(tensor, "allreduce"), "allreduce")
+        op = _reduce_op(allreduce_options.reduceOp, "allreduce")
+        if allreduce_options.timeout_ms is _UNSET:     # the usual case, kept short
+            self._context.allreduce(buf, op)
+            return
+        self._run(allreduce_options, "allreduce",
+                  lambda async_op: self._context.allreduce(buf, op, async_op=async_op))
+
+    def barrier(self, barrier_options=ray_types.BarrierOptions):
+        self._run(barrier_options, "barrier",
+                  lambda async_op: self._context.barrier(async_op=async_op))
+
+    def reduce(self, tensor, reduce_options=ray_types.ReduceOptions):
+        root = reduce_options.root_rank
+        obj = _single(tensor, "reduce")
+        buf = _output(obj, "reduce") if root == self._rank else _array(obj, "reduce")
+        op = _reduce_op(reduce_options.reduceOp, "reduce")
+        self._run(reduce_options, "reduce",
+                  lambda async_op: self._context.reduce(buf, root, op, async_op=async_op))
+
+    def broadcast(self, tensor, broadcast_options=ray_types.BroadcastOptions):
+        root = broadcast_options.root_rank
+        obj = _single(tensor, "broadcast")
+        buf = _array(obj, "broadcast") if root == self._rank else _output(obj, "broadcast")
+        self._run(broadcast_options, "broadcast",
+                  lambda async_op: self._context.broadcast(buf, root, async_op=async_op))
+
+    def allgather(self, tensor_list, tensor, allgather_options=ray_types.AllGatherOptions):
+        send = _array(_single(tensor, "allgather"), "allgather")
+        _, outputs = _blocks(tensor_list, self._world_size, send, "allgather")
+        outputs = [_output(out, "allgather") for out in outputs]
+        gathered = np.empty((self._world_size, send.size), send.dtype)
+        self._run(allgather_options, "allgather", lambda async_op: self._context.allgather(
+            send.reshape(-1), gathered, async_op=async_op))
+        for out, block in zip(outputs, gathered):
+            out.reshape(-1)[...] = block
+
+    def reducescatter(self, tensor, tensor_list,
+                      reducescatter_options=ray_types.ReduceScatterOptions):
+        out = _output(_single(tensor, "reducescatter"), "reducescatter")
+        _, blocks = _blocks(tensor_list, self._world_size, out, "reducescatter")
+        send = np.concatenate([block.reshape(-1) for block in blocks])
+        op = _reduce_op(reducescatter_options.reduceOp, "reducescatter")
+        self._run(reducescatter_options, "reducescatter",
+                  lambda async_op: self._context.reduce_scatter(
+                      send, out.reshape(-1), op, async_op=async_op))
+
+    def send(self, tensor, send_options):
+        buf = _array(_single(tensor, "send"), "send")
+        dst = send_options.dst_rank
+        self._run(send_options, "send",
+                  lambda async_op: self._context.send(buf, dst, async_op=async_op))
+
+    def recv(self, tensor, recv_options):
+        buf = _output(_single(tensor, "recv"), "recv")
+        src = recv_options.src_rank
+        self._run(recv_options, "recv",
+                  lambda async_op: self._context.recv(buf, src, async_op=async_op))
+
+
+def context(group_name="default"):
+    """The ``pycollect.Context`` of this actor's group ``group_name`` (backend "pycollect")."""
+    group = col.get_group_handle(group_name)
+    if not isinstance(group, PycollectGroup):
+        raise pc.InvalidArgument("group %r uses backend %s, not pycollect"
+                                 % (group_name, group.backend()))
+    return group.context
+
+
+register()
