@@ -20,8 +20,9 @@ handed the actor read-only (an argument or a ``ray.get`` result: its memory
 is Ray's object store) is written in place, as Ray's "gloo" backend does,
 with a warning: copy it first when anything else reads that object.  The
 deadline of a group is, first match wins, the ``gloo_timeout`` given to
-``create_collective_group``, ``PYCOLLECT_TIMEOUT``, else Ray's 30 s; an
-option's ``timeout_ms`` bounds one call.  See docs/ray.md.
+``create_collective_group``, else ``PYCOLLECT_TIMEOUT`` (120 s when unset;
+Ray passes ``init_collective_group``'s ``gloo_timeout`` to its gloo backend
+only); an option's ``timeout_ms`` bounds one call.  See docs/ray.md.
 """
 
 import ctypes
@@ -37,12 +38,12 @@ from ray.util.collective import types as ray_types
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 
 import pycollect as pc
+from . import settings
 from .plugins.stores.ray_store import RayStore
 
 __all__ = ["BACKEND_NAME", "PycollectGroup", "context", "register"]
 
 BACKEND_NAME = "pycollect"
-RAY_DEFAULT_TIMEOUT_S = 30.0      # ray.util.collective's default gloo_timeout
 INFO_ACTOR_PREFIX = "info_"       # create_collective_group's named actor per group
 
 _OPS = {
@@ -160,7 +161,7 @@ def _call_timeout(options):
 # -- the group ---------------------------------------------------------------
 
 def _group_timeout(group_name):
-    """The group's deadline: create_collective_group's gloo_timeout, PYCOLLECT_TIMEOUT, 30 s."""
+    """The group's deadline: create_collective_group's gloo_timeout, else PYCOLLECT_TIMEOUT."""
     try:
         info = ray.get_actor(INFO_ACTOR_PREFIX + group_name)
     except ValueError:
@@ -169,14 +170,7 @@ def _group_timeout(group_name):
         gloo_timeout_ms = ray.get(info.get_info.remote())[4]
         if gloo_timeout_ms:
             return gloo_timeout_ms / 1e3
-    raw = os.environ.get("PYCOLLECT_TIMEOUT", "")
-    if raw.strip():
-        try:
-            return float(raw)
-        except ValueError:
-            raise pc.InvalidArgument("PYCOLLECT_TIMEOUT=%r is not a number of seconds"
-                                     % raw) from None
-    return RAY_DEFAULT_TIMEOUT_S
+    return settings.get("PYCOLLECT_TIMEOUT")
 
 
 class PycollectGroup(BaseGroup):
