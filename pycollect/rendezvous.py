@@ -17,27 +17,21 @@ Where each setting comes from, first match wins:
 A missing piece is an ``InvalidArgument`` naming the variable to set; with
 ``PYCOLLECT_DEBUG=1`` what was chosen, and why, is logged.
 
-A store may hold keys of an earlier run that crashed (a reused directory, a
-long-lived server).  Before connecting, the ranks therefore join a fresh run:
-rank 0 publishes a random run id, every other rank answers with a random
-nonce under that id, and rank 0 echoes each nonce back.  A rank accepts a run
-only when its own nonce comes back, so a stale id (or a stale echo) is never
-taken for the live one; every key of the context then lives under the new
-id, out of reach of whatever the old run left.
+Before connecting, the ranks join a fresh run in the store (``pycollect/join.py``),
+which also diagnoses ranks that are missing, duplicated or started with another size.
 """
 
 import logging
 import os
-import secrets
 import threading
-import time
 from urllib.parse import urlsplit, urlunsplit
 
 from . import settings
 from .context import Context
-from .errors import Error, InvalidArgument, Timeout
+from .errors import InvalidArgument
+from .join import join_run, leave_run
 from .plugins.registry import get_transport, open_store, transport_options
-from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, backoff_delays
+from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
@@ -54,11 +48,6 @@ MPI_LAUNCHERS = ("Open MPI", "MPICH")
 # torchrun's agent hosts its own store on MASTER_PORT when this says True;
 # pycollect's embedded store then takes the next port.
 TORCH_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-
-# How long a joining rank waits for its nonce to come back before it reads the
-# run id again (doubling from the first to the cap).
-JOIN_SLICE_FIRST_S = 0.05
-JOIN_SLICE_CAP_S = 0.5
 
 # Contexts opened through one store are numbered per rank, in creation order,
 # so every rank of a group derives the same namespace without talking.
@@ -210,51 +199,6 @@ def _job(rank, size, store):
     return rank, size, store
 
 
-def _join_run(scoped, rank, size, deadline):
-    """Agree on a fresh run id under ``scoped`` (see the module docstring); return it."""
-    def left():
-        return max(deadline.remaining(), 0.001)
-
-    if rank == 0:
-        run = secrets.token_hex(8)
-        scoped.set("run", run.encode())
-        joins = ["%s/join/%d" % (run, peer) for peer in range(1, size)]
-        scoped.wait(joins, timeout=left())
-        for peer, key in enumerate(joins, start=1):
-            scoped.set("%s/ack/%d" % (run, peer), scoped.get(key, timeout=left()))
-        return run
-    nonce = secrets.token_hex(8).encode()
-    joined = None
-    for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
-        run = scoped.get("run", timeout=left()).decode("ascii", "replace")
-        if run != joined:
-            scoped.set("%s/join/%d" % (run, rank), nonce)
-            joined = run
-        try:
-            if scoped.get("%s/ack/%d" % (run, rank), timeout=min(slice_s, left())) == nonce:
-                return run
-            time.sleep(min(slice_s, deadline.remaining()))  # an echo left by an earlier run
-        except Timeout:
-            pass
-        if deadline.expired():
-            raise Timeout("rank %d: timed out after %g s joining the run in store %s: rank 0 "
-                          "never answered this rank (is rank 0 running, with the same store "
-                          "and size?)" % (rank, deadline.timeout, scoped.url))
-
-
-def _leave_run(scoped, run, rank):
-    """Delete this rank's join keys once the transport stands (every rank is past joining).
-
-    Best effort: a store that rank 0 hosted may already be gone with rank 0.
-    """
-    keys = ["run"] if rank == 0 else ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank)]
-    try:
-        for key in keys:
-            scoped.delete(key)
-    except Error as exc:
-        log.debug("rank %d: could not delete join keys %s: %s", rank, keys, exc)
-
-
 def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
          *, segment_bytes=None, tls_cert=None, tls_key=None, tls_ca=None):
     """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
@@ -296,7 +240,7 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
             _context_counter[key] = number + 1
         name = "pycollect/ctx%d" % number
         scoped = PrefixStore(name, base)
-        run = _join_run(scoped, rank, size, deadline) if size > 1 else "single"
+        run = join_run(scoped, rank, size, deadline) if size > 1 else "single"
         # Not the store's URL: ranks may spell one store differently
         # (localhost, 127.0.0.1); the run id is random and shared by all.
         context_id = "%s/%s" % (name, run)
@@ -304,7 +248,11 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
                     timeout=max(deadline.remaining(), 0.001), interface=interface,
                     context_id=context_id, **options)
         if size > 1:
-            _leave_run(scoped, run, rank)
+            try:
+                leave_run(scoped, run, rank, deadline, log)
+            except BaseException:
+                t.close()
+                raise
     except BaseException:
         if owns_store:
             base.close()

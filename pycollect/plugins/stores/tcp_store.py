@@ -39,6 +39,8 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024
 MAX_AUTH_BYTES = 4096
 MAX_WAIT_MS = 2**32 - 1
 PING_REPLY = b"pycollect-tcp-store/1"
+PING_LINE = b"
+"       # a PING's value, ignored by the server (see TCPStore._greet)
 
 # Client timing.  Replies may arrive this long after the server's own deadline
 # before the connection is declared broken.
@@ -584,17 +586,41 @@ class TCPStore(Store):
             time.sleep(min(delay, deadline.remaining()))
 
     def _greet(self, sock, deadline):
-        """Authenticate when a token is set, then check that a pycollect TCP store answers."""
+        """Authenticate when a token is set, then check that a pycollect TCP store answers.
+
+        The greeting is bounded by the deadline (at least ``PROBE_TIMEOUT_S``), and
+        ends in a line break so that line-based servers (Redis, HTTP) answer it at
+        once: whatever else listens at the address is named, not retried.
+        """
         if sock.getsockname() == sock.getpeername():
             # Linux can pair a connect to a free local port with itself (TCP
             # simultaneous open); treat it as nothing listening yet.
             raise ConnectionRefusedError(errno.ECONNREFUSED, "connected to itself")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(deadline.remaining() + IO_GRACE_S)
-        if self.auth is not None:
-            self._expect_ok(sock, Op.AUTH, self.auth)
-        if self._expect_ok(sock, Op.PING, b"") != PING_REPLY:
-            raise StoreError(f"{self.host}:{self.port} did not answer as a pycollect TCP store")
+        wait_s = max(deadline.remaining(), PROBE_TIMEOUT_S)
+        sock.settimeout(wait_s)
+        try:
+            if self.auth is not None:
+                self._expect_ok(sock, Op.AUTH, self.auth)
+            sock.sendall(REQUEST_HEADER.pack(Op.PING, 0, len(PING_LINE), 0) + PING_LINE)
+            reply = _recv_exact(sock, REPLY_HEADER.size)
+            status, length = REPLY_HEADER.unpack(reply)
+            if status == Status.OK and length == len(PING_REPLY):
+                reply += _recv_exact(sock, length)
+        except socket.timeout:
+            raise StoreError(f"{self.host}:{self.port} accepts connections but did not answer "
+                             f"a pycollect TCP store's greeting within {wait_s:g} s: is "
+                             f"something else listening there?") from None
+        if status in (Status.INVALID, Status.ERROR) and length <= MAX_AUTH_BYTES:
+            # A pycollect store that turns this client away (a token is missing).
+            raise StoreError(f"the TCP store at {self.host}:{self.port} refused this client: "
+                             f"{_recv_exact(sock, length)[:500].decode('utf-8', 'replace')}")
+        if reply[REPLY_HEADER.size:] != PING_REPLY:
+            with contextlib.suppress(OSError):
+                sock.settimeout(PROBE_TIMEOUT_S)
+                reply += sock.recv(64)
+            raise StoreError(f"something other than a pycollect TCP store answers at "
+                             f"{self.host}:{self.port}: it replied {bytes(reply[:64])!r}")
 
     def _expect_ok(self, sock, op, value):
         try:

@@ -1,0 +1,273 @@
+"""Joining a fresh run in the store, and saying what went wrong when the ranks do not fit.
+
+A store may hold keys of an earlier run that crashed (a reused directory, a
+long-lived server).  Before connecting, the ranks therefore join a fresh run:
+rank 0 publishes a random run id with its group size, every other rank
+answers with a random nonce (and its own size, process and host) under that
+id, and rank 0 echoes each nonce back.  A rank accepts a run only when its
+own nonce comes back, so a stale id (or a stale echo) is never taken for the
+live one; every key of the context then lives under the new id.
+
+The join is also where a job that was started wrong shows itself, so it
+diagnoses, on every rank, with the real cause:
+
+* sizes that differ: the first rank that reads rank 0's size and holds
+  another says so at once, and publishes the failure under ``RUN/failed``,
+  which every rank of the run polls while it waits (with the run's join count
+  then, so that a rank that joined later, reading an earlier job's keys,
+  ignores it);
+* a rank started twice: rank 0 sees a rank's join answer change under its
+  own, fresh run id (each process writes it once per run) and publishes the
+  failure; two processes started as rank 0 see the run id they published
+  replaced by another one and fail both runs;
+* a rank that never comes: at the deadline each rank lists which ranks
+  joined and which never did.
+
+A rank that publishes a failure keeps the store up a little longer
+(``FAILURE_LINGER_S``, past the deadline when that is the failure) so that
+ranks whose store it hosts can read it.
+"""
+
+import os
+import secrets
+import socket
+import time
+
+from .errors import Error, MismatchError, StoreError, Timeout
+from .plugins.store import backoff_delays
+
+__all__ = ["join_run", "leave_run", "JOIN_SLICE_FIRST_S", "JOIN_SLICE_CAP_S"]
+
+# How long a joining rank waits for its nonce to come back before it looks at
+# the run again (doubling from the first to the cap); rank 0 looks at the
+# joins as often.
+JOIN_SLICE_FIRST_S = 0.05
+JOIN_SLICE_CAP_S = 0.5
+# After publishing a failure: long enough for every waiting rank to read it.
+FAILURE_LINGER_S = 2 * JOIN_SLICE_CAP_S + 0.5
+
+
+def _whoami():
+    return "pid %d on %s" % (os.getpid(), socket.gethostname())
+
+
+def _parse_run(raw):
+    """(run id, size or None) from the ``run`` key (an earlier release wrote the id alone)."""
+    fields = raw.decode("ascii", "replace").split()
+    run = fields[0] if fields else ""
+    size = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return run, size
+
+
+def _parse_join(raw):
+    """(nonce, size or None, who) from a join answer."""
+    fields = raw.decode("utf-8", "replace").split(" ", 2)
+    size = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return fields[0], size, fields[2] if len(fields) > 2 else "an unknown process"
+
+
+def _ranks(ranks):
+    ranks = sorted(ranks)
+    return ", ".join(map(str, ranks)) if ranks else "none"
+
+
+class _Join:
+    """One rank's side of the join through ``scoped`` (the context's store prefix)."""
+
+    def __init__(self, scoped, rank, size, deadline):
+        self.scoped, self.rank, self.size, self.deadline = scoped, rank, size, deadline
+        # The run's join count when this rank joined it: a failure published with a
+        # lower count predates this rank's join (an earlier job's), and is ignored.
+        self.ticket = 0
+        self.earlier_failure = None
+
+    def left(self):
+        return max(self.deadline.remaining(), 0.001)
+
+    def fail(self, runs, message, error=MismatchError):
+        """Publish ``message`` as the failure of each of ``runs``; raise it here."""
+        for run in runs:
+            count = self.scoped.add("%s/joins" % run, 0)
+            self.scoped.set("%s/failed" % run,
+                            ("%s %d %s" % (error.__name__, count, message)).encode())
+        self.stop(error, message)
+
+    def stop(self, error, message):
+        """Raise ``message``; rank 0, whose process may host the store, first lets the
+        others read the failure."""
+        if self.rank == 0:
+            time.sleep(FAILURE_LINGER_S)
+        raise error("rank %d: %s" % (self.rank, message))
+
+    def check_failed(self, run):
+        """Raise the failure another rank published for ``run``, if any."""
+        key = "%s/failed" % run
+        raw = scoped_get_or_empty(self.scoped, key, self.left()).decode("utf-8", "replace")
+        name, count, message = (raw.split(" ", 2) + ["", ""])[:3]
+        if not raw:
+            return
+        error = Timeout if name == "Timeout" else MismatchError
+        if count.isdigit() and int(count) >= self.ticket:
+            self.stop(error, message)
+        # Published before this rank joined: an earlier job's, or this run failed
+        # before this rank came.  It is the cause if nothing better shows up.
+        self.earlier_failure = (error, message)
+
+    def joined(self, run):
+        """The ranks whose join answer is in the store under ``run`` (0 counts as joined)."""
+        return [0] + [r for r in range(1, self.size)
+                      if self.scoped.check(["%s/join/%d" % (run, r)])]
+
+    def timed_out(self, what):
+        raise Timeout("rank %d: timed out after %g s joining the run in store %s: %s" % (
+            self.rank, self.deadline.timeout, self.scoped.url, what))
+
+    # -- rank 0 ---------------------------------------------------------------
+
+    def host(self):
+        scoped, size = self.scoped, self.size
+        earlier = None
+        if scoped.check(["run"]):
+            earlier = _parse_run(scoped.get("run", timeout=self.left()))[0]
+        run = secrets.token_hex(8)
+        scoped.set("run", ("%s %d" % (run, size)).encode())
+        answers = {}       # rank -> its join answer
+        for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
+            self.check_failed(run)
+            self.check_run_is(run)
+            for peer in set(range(1, size)) - set(answers):
+                key = "%s/join/%d" % (run, peer)
+                if scoped.check([key]):
+                    answers[peer] = raw = scoped.get(key, timeout=self.left())
+                    _, their_size, who = _parse_join(raw)
+                    if their_size is not None and their_size != size:
+                        self.fail([run], "the ranks were started with different sizes: rank 0 "
+                                  "with size %d, rank %d (%s) with size %d"
+                                  % (size, peer, who, their_size))
+            # Each process answers once per run, so more answers than ranks means a
+            # rank was started twice (only this fresh run's counters are read).
+            if scoped.add("%s/joins" % run, 0) > len(answers):
+                twice = [r for r in answers if scoped.add("%s/joins/%d" % (run, r), 0) > 1]
+                if twice:
+                    self.fail([run], "rank %d was started twice: two processes joined as "
+                              "rank %d (one is %s)" % (twice[0], twice[0],
+                                                       _parse_join(answers[twice[0]])[2]))
+            if len(answers) == size - 1:
+                break
+            if self.deadline.expired():
+                missing = set(range(1, size)) - set(answers)
+                self.fail([run], "timed out after %g s joining the run in store %s: rank(s) "
+                          "%s never joined (joined: %s)%s" % (
+                              self.deadline.timeout, scoped.url, _ranks(missing),
+                              _ranks([0] + list(answers)),
+                              "; the store held another run (%s) when this rank 0 started: "
+                              "a second process started as rank 0 earlier, or keys an earlier "
+                              "job left" % earlier if earlier else ""), Timeout)
+            time.sleep(min(slice_s, self.deadline.remaining()))
+        for peer, raw in answers.items():
+            scoped.set("%s/ack/%d" % (run, peer), _parse_join(raw)[0].encode())
+        return run
+
+    def check_run_is(self, run):
+        """Fail both runs when another process published a run as rank 0 after this one."""
+        now = _parse_run(scoped_get_or_empty(self.scoped, "run", self.left()))[0]
+        if now != run:
+            self.fail([run] + [now] * bool(now),
+                      "two processes were started as rank 0 (one is %s): each published its "
+                      "own run in store %s" % (_whoami(), self.scoped.url))
+
+    # -- ranks 1.. ------------------------------------------------------------
+
+    def read_run(self):
+        try:
+            raw = self.scoped.get("run", timeout=self.left())
+        except Timeout:
+            self.timed_out("rank 0 never published a run (is rank 0 running, with the same "
+                           "store?)")
+        return _parse_run(raw)
+
+    def guest(self):
+        try:
+            return self.try_guest()
+        except StoreError:
+            if self.earlier_failure is None:
+                raise
+            # The store went away with the rank 0 that published the failure.
+            self.stop(*self.earlier_failure)
+
+    def try_guest(self):
+        scoped, rank, size = self.scoped, self.rank, self.size
+        nonce = secrets.token_hex(8)
+        answer = ("%s %d %s" % (nonce, size, _whoami())).encode()
+        joined, foreign = None, False
+        for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
+            run, their_size = self.read_run()
+            if run != joined:
+                if their_size is not None and their_size != size:
+                    self.fail([run], "the ranks were started with different sizes: rank 0 "
+                              "with size %d, rank %d (%s) with size %d"
+                              % (their_size, rank, _whoami(), size))
+                scoped.add("%s/joins/%d" % (run, rank), 1)
+                self.ticket = scoped.add("%s/joins" % run, 1)
+                scoped.set("%s/join/%d" % (run, rank), answer)
+                joined = run
+            try:
+                ack = scoped.get("%s/ack/%d" % (run, rank), timeout=min(slice_s, self.left()))
+                if ack == nonce.encode():
+                    return run
+                foreign = True
+                time.sleep(min(slice_s, self.deadline.remaining()))  # an earlier run's echo
+            except Timeout:
+                pass
+            self.check_failed(run)
+            if self.deadline.expired():
+                if self.earlier_failure is not None:
+                    self.stop(*self.earlier_failure)
+                if foreign:
+                    self.timed_out("rank 0 answered another process as rank %d (the echo is not "
+                                   "this process's nonce): rank %d was started twice, or an "
+                                   "earlier job left its keys" % (rank, rank))
+                present = self.joined(run)
+                self.timed_out("rank 0 is up but still waits: rank(s) %s never joined "
+                               "(joined: %s)" % (_ranks(set(range(size)) - set(present)),
+                                                 _ranks(present)))
+
+
+def scoped_get_or_empty(store, key, timeout):
+    """``store``'s value for ``key``, or b"" when there is none (no waiting)."""
+    if not store.check([key]):
+        return b""
+    try:
+        return store.get(key, timeout=timeout)
+    except Timeout:         # deleted between the two calls
+        return b""
+
+
+def join_run(scoped, rank, size, deadline):
+    """Agree on a fresh run id under ``scoped`` (see the module docstring); return it."""
+    join = _Join(scoped, rank, size, deadline)
+    return join.host() if rank == 0 else join.guest()
+
+
+def leave_run(scoped, run, rank, deadline, log):
+    """Delete this rank's join keys once the transport stands (every rank is past joining).
+
+    Each rank first checks that nobody published a failure of the run meanwhile,
+    and rank 0 that the run is still its own: a second process started as rank 0
+    while this one connected fails both (naming the cause).  The rest is best
+    effort: a store that rank 0 hosted may already be gone with rank 0.
+    """
+    join = _Join(scoped, rank, 0, deadline)
+    try:
+        join.check_failed(run)
+    except StoreError as exc:
+        log.debug("rank %d: could not read the run's failure key: %s", rank, exc)
+    if rank == 0:
+        join.check_run_is(run)
+    keys = (["run", "%s/joins" % run] if rank == 0 else
+            ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank), "%s/joins/%d" % (run, rank)])
+    try:
+        for key in keys:
+            scoped.delete(key)
+    except Error as exc:
+        log.debug("rank %d: could not delete join keys %s: %s", rank, keys, exc)

@@ -1,0 +1,175 @@
+"""A job started wrong ends, on every rank, with the real cause: ranks missing, started twice or
+with different sizes, and a store address where something else answers.
+
+Real processes over the embedded TCP store (rank 0 hosts it) and real sockets; each scenario is
+bounded in time, and the ones that can be seen early must be seen well before the deadline.
+"""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import pycollect as pc
+from jobs import collect
+
+JOIN_TIMEOUT = 8.0      # every rank's init timeout; "early" means well inside it
+EARLY_S = JOIN_TIMEOUT / 2
+
+RANK = """
+import sys, time
+import pycollect as pc
+rank, size, url, timeout = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+start = time.monotonic()
+try:
+    ctx = pc.init(rank=rank, size=size, store=url, timeout=timeout)
+except pc.Error as exc:
+    print("%s after %.2f s: %s" % (type(exc).__name__, time.monotonic() - start, exc))
+    sys.exit(3)
+ctx.barrier()
+ctx.close()
+print("ok")
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp_path, rank, size, url, timeout=JOIN_TIMEOUT):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    return subprocess.Popen([sys.executable, str(script), str(rank), str(size), url,
+                             str(timeout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _outcomes(procs):
+    """Each process's (error name, seconds, message), all within the join timeout and a margin."""
+    results = collect(procs, time.monotonic() + JOIN_TIMEOUT + 20)
+    parsed = []
+    for code, out in results:
+        assert code == 3, (code, out)
+        line = out.strip().splitlines()[-1]
+        name, _, rest = line.partition(" after ")
+        seconds, _, message = rest.partition(" s: ")
+        parsed.append((name, float(seconds), message))
+    return parsed
+
+
+def test_a_rank_that_never_started_is_named_on_every_rank(tmp_path):
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    procs = [_start(tmp_path, 0, 3, url)]
+    time.sleep(0.3)          # rank 0 hosts the store
+    procs.append(_start(tmp_path, 1, 3, url))
+    for rank, (name, seconds, message) in enumerate(_outcomes(procs)):
+        assert name == "Timeout", message
+        assert "rank(s) 2 never joined (joined: 0, 1)" in message, message
+        assert message.startswith("rank %d:" % rank), message
+        assert seconds < JOIN_TIMEOUT + 3, seconds
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
+def test_ranks_started_with_different_sizes_say_so_at_once(tmp_path, sizes):
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    procs = [_start(tmp_path, 0, sizes[0], url)]
+    time.sleep(0.3)
+    procs.append(_start(tmp_path, 1, sizes[1], url))
+    for name, seconds, message in _outcomes(procs):
+        assert name == "MismatchError", message
+        assert ("started with different sizes: rank 0 with size %d, rank 1" % sizes[0]) \
+            in message and message.endswith("with size %d" % sizes[1]), message
+        assert seconds < EARLY_S, (seconds, message)
+
+
+def test_two_processes_started_as_rank_zero_are_named_on_both(tmp_path):
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    procs = [_start(tmp_path, 0, 2, url)]
+    time.sleep(0.3)
+    procs.append(_start(tmp_path, 0, 2, url))
+    time.sleep(0.3)
+    procs.append(_start(tmp_path, 1, 2, url))
+    outcomes = _outcomes(procs)
+    for name, seconds, message in outcomes:
+        assert name == "MismatchError", message
+        assert "two processes were started as rank 0" in message, message
+        assert seconds < EARLY_S, (seconds, message)
+
+
+def test_a_rank_started_twice_is_named_on_every_rank(tmp_path):
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    procs = [_start(tmp_path, 0, 3, url)]
+    time.sleep(0.3)
+    procs += [_start(tmp_path, 1, 3, url), _start(tmp_path, 1, 3, url)]
+    time.sleep(1.0)
+    procs.append(_start(tmp_path, 2, 3, url))
+    for name, seconds, message in _outcomes(procs):
+        assert name == "MismatchError", message
+        assert "rank 1 was started twice" in message, message
+        assert seconds < EARLY_S, (seconds, message)
+
+
+class _LineServer:
+    """Something that is not a pycollect store: answers every line with an error, as Redis's
+    inline protocol does, or (``silent``) accepts connections and never answers."""
+
+    def __init__(self, silent):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.silent, self.clients = silent, []
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        for _ in range(1000):       # bounded: each turn accepts one client
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.clients.append(conn)
+            if not self.silent:
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn):
+        data = b""
+        conn.settimeout(10)
+        try:
+            while b"\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            conn.sendall(b"-ERR unknown command\r\n")
+        except OSError:
+            pass
+
+    def close(self):
+        self.sock.close()
+        for conn in self.clients:
+            conn.close()
+
+
+@pytest.mark.parametrize("silent, words", [
+    (False, "something other than a pycollect TCP store answers at 127.0.0.1:%d: it replied "
+            "b'-ERR unknown command"),
+    (True, "127.0.0.1:%d accepts connections but did not answer a pycollect TCP store's "
+           "greeting"),
+])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_store_address_where_something_else_answers_is_named(silent, words, rank):
+    server = _LineServer(silent)
+    try:
+        start = time.monotonic()
+        with pytest.raises(pc.StoreError) as info:
+            pc.init(rank=rank, size=2, store="tcp://127.0.0.1:%d" % server.port, timeout=3)
+        elapsed = time.monotonic() - start
+    finally:
+        server.close()
+    assert words % server.port in str(info.value)
+    assert elapsed < (1.0 if not silent else 3.0 + 1.0), elapsed
