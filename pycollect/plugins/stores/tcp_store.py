@@ -39,8 +39,7 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024
 MAX_AUTH_BYTES = 4096
 MAX_WAIT_MS = 2**32 - 1
 PING_REPLY = b"pycollect-tcp-store/1"
-PING_LINE = b"
-"       # a PING's value, ignored by the server (see TCPStore._greet)
+PING_LINE = b"\r\n"       # a PING's value, ignored by the server (see TCPStore._greet)
 
 # Client timing.  Replies may arrive this long after the server's own deadline
 # before the connection is declared broken.
