@@ -65,7 +65,7 @@ def main():
             # The comparison uses each algorithm's best round (the lowest of its per-round
             # medians): a burst of load from elsewhere spoils a round, not the verdict.
             settled = {a: float(min(np.median(r) for r in s)) for a, s in samples.items()}
-            chosen = ctx._auto_allreduce(buf)
+            chosen = ctx.plan("allreduce", buf).code
             from pycollect._ext._transport import ALGORITHM_NAMES
             fixed = {a: v for a, v in settled.items() if a != "auto"}
             best = min(fixed, key=fixed.get)

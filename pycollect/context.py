@@ -23,8 +23,9 @@ from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buf
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, Timeout
-from .hierarchy import HIERARCHICAL as _HIERARCHICAL, Topology
-from . import signature
+from .hierarchy import PhaseGroup, Topology, multi_level
+from . import selection, signature
+from .selection import buffer_bytes as _nbytes
 from .types import ReduceOp
 from .work import P2P, Later, Runner, Work
 
@@ -41,27 +42,9 @@ ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS) + ("hierarchical
 BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS) + ("hierarchical",)
 REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
-# Crossovers for algorithm="auto", measured with benchmarks/crossover.py on
-# this project's 2-core machines (see docs/algorithms.md).
-RECURSIVE_DOUBLING_MAX_BYTES = 64 << 10  # up to here, at 2 ranks: one whole-buffer swap
-RECURSIVE_DOUBLING_MAX_BYTES_SHM = 16 << 10   # ... when both ranks share memory
-RECURSIVE_DOUBLING_MAX_BYTES_MANY = 4 << 10   # ... with more ranks
-BCUBE_MIN_BYTES_4 = 256 << 10            # from here, at 4 ranks: bcube's single base-4 step
-                                         # (up to direct's threshold when memory is shared)
-RING_CHUNKED_MIN_BYTES = 4 << 20         # from here, at 2 ranks: segments overlap reduction
-                                         # and wire; otherwise halving-doubling
-RING_CHUNKED_MIN_BYTES_4 = 16 << 20      # ... at 4 ranks (over TCP: with shared memory,
-                                         # direct comes first)
-PIPELINED_BCAST_MIN_BYTES = 256 << 10    # below, or with 2 ranks: binomial tree
-RING_REDUCE_MIN_BYTES = 256 << 10        # below: binomial tree reduce
+# algorithm="auto" is pycollect/selection.py's table.
 DEFAULT_SEGMENT_BYTES = 1 << 20
-_RECURSIVE_DOUBLING = _allreduce.ALGORITHMS["recursive_doubling"]
-_HALVING_DOUBLING = _allreduce.ALGORITHMS["halving_doubling"]
-_RING_CHUNKED = _allreduce.ALGORITHMS["ring_chunked"]
-_BCUBE = _allreduce.ALGORITHMS["bcube"]
 _DIRECT = _allreduce.ALGORITHMS["direct"]
-DIRECT_MIN_BYTES = 1 << 20               # from here, when every pair shares memory: direct
-_NEVER = float("inf")
 
 
 class Context:
@@ -80,18 +63,17 @@ class Context:
         self._lock = lock or threading.Lock()     # shared with sub-groups
         self._group_id = group_id
         self._groups_made = 0
-        self._auto_rule = None  # auto's thresholds, fixed on first use (_auto_thresholds)
+        self._selector = None   # auto's rules for this group, found on first use
         self._failure = None
         self._closed = False
         self._on_close = list(on_close)
         self._debug = debug
+        self._detail = debug == "detail"    # PYCOLLECT_DEBUG=detail: cross-rank call checks
         self._runner = None
         self._busy = False      # a collective of this context is running
-        self._topology = Topology(self)     # hosts of the ranks (pycollect/hierarchy.py)
-        self._hier_min_bytes = self._topology.allreduce_min_bytes
-        self._pending_signature = None
-        if debug == "detail":
-            signature.install(self)     # PYCOLLECT_DEBUG=detail: cross-rank call checks
+        # The hosts of the ranks (pycollect/hierarchy.py).
+        self._topology = Topology(rank, size, getattr(transport, "host_ids", None),
+                                  self.phase_group, self._timeout)
         self._peers = None      # per rank (pair kind, process id), read from the transport once
 
     # -- properties -------------------------------------------------------
@@ -126,17 +108,19 @@ class Context:
         """Block until every rank has called barrier."""
         t, tmo = self._transport, self._timeout
         return self._submit("barrier", lambda seq: _barrier.barrier(t, seq, tmo), None,
-                            async_op)
+                            async_op, checked=self._detail and {})
 
     def broadcast(self, buf, root=0, algorithm="auto", async_op=False):
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
+        checked = self._detail and dict(buf=buf, root=root, algorithm=algorithm)
         root = self._check_root(root, "broadcast")
-        algo = self._broadcast_algorithm(algorithm, buf)
-        if algo == _HIERARCHICAL:
-            return self._submit("broadcast", self._topology.broadcast(buf, root), buf, async_op)
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("broadcast", lambda seq: _broadcast.broadcast(
-            t, buf, root, algo, seq, tmo, seg), buf, async_op)
+        plan = self.plan("broadcast", buf, algorithm)
+        if plan.hierarchical:
+            run = self._topology.broadcast(buf, root)
+        else:
+            t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
+            run = lambda seq: _broadcast.broadcast(t, buf, root, algo, seq, tmo, seg)  # noqa
+        return self._submit("broadcast", run, buf, async_op, checked=checked)
 
     def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
@@ -146,127 +130,134 @@ class Context:
         one host: each reduces its slice straight from the others' memory), or
         "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
         """
+        checked = self._detail and dict(buf=buf, op=op, algorithm=algorithm)
         if type(op) is not ReduceOp:
             op = self._check_op(op, "allreduce")
         base = _allreduce.DEFAULT_BCUBE_BASE
-        if algorithm == "auto":
-            algo = self._auto_allreduce(buf)
-            if algo == _HIERARCHICAL:
-                return self._submit("allreduce", self._topology.allreduce(buf, op), buf,
-                                    async_op)
-            t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-            if algo == _DIRECT:
-                pids, readable = self._direct_peers()
-                return self._submit("allreduce", lambda seq: _allreduce.allreduce(
-                    t, buf, op, algo, seq, tmo, seg, base, pids, readable), buf, async_op)
-            return self._submit("allreduce", lambda seq: _allreduce.allreduce(
-                t, buf, op, algo, seq, tmo, seg, base), buf, async_op)
-        if isinstance(algorithm, str) and algorithm.startswith("bcube:"):
+        if algorithm != "auto" and isinstance(algorithm, str) and algorithm.startswith("bcube:"):
             algorithm, _, digits = algorithm.partition(":")
             try:
                 base = int(digits)
             except ValueError:
                 raise InvalidArgument("allreduce: bcube base %r is not an integer"
                                       % digits) from None
-        if algorithm == "hierarchical":
-            return self._submit("allreduce", self._topology.allreduce(buf, op), buf, async_op)
-        algo = self._allreduce_algorithm(algorithm, buf)
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
-        return self._submit("allreduce", lambda seq: _allreduce.allreduce(
-            t, buf, op, algo, seq, tmo, seg, base, pids, readable), buf, async_op)
+        plan = self.plan("allreduce", buf, algorithm)
+        if plan.hierarchical:
+            run = self._topology.allreduce(buf, op)
+        else:
+            t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
+            pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
+            run = lambda seq: _allreduce.allreduce(  # noqa: E731
+                t, buf, op, algo, seq, tmo, seg, base, pids, readable)
+        return self._submit("allreduce", run, buf, async_op, checked=checked)
 
     def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` across ranks into root's ``buf``; other ranks' ``buf`` is untouched."""
+        checked = self._detail and dict(buf=buf, root=root, op=op, algorithm=algorithm)
         root = self._check_root(root, "reduce")
         op = self._check_op(op, "reduce")
-        if algorithm == "auto":
-            algorithm = "ring" if _nbytes(buf) >= RING_REDUCE_MIN_BYTES else "binomial"
-        algo = self._algorithm_code("reduce", algorithm, _rooted.REDUCE_ALGORITHMS)
+        algo = self.plan("reduce", buf, algorithm).code
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("reduce", lambda seq: _rooted.reduce(
-            t, buf, root, op, algo, seq, tmo, seg), buf, async_op)
+            t, buf, root, op, algo, seq, tmo, seg), buf, async_op, checked=checked)
 
     def allgather(self, sendbuf, recvbuf=None, async_op=False):
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
         if recvbuf is None:
             recvbuf = _blocks_like(sendbuf, self._size, "allgather")
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("allgather", lambda seq: _allgather.allgather(
-            t, sendbuf, recvbuf, None, seq, tmo, seg), recvbuf, async_op)
+            t, sendbuf, recvbuf, None, seq, tmo, seg), recvbuf, async_op, checked=checked)
 
     def allgatherv(self, sendbuf, recvbuf, counts, async_op=False):
         """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts)
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("allgatherv", lambda seq: _allgather.allgather(
-            t, sendbuf, recvbuf, counts, seq, tmo, seg), recvbuf, async_op)
+            t, sendbuf, recvbuf, counts, seq, tmo, seg), recvbuf, async_op, checked=checked)
 
     def gather(self, sendbuf, recvbuf=None, root=0, async_op=False):
         """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
         root = self._check_root(root, "gather")
         if self._rank == root and recvbuf is None:
             recvbuf = _blocks_like(sendbuf, self._size, "gather")
         out = recvbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("gather", lambda seq: _rooted.gather(
-            t, sendbuf, out, None, root, seq, tmo), out, async_op)
+            t, sendbuf, out, None, root, seq, tmo), out, async_op, checked=checked)
 
     def gatherv(self, sendbuf, recvbuf, counts, root=0, async_op=False):
         """gather with ``counts[r]`` elements from rank r, packed in rank order on root."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts,
+                                        root=root)
         root = self._check_root(root, "gatherv")
         out = recvbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("gatherv", lambda seq: _rooted.gather(
-            t, sendbuf, out, counts, root, seq, tmo), out, async_op)
+            t, sendbuf, out, counts, root, seq, tmo), out, async_op, checked=checked)
 
     def scatter(self, sendbuf, recvbuf, root=0, async_op=False):
         """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
         root = self._check_root(root, "scatter")
         send = sendbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("scatter", lambda seq: _rooted.scatter(
-            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op)
+            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op, checked=checked)
 
     def scatterv(self, sendbuf, counts, recvbuf, root=0, async_op=False):
         """scatter with ``counts[r]`` elements for rank r, packed in rank order on root."""
+        checked = self._detail and dict(sendbuf=sendbuf, counts=counts, recvbuf=recvbuf,
+                                        root=root)
         root = self._check_root(root, "scatterv")
         send = sendbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("scatterv", lambda seq: _rooted.scatter(
-            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op)
+            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op, checked=checked)
 
     def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op)
         op = self._check_op(op, "reduce_scatter")
         if recvbuf is None:
             recvbuf = _block_of(sendbuf, self._size, "reduce_scatter")
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("reduce_scatter", lambda seq: _reduce_scatter.reduce_scatter(
-            t, sendbuf, recvbuf, None, op, seq, tmo, seg), recvbuf, async_op)
+            t, sendbuf, recvbuf, None, op, seq, tmo, seg), recvbuf, async_op,
+            checked=checked)
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, async_op=False):
         """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts, op=op)
         op = self._check_op(op, "reduce_scatterv")
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("reduce_scatterv", lambda seq: _reduce_scatter.reduce_scatter(
-            t, sendbuf, recvbuf, counts, op, seq, tmo, seg), recvbuf, async_op)
+            t, sendbuf, recvbuf, counts, op, seq, tmo, seg), recvbuf, async_op,
+            checked=checked)
 
     def alltoall(self, sendbuf, recvbuf=None, async_op=False):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
         if recvbuf is None:
             recvbuf = np.empty_like(_as_array(sendbuf, "alltoall"))
         t, tmo = self._transport, self._timeout
         return self._submit("alltoall", lambda seq: _alltoall.alltoall(
-            t, sendbuf, None, recvbuf, None, seq, tmo), recvbuf, async_op)
+            t, sendbuf, None, recvbuf, None, seq, tmo), recvbuf, async_op, checked=checked)
 
     def alltoallv(self, sendbuf, sendcounts, recvbuf, recvcounts, async_op=False):
         """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
+        checked = self._detail and dict(sendbuf=sendbuf, sendcounts=sendcounts, recvbuf=recvbuf,
+                                        recvcounts=recvcounts)
         t, tmo = self._transport, self._timeout
         return self._submit("alltoallv", lambda seq: _alltoall.alltoall(
-            t, sendbuf, sendcounts, recvbuf, recvcounts, seq, tmo), recvbuf, async_op)
+            t, sendbuf, sendcounts, recvbuf, recvcounts, seq, tmo), recvbuf, async_op,
+            checked=checked)
 
     def allreduce_coalesced(self, bufs, op=ReduceOp.SUM, async_op=False):
         """Allreduce many arrays in place with one collective per dtype; return ``bufs``."""
+        checked = self._detail and dict(bufs=bufs, op=op)
         op = self._check_op(op, "allreduce_coalesced")
         bufs = list(bufs)
         groups = {}
@@ -280,7 +271,7 @@ class Context:
             algo = None
             for arrays in groups.values():
                 flat = np.concatenate([a.reshape(-1) for a in arrays])
-                algo = self._allreduce_algorithm("auto", flat)
+                algo = self.plan("allreduce_coalesced", flat).code
                 pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
                 _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg,
                                      _allreduce.DEFAULT_BCUBE_BASE, pids, readable)
@@ -293,7 +284,8 @@ class Context:
 
         if not groups:
             return self._finished(bufs, async_op)
-        return self._submit("allreduce_coalesced", run, bufs, async_op, span=len(groups))
+        return self._submit("allreduce_coalesced", run, bufs, async_op, span=len(groups),
+                            checked=checked)
 
     # -- point to point --------------------------------------------------
 
@@ -402,6 +394,31 @@ class Context:
             return None
         return self._group(members, ("new_group", number, tuple(members)))
 
+    def phase_group(self, members, recipe):
+        """A ``PhaseGroup`` of this context's ranks ``members`` for the phases of a composite
+        collective (``pycollect/hierarchy.py``): named by ``recipe`` (the same on every
+        member), never numbered like ``split`` and ``new_group``, and run inside a collective
+        of this context, under its sequence number and deadline."""
+        gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
+        transport = GroupTransport(self._transport, members, gid)
+        info = self._pair_info()
+        host_ids = getattr(self._transport, "host_ids", None)
+        shm = len(members) > 1 and all(info[m][0] != "tcp" for m in members)
+        multi = host_ids is not None and multi_level([host_ids[m] for m in members],
+                                                    len(members))
+        return PhaseGroup(members.index(self._rank), len(members), transport,
+                          self._segment_bytes, selection.Facts(len(members), shm, multi))
+
+    def plan(self, collective, buf, algorithm="auto"):
+        """The ``selection.Plan`` that ``collective`` ("allreduce", "allreduce_coalesced",
+        "broadcast" or "reduce") runs for ``buf`` with ``algorithm`` in this group."""
+        if algorithm != "auto":
+            return selection.named(collective, algorithm)
+        if self._selector is None:
+            self._selector = selection.Selector(selection.Facts(
+                self._size, self._all_shared(), self._topology.multi_level))
+        return self._selector.plan(collective, _nbytes(buf))
+
     def _group(self, members, recipe):
         gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
         transport = GroupTransport(self._transport, members, gid)
@@ -502,10 +519,15 @@ class Context:
 
     # -- helpers ----------------------------------------------------------
 
-    def _submit(self, name, op, result, async_op, span=1, queued=None):
+    def _submit(self, name, op, result, async_op, span=1, queued=None, checked=None):
         """Run ``op(seq)`` now or queue it (``queued``, when given, is what the queue
-        takes instead: a send or receive); return ``result`` or a Work."""
-        sig, self._pending_signature = self._pending_signature, None
+        takes instead: a send or receive); return ``result`` or a Work.
+
+        ``checked``: the call's arguments, under ``PYCOLLECT_DEBUG=detail``, that every
+        rank checks against the others' before the collective (pycollect/signature.py).
+        """
+        sig = signature.encode(name, checked) if self._detail and checked is not None \
+            else None
         if async_op or (self._runner is not None and self._runner.pending()):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
@@ -516,40 +538,6 @@ class Context:
             return work if async_op else work.wait()
         self._execute((op, span, sig))
         return result
-
-    def _auto_allreduce(self, buf):
-        """The algorithm code "auto" picks for ``buf`` (thresholds in docs/algorithms.md)."""
-        try:
-            nbytes = buf.nbytes
-        except AttributeError:
-            nbytes = _nbytes(buf)
-        rd_max, direct_min, chunked_min, bcube_min = self._auto_rule or self._auto_thresholds()
-        if nbytes <= rd_max:
-            return _RECURSIVE_DOUBLING
-        if nbytes >= self._hier_min_bytes:
-            return _HIERARCHICAL
-        if nbytes >= direct_min:
-            return _DIRECT
-        if nbytes >= chunked_min:
-            return _RING_CHUNKED
-        if nbytes >= bcube_min:
-            return _BCUBE
-        return _HALVING_DOUBLING
-
-    def _auto_thresholds(self):
-        """(recursive doubling's largest, direct's, ring_chunked's and bcube's smallest size)
-        for this group: the same on every rank, since every rank sees the same topology."""
-        shared = self._all_shared()
-        if self._size == 2:
-            rd_max = RECURSIVE_DOUBLING_MAX_BYTES_SHM if shared else RECURSIVE_DOUBLING_MAX_BYTES
-        else:
-            rd_max = RECURSIVE_DOUBLING_MAX_BYTES_MANY
-        direct_min = DIRECT_MIN_BYTES if shared else _NEVER
-        chunked_min = {2: RING_CHUNKED_MIN_BYTES, 4: RING_CHUNKED_MIN_BYTES_4}.get(self._size,
-                                                                                  _NEVER)
-        bcube_min = BCUBE_MIN_BYTES_4 if self._size == 4 else _NEVER
-        self._auto_rule = (rd_max, direct_min, chunked_min, bcube_min)
-        return self._auto_rule
 
     def _pair_info(self):
         """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp") and its process id."""
@@ -648,40 +636,6 @@ class Context:
         except ValueError:
             raise InvalidArgument("%s: unknown reduction op %r (use pycollect.ReduceOp)"
                                   % (what, op)) from None
-
-    def _algorithm_code(self, what, algorithm, table):
-        try:
-            return table[algorithm]
-        except (KeyError, TypeError):
-            raise InvalidArgument("%s: unknown algorithm %r (choose from %s)" % (
-                what, algorithm, ", ".join(("auto",) + tuple(table)))) from None
-
-    def _allreduce_algorithm(self, algorithm, buf):
-        if algorithm == "auto":
-            algo = self._auto_allreduce(buf)     # coalesced: one flat call per dtype
-            return _HALVING_DOUBLING if algo == _HIERARCHICAL else algo
-        return self._algorithm_code("allreduce", algorithm, _allreduce.ALGORITHMS)
-
-    def _broadcast_algorithm(self, algorithm, buf):
-        if algorithm == "hierarchical":
-            return _HIERARCHICAL
-        if algorithm == "auto":
-            nbytes = _nbytes(buf)
-            if nbytes >= self._topology.broadcast_min_bytes:
-                return _HIERARCHICAL
-            algorithm = ("pipelined" if self._size > 2 and nbytes >= PIPELINED_BCAST_MIN_BYTES
-                         else "binomial")
-        return self._algorithm_code("broadcast", algorithm, _broadcast.ALGORITHMS)
-
-
-def _nbytes(buf):
-    try:
-        return buf.nbytes
-    except AttributeError:
-        try:
-            return memoryview(buf).nbytes
-        except TypeError:
-            return 0   # the compiled gatekeeper rejects it with the reason
 
 
 def _as_array(buf, what):

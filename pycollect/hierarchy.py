@@ -26,8 +26,10 @@ by the rank that waits for it directly, and by every other rank after it.
 A failure in any phase fails the shared connections, so every rank, on every
 host, fails fast.
 
-The sub-groups are made with ``Context._group`` under recipes of their own,
-so they never take a number from the user's ``split`` / ``new_group``.
+The sub-groups are ``PhaseGroup``s that ``Context.phase_group`` makes under
+recipes of their own, so they never take a number from the user's ``split`` /
+``new_group``; a phase group runs one compiled call with the sequence number
+and deadline of the collective it is a phase of.
 Every phase carries its own group id ("up", "across", "down"): a message of a
 later phase that arrives early is left for later, never mistaken for one of
 the phase in progress.
@@ -38,37 +40,71 @@ import re
 from time import monotonic as _now
 
 from ._ext import _allreduce, _broadcast, _buffer, _reduce, _rooted
-from ._ext._transport import ALGORITHM_NAMES
-from .errors import Error, InvalidArgument
-from .types import DTYPES, ReduceOp
+from .errors import Error
+from .selection import HIERARCHICAL, Selector, buffer_bytes
+from .types import ReduceOp
 
-__all__ = ["Topology", "HIERARCHICAL", "ALLREDUCE_MIN_BYTES", "BROADCAST_MIN_BYTES"]
+__all__ = ["PhaseGroup", "Topology", "HIERARCHICAL"]
 
 log = logging.getLogger("pycollect")
 
-HIERARCHICAL = next(code for code, name in ALGORITHM_NAMES.items() if name == "hierarchical")
-
-NEVER = float("inf")
-# From these sizes "auto" runs the hierarchical algorithms on a multi-host job
-# whose hosts hold several ranks (measured with benchmarks/hierarchy.py, see
-# docs/algorithms.md).  A hierarchical broadcast never beat the binomial tree
-# there (the tree already crosses hosts once per host), so auto leaves it out.
-ALLREDUCE_MIN_BYTES = 128 << 10
-BROADCAST_MIN_BYTES = NEVER
-
 _BINOMIAL_REDUCE = _rooted.REDUCE_ALGORITHMS["binomial"]
 _BINOMIAL = _broadcast.ALGORITHMS["binomial"]
-_AVERAGED = ("float", "bfloat", "complex")
 _GROUP_RANK = re.compile(r"^rank \d+: ")
 
 
-class Topology:
-    """The hosts of a context's ranks and, on first use, the sub-groups of its phases."""
+class PhaseGroup:
+    """A sub-group that runs the phases of its parent's collectives: one compiled call each,
+    under the parent's sequence number and deadline (so it takes no lock and no number).
 
-    def __init__(self, ctx):
-        self._ctx = ctx
-        rank, size = ctx.rank, ctx.size
-        ids = getattr(ctx._transport, "host_ids", None)
+    ``transport`` is the sub-group's ``GroupTransport``; ``facts`` (a
+    ``selection.Facts``) is what ``auto`` knows of it.
+    """
+
+    def __init__(self, rank, size, transport, segment_bytes, facts):
+        self.rank = rank
+        self.size = size
+        self.transport = transport
+        self.segment_bytes = segment_bytes
+        self.selector = Selector(facts)
+
+    def plan(self, collective, nbytes):
+        """The plan ``auto`` picks for ``collective`` of ``nbytes`` in this group."""
+        return self.selector.plan(collective, nbytes)
+
+    def reduce(self, buf, root, op, algo, seq, timeout):
+        return _rooted.reduce(self.transport, buf, root, op, algo, seq, timeout,
+                              self.segment_bytes)
+
+    def allreduce(self, buf, op, algo, seq, timeout):
+        return _allreduce.allreduce(self.transport, buf, op, algo, seq, timeout,
+                                    self.segment_bytes)
+
+    def broadcast(self, buf, root, algo, seq, timeout):
+        return _broadcast.broadcast(self.transport, buf, root, algo, seq, timeout,
+                                    self.segment_bytes)
+
+
+def multi_level(host_of, size):
+    """Several hosts, and some host with several ranks: what the hierarchy is for."""
+    hosts = len(set(host_of))
+    return hosts > 1 and hosts < size
+
+
+class Topology:
+    """The hosts of a group's ranks and, on first use, the phase groups of its collectives.
+
+    ``host_ids``: one host identity per rank (None: every rank its own host);
+    ``phase_group(members, recipe)`` makes a ``PhaseGroup`` of the group's
+    ranks ``members`` (``Context.phase_group``).
+    """
+
+    def __init__(self, rank, size, host_ids, phase_group, timeout):
+        self.rank = rank
+        self.size = size
+        self.timeout = timeout
+        self._make = phase_group
+        ids = host_ids
         if ids is None or len(ids) != size:
             ids = list(range(size))         # unknown: every rank its own host
         index = {}
@@ -78,9 +114,7 @@ class Topology:
         self.leaders = [members[0] for members in self.hosts]
         self.local = self.hosts[self.host_of[rank]]
         #: several hosts, and some host with several ranks: what the hierarchy is for
-        self.multi_level = len(self.hosts) > 1 and len(self.leaders) < size
-        self.allreduce_min_bytes = ALLREDUCE_MIN_BYTES if self.multi_level else NEVER
-        self.broadcast_min_bytes = BROADCAST_MIN_BYTES if self.multi_level else NEVER
+        self.multi_level = multi_level(self.host_of, size)
         self._groups = None
         self._by_root = {}      # broadcast from a rank that is not its host's leader
 
@@ -90,54 +124,49 @@ class Topology:
     def _phases(self):
         """(up, across, down) sub-contexts of this rank; None where it takes no part."""
         if self._groups is None:
-            ctx = self._ctx
-            host = self.host_of[ctx.rank]
+            make, host = self._make, self.host_of[self.rank]
             several = len(self.local) > 1
-            up = ctx._group(self.local, ("hierarchy", "up", host)) if several else None
-            down = ctx._group(self.local, ("hierarchy", "down", host)) if several else None
-            across = (ctx._group(self.leaders, ("hierarchy", "across"))
-                      if ctx.rank in self.leaders and len(self.leaders) > 1 else None)
+            up = make(self.local, ("hierarchy", "up", host)) if several else None
+            down = make(self.local, ("hierarchy", "down", host)) if several else None
+            across = (make(self.leaders, ("hierarchy", "across"))
+                      if self.rank in self.leaders and len(self.leaders) > 1 else None)
             self._groups = (up, across, down)
-            log.debug("rank %d: hierarchy of %d hosts %s; leaders %s", ctx.rank,
+            log.debug("rank %d: hierarchy of %d hosts %s; leaders %s", self.rank,
                       len(self.hosts), self.hosts, self.leaders)
         return self._groups
 
     def _root_groups(self, root):
         """On the host of ``root``, not its leader: ([leader, root], the host less root)."""
         if root not in self._by_root:
-            ctx, leader = self._ctx, self.local[0]
-            pair = (ctx._group([leader, root], ("hierarchy", "to leader", root))
-                    if ctx.rank in (leader, root) else None)
+            make, leader = self._make, self.local[0]
+            pair = (make([leader, root], ("hierarchy", "to leader", root))
+                    if self.rank in (leader, root) else None)
             rest = [r for r in self.local if r != root]
-            down = (ctx._group(rest, ("hierarchy", "down without", root))
-                    if ctx.rank != root and len(rest) > 1 else None)
+            down = (make(rest, ("hierarchy", "down without", root))
+                    if self.rank != root and len(rest) > 1 else None)
             self._by_root[root] = (pair, down)
         return self._by_root[root]
 
     def allreduce(self, buf, op):
         """The ``run(seq)`` of a hierarchical allreduce of ``buf`` with ``op``."""
         code, _ = _buffer.check(buf, "allreduce", "buf", True)
-        if op == ReduceOp.AVG and not DTYPES.get(code, "").startswith(_AVERAGED):
-            raise InvalidArgument("allreduce: op AVG is not defined on %s: AVG is defined for "
-                                  "floating and complex types only; use SUM and divide"
-                                  % DTYPES.get(code))
+        _reduce.check_reduction(code, op, "allreduce")
+        nbytes = buffer_bytes(buf)
         up, across, down = self._phases()
         total = ReduceOp.SUM if op == ReduceOp.AVG else op
-        size, timeout = self._ctx.size, self._ctx.timeout
+        rank, size, timeout = self.rank, self.size, self.timeout
 
         def run(seq):
             end, grace = _now() + timeout, _grace(timeout)
             if up is not None:
-                _phase("allreduce", "up", self._ctx.rank, end, lambda left: _rooted.reduce(
-                    up._transport, buf, 0, total, _BINOMIAL_REDUCE, seq, left,
-                    up._segment_bytes))
+                _phase("allreduce", "up", rank, end, lambda left: up.reduce(
+                    buf, 0, total, _BINOMIAL_REDUCE, seq, left))
             if across is not None:
-                algo = across._auto_allreduce(buf)
-                _phase("allreduce", "across", self._ctx.rank, end + grace,
-                       lambda left: _allreduce.allreduce(across._transport, buf, total, algo,
-                                                         seq, left, across._segment_bytes))
+                algo = across.plan("allreduce", nbytes).code
+                _phase("allreduce", "across", rank, end + grace, lambda left: across.allreduce(
+                    buf, total, algo, seq, left))
             if down is not None:
-                _phase("allreduce", "down", self._ctx.rank, end + 2 * grace,
+                _phase("allreduce", "down", rank, end + 2 * grace,
                        _broadcast_in(down, buf, 0, _BINOMIAL, seq))
             if op == ReduceOp.AVG and size > 1:
                 _reduce.divide(buf, size)
@@ -147,8 +176,9 @@ class Topology:
 
     def broadcast(self, buf, root):
         """The ``run(seq)`` of a hierarchical broadcast of root's ``buf``."""
-        rank = self._ctx.rank
+        rank = self.rank
         _buffer.check(buf, "broadcast", "buf", rank != root)
+        nbytes = buffer_bytes(buf)
         _, across, down = self._phases()
         root_host = self.host_of[root]
         to_leader = None
@@ -156,7 +186,7 @@ class Topology:
             # The root hands the buffer to its leader, and stays out of its host's
             # broadcast (its buffer may be read-only).
             to_leader, down = self._root_groups(root)
-        timeout = self._ctx.timeout
+        timeout = self.timeout
 
         def run(seq):
             end, grace = _now() + timeout, _grace(timeout)
@@ -164,7 +194,7 @@ class Topology:
                 _phase("broadcast", "to leader", rank, end,
                        _broadcast_in(to_leader, buf, 1, _BINOMIAL, seq))
             if across is not None:
-                algo = across._broadcast_algorithm("auto", buf)
+                algo = across.plan("broadcast", nbytes).code
                 _phase("broadcast", "across", rank, end + grace,
                        _broadcast_in(across, buf, root_host, algo, seq))
             if down is not None:
@@ -177,8 +207,7 @@ class Topology:
 
 def _broadcast_in(group, buf, root, algo, seq):
     """The call(seconds left) that broadcasts ``buf`` from group rank ``root`` in ``group``."""
-    return lambda left: _broadcast.broadcast(group._transport, buf, root, algo, seq, left,
-                                             group._segment_bytes)
+    return lambda left: group.broadcast(buf, root, algo, seq, left)
 
 
 def _grace(timeout):

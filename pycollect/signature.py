@@ -8,9 +8,10 @@ of a small signature (which collective, dtype, count, op, root, algorithm and
 the v-counts: whatever must agree across ranks), and every rank raises the
 same ``MismatchError`` naming what each rank called before any data moves.
 The check costs one small allgather per collective; the context survives it.
+It is a step of submission: each collective hands ``Context._submit`` its
+arguments, which encodes them here and checks them before running the call.
 """
 
-import inspect
 import zlib
 
 import numpy as np
@@ -19,7 +20,7 @@ from ._ext import _allgather, _buffer
 from .errors import MismatchError
 from .types import DTYPES, ReduceOp
 
-__all__ = ["install", "COLLECTIVES"]
+__all__ = ["COLLECTIVES", "describe", "encode", "verify"]
 
 # What must agree across ranks, per collective: (argument, what of it).
 #   dtype / count: of a buffer argument (count -1 when the rank passes None)
@@ -46,32 +47,6 @@ COLLECTIVES = {
 }
 _NAMES = sorted(COLLECTIVES)
 _WIDTH = 1 + max(len(f) for f in COLLECTIVES.values())
-
-
-def install(ctx):
-    """Wrap ``ctx``'s collectives (on the instance only: no cost for other contexts)."""
-    for name in COLLECTIVES:
-        setattr(ctx, name, _checked(ctx, name, getattr(ctx, name)))
-
-
-def _checked(ctx, name, method):
-    params = inspect.signature(method)
-
-    def checked(*args, **kwargs):
-        try:
-            bound = params.bind(*args, **kwargs)
-        except TypeError:
-            return method(*args, **kwargs)      # Python's own error for a wrong call
-        bound.apply_defaults()
-        ctx._pending_signature = encode(name, bound.arguments)
-        try:
-            return method(*args, **kwargs)
-        finally:
-            ctx._pending_signature = None
-
-    checked.__name__ = checked.__qualname__ = name
-    checked.__doc__ = method.__doc__
-    return checked
 
 
 def encode(name, arguments):

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from pycollect._ext._transport import ALGORITHM_NAMES
 from conftest import counts_for
 from group import ThreadGroup
 from reference import (BFLOAT16, DTYPES, assert_matches, make_input, np_dtype, ops_for,
@@ -111,8 +110,8 @@ def test_auto_follows_the_measured_crossovers(size, transport, cases):
     try:
         ctx = g.contexts[0]
         for nbytes, name in cases:
-            code = ctx._auto_allreduce(np.zeros(nbytes // 4, np.float32))
-            assert ALGORITHM_NAMES[code] == name, (nbytes, ALGORITHM_NAMES[code], name)
+            picked = ctx.plan("allreduce", np.zeros(nbytes // 4, np.float32)).name
+            assert picked == name, (nbytes, picked, name)
         nbytes, name = cases[-1]
         works = g.run(lambda c: c.allreduce(np.ones(nbytes // 4, np.float32), async_op=True))
         for w in works:

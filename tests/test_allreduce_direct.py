@@ -16,7 +16,7 @@ import pycollect as pc
 from group import ThreadGroup
 from jobs import run_victims
 from pycollect._ext import _allreduce
-from pycollect.context import DIRECT_MIN_BYTES
+from pycollect import selection
 
 DIRECT = _allreduce.ALGORITHMS["direct"]
 
@@ -85,19 +85,22 @@ def test_one_rank_that_may_not_be_read_sends_every_rank_to_the_fallback():
         g.close()
 
 
+DIRECT_MIN_BYTES = selection.min_bytes("allreduce", "direct")
+
+
 def test_auto_picks_direct_when_every_pair_shares_memory():
     big = np.zeros(DIRECT_MIN_BYTES // 4, np.float32)
     small = np.zeros(DIRECT_MIN_BYTES // 4 - 1, np.float32)
     g = ThreadGroup(3)
     try:
         ctx = g.contexts[0]
-        assert ctx._auto_allreduce(big) == DIRECT
-        assert ctx._auto_allreduce(small) != DIRECT
+        assert ctx.plan("allreduce", big).code == DIRECT
+        assert ctx.plan("allreduce", small).code != DIRECT
     finally:
         g.close()
     g = ThreadGroup(3, transport="tcp")
     try:
-        assert g.contexts[0]._auto_allreduce(big) != DIRECT
+        assert g.contexts[0].plan("allreduce", big).code != DIRECT
     finally:
         g.close()
 

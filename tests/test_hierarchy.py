@@ -25,7 +25,7 @@ import pytest
 import pycollect as pc
 from group import run_ranks
 from jobs import collect, stop
-from pycollect import hierarchy
+from pycollect import hierarchy, selection
 from pycollect.context import ALLREDUCE_ALGORITHMS
 from pycollect.plugins import hosts as host_table
 from pycollect.plugins.hosts import boot_id, check_host_table, host_identity, machine_identity
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.timeout(60)
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "hierarchy_worker.py")
 JOB_TIMEOUT_S = 45
+HIERARCHICAL_MIN_BYTES = selection.min_bytes("allreduce", "hierarchical")
 
 
 # -- host identity -----------------------------------------------------------
@@ -62,14 +63,6 @@ def test_one_override_on_two_machines_is_refused():
     check_host_table(0, split)
 
 
-class _FakeContext:
-    """What Topology reads of a Context: rank, size and the transport's host table."""
-
-    def __init__(self, table, size):
-        self.rank, self.size, self.timeout = 0, size, 1.0
-        self._transport = type("T", (), {"host_ids": table})()
-
-
 @pytest.mark.parametrize("table, groups, multi", [
     (["a", "a", "b", "b"], [[0, 1], [2, 3]], True),
     (["b", "a", "b", "c", "a"], [[0, 2], [1, 4], [3]], True),
@@ -78,10 +71,10 @@ class _FakeContext:
     (None, [[0], [1]], False),          # a transport that knows no hosts
 ])
 def test_topology_from_the_host_table(table, groups, multi):
-    topo = hierarchy.Topology(_FakeContext(table, len(groups) if table is None else len(table)))
+    size = len(groups) if table is None else len(table)
+    topo = hierarchy.Topology(0, size, table, None, 1.0)
     assert topo.hosts == groups and topo.leaders == [g[0] for g in groups]
     assert topo.multi_level is multi
-    assert (topo.allreduce_min_bytes < hierarchy.NEVER) is multi
 
 
 # -- threads as ranks of fake hosts -----------------------------------------
@@ -157,7 +150,7 @@ def test_broadcast_hierarchical_from_every_root(monkeypatch, placement):
 
 
 def test_auto_chooses_hierarchical_for_large_buffers_and_says_so(monkeypatch, caplog):
-    big = hierarchy.ALLREDUCE_MIN_BYTES // 4
+    big = HIERARCHICAL_MIN_BYTES // 4
     monkeypatch.setenv("PYCOLLECT_DEBUG", "1")
     with caplog.at_level(logging.DEBUG, logger="pycollect"), \
             fake_hosts(monkeypatch, [0, 0, 1, 1]) as contexts:
@@ -180,7 +173,7 @@ def test_auto_chooses_hierarchical_for_large_buffers_and_says_so(monkeypatch, ca
 
 
 def test_auto_stays_flat_on_one_host_or_one_rank_per_host(monkeypatch):
-    big = np.ones(hierarchy.ALLREDUCE_MIN_BYTES, np.float32)
+    big = np.ones(HIERARCHICAL_MIN_BYTES, np.float32)
     for placement in ([0, 0, 0], [0, 1, 2]):
         with fake_hosts(monkeypatch, placement) as contexts:
             works = _run(contexts, lambda ctx: ctx.allreduce(big.copy(), async_op=True))
@@ -242,7 +235,7 @@ def test_ranks_that_disagree_on_the_size_all_get_mismatch(monkeypatch):
     with fake_hosts(monkeypatch, [0, 0, 1, 1], timeout=timeout) as contexts:
         def body(ctx):
             start = time.monotonic()
-            count = 1000 if ctx.rank == 0 else hierarchy.ALLREDUCE_MIN_BYTES
+            count = 1000 if ctx.rank == 0 else HIERARCHICAL_MIN_BYTES
             with pytest.raises((pc.MismatchError, pc.PeerError)) as info:
                 ctx.allreduce(np.ones(count, np.float32))
             return time.monotonic() - start, info.value
@@ -261,7 +254,7 @@ def test_split_groups_and_user_numbering_are_untouched(monkeypatch):
             ctx.allreduce(np.ones(8), algorithm="hierarchical")
             made = ctx._groups_made
             sub = ctx.split(ctx.rank % 2)      # {0, 2} and {1, 3}: one rank per host
-            buf = np.full(hierarchy.ALLREDUCE_MIN_BYTES, ctx.rank, np.float32)
+            buf = np.full(HIERARCHICAL_MIN_BYTES, ctx.rank, np.float32)
             sub.allreduce(buf, algorithm="hierarchical")
             return made, buf, sub._topology.hosts
         for rank, (made, buf, sub_hosts) in enumerate(_run(contexts, body)):
@@ -277,7 +270,7 @@ def test_hierarchical_inside_a_group_that_spans_hosts(monkeypatch):
             sub = ctx.new_group([4, 0, 3, 1])       # hosts {4, 3} and {0, 1}
             if sub is None:
                 return None
-            buf = np.full(hierarchy.ALLREDUCE_MIN_BYTES, ctx.rank + 1.0, np.float32)
+            buf = np.full(HIERARCHICAL_MIN_BYTES, ctx.rank + 1.0, np.float32)
             work = sub.allreduce(buf, async_op=True)
             work.wait()
             data = np.arange(5000.0) if sub.rank == 3 else np.zeros(5000)

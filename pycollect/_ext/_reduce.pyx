@@ -229,6 +229,11 @@ cdef int check_op(int dtype, int op, str where) except -1:
     return 0
 
 
+def check_reduction(int dtype, op, str where):
+    """Raise InvalidArgument unless reduction ``op`` is defined on the dtype code ``dtype``."""
+    check_op(dtype, int(op), where)
+
+
 def reduce(out, a, b, op):
     """out = a op b element-wise, in compiled code (a test and debugging aid)."""
     cdef Buffer bo = as_buffer(out, "reduce", "out", True)
