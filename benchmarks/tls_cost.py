@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from tls_certs import Authority     # noqa: E402
 
+from pycollect.launch import module_command
+
 TRANSPORTS = ("tcp", "tcp+tls")
 
 
@@ -32,7 +34,7 @@ def _iterations(elements):
 
 def bench(transport, elements, ranks, env):
     out = subprocess.run(
-        [sys.executable, "-m", "pycollect.bench", "--local", str(ranks), "--transport",
+        [*module_command("pycollect.bench"), "--local", str(ranks), "--transport",
          transport, "--elements", str(elements), "--iteration-count",
          str(_iterations(elements)), "--json", "--quiet", "allreduce"],
         env=env, capture_output=True, text=True, timeout=600)

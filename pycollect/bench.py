@@ -333,8 +333,8 @@ def _numpy_dtype(name):
         try:
             import ml_dtypes
         except ImportError:
-            raise InvalidArgument("--dtype bfloat16 needs ml_dtypes: pip install "
-                                  "'pycollect[bfloat16]'") from None
+            raise InvalidArgument("--dtype bfloat16 needs ml_dtypes, a dependency of pycollect "
+                                  "that is missing here: pip install ml_dtypes") from None
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
 
@@ -978,7 +978,7 @@ def _launch_local(parser, cfg):
     argv = ["-n", str(cfg.args.local), "--no-prefix-output"]
     if cfg.store is not None:
         argv += ["--store", cfg.store]
-    argv += [sys.executable, "-m", "pycollect.bench"] + _child_argv(parser, cfg.args)
+    argv += launch.module_command("pycollect.bench") + _child_argv(parser, cfg.args)
     return launch.main(argv)
 
 

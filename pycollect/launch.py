@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.parse
 
-__all__ = ["main"]
+__all__ = ["main", "module_command"]
 
 # How long ranks get to exit after SIGTERM (or a forwarded SIGINT) before SIGKILL.
 GRACE_S = 5.0
@@ -43,6 +43,22 @@ FAILURE_WINDOW_S = 0.3
 MAX_LINE = 1 << 16
 # Exit status when --timeout ends the job (as timeout(1) does).
 TIMEOUT_EXIT = 124
+
+
+def module_command(module, python=None):
+    """The argv that runs ``python -m module`` without the working directory on ``sys.path``.
+
+    ``python -m`` puts the current directory first on ``sys.path``, so a child started from
+    a source checkout would import the checkout (which has no compiled extensions) instead
+    of the installed pycollect.  Every Python child that pycollect starts goes through this:
+    ``-P`` where the interpreter has it (3.11+), else a ``-c`` stub that drops the path
+    entry ``-c`` adds before it runs the module as ``__main__``.
+    """
+    python = python or sys.executable
+    if sys.version_info >= (3, 11):     # -P: no working directory on sys.path
+        return [python, "-P", "-m", module]
+    return [python, "-c", "import runpy, sys; del sys.path[0]; "
+            "runpy.run_module(%r, run_name='__main__', alter_sys=True)" % module]
 
 
 def _positive_int(text):

@@ -5,7 +5,6 @@ import io
 import itertools
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,9 +12,10 @@ import pytest
 from group import run_ranks
 from pycollect import bench
 from pycollect.context import ALLREDUCE_ALGORITHMS
+from pycollect.launch import module_command
 from pycollect.types import ReduceOp
 
-BENCH = [sys.executable, "-m", "pycollect.bench"]
+BENCH = module_command("pycollect.bench")
 TINY = ["--elements", "0,1,5,1000", "--iteration-count", "3", "--warmup-iters", "1"]
 _stores = itertools.count()
 

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-LAUNCHER = [sys.executable, "-m", "pycollect.launch"]
+from pycollect.launch import module_command
+
+LAUNCHER = module_command("pycollect.launch")
 
 
 def write_program(tmp_path, body, name="rank.py"):

@@ -13,6 +13,8 @@ import pytest
 
 from proc_worker import expected_checks
 
+from pycollect.launch import module_command
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proc_worker.py")
 # Wall-clock bound on one group of worker processes (the battery takes seconds).
 GROUP_TIMEOUT_S = 120
@@ -41,7 +43,7 @@ def launcher():
     if os.access(script, os.X_OK):
         return [script]
     found = shutil.which("pycollect-run")
-    return [found] if found else [sys.executable, "-m", "pycollect.launch"]
+    return [found] if found else module_command("pycollect.launch")
 
 
 def run_group(tmp_path, size, store, *flags, env=None):
