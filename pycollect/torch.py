@@ -34,7 +34,7 @@ BACKEND_NAME = "pycollect"
 
 try:
     import ml_dtypes as _ml_dtypes
-except ImportError:     # bfloat16 tensors then raise a clear error
+except ImportError:     # a pycollect installed without its dependencies: bfloat16 says so
     _ml_dtypes = None
 _BF16 = _ml_dtypes.bfloat16 if _ml_dtypes is not None else None
 
@@ -110,8 +110,8 @@ def _view(t):
     if t.dtype == torch.bfloat16:
         if _ml_dtypes is None:
             raise pc.InvalidArgument(
-                "pycollect backend: bfloat16 tensors need the ml_dtypes package "
-                "(pip install ml_dtypes)")
+                "pycollect backend: bfloat16 tensors need the ml_dtypes package, a dependency "
+                "of pycollect that is missing here (pip install ml_dtypes)")
         return t.view(torch.int16).numpy().view(_ml_dtypes.bfloat16).reshape(-1)
     return t.numpy().reshape(-1)
 

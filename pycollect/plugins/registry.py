@@ -4,6 +4,10 @@ Stores are registered in the entry-point group ``pycollect.stores`` (name: the
 URL scheme; object: a callable ``(url, *, timeout, rank, size) -> Store``),
 transports in ``pycollect.transports`` (name: the transport name).  The
 built-ins take the same road, through pycollect's own entry points.
+
+Entry-point names are letters, digits, ``_``, ``.`` and ``-``, so a plugin name with ``+`` in it is registered with
+``-`` in its place and found under either spelling: transport ``tcp+tls`` is the entry
+point ``tcp-tls``.
 """
 
 import importlib.metadata
@@ -64,6 +68,8 @@ class _PluginGroup:
             if name in self._loaded:
                 return self._loaded[name]
         entries, conflicts = self._read()
+        if name not in entries:
+            name = name.replace("+", "-")
         if name not in entries:
             known = ", ".join(sorted(entries)) or "none"
             raise PluginError(f"no {self.kind} plugin named {name!r} (entry-point group "

@@ -25,9 +25,10 @@ def _engine():
         from ..._ext import _tls
     except ImportError as exc:
         raise InvalidArgument(
-            "transport 'tcp+tls' needs pycollect._ext._tls, which is built only where "
-            "OpenSSL's headers exist (Debian: apt-get install libssl-dev, then reinstall "
-            "pycollect): %s" % exc) from None
+            "transport 'tcp+tls' needs pycollect._ext._tls, which this pycollect was built "
+            "without: the build compiles it only where the C compiler finds OpenSSL's headers "
+            "and libssl (Debian/Ubuntu: apt-get install libssl-dev; conda: conda install "
+            "openssl), so install those, then reinstall pycollect (%s)" % exc) from None
     return _tls
 
 
