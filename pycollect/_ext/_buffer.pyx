@@ -133,8 +133,9 @@ cdef Buffer as_buffer(object obj, str op, str arg, bint writable):
     if obj is None:
         raise _reject(op, arg, "is None; pass a NumPy array or another C-contiguous buffer")
     if hasattr(obj, "__cuda_array_interface__"):
-        raise _reject(op, arg, "is a GPU array; the tcp transport works on host memory "
-                      "(copy it to the host with cupy.asnumpy first)")
+        raise _reject(op, arg, "is a GPU array; pycollect works on host memory only, over "
+                      "every transport (copy it to the host first: cupy.asnumpy(x), "
+                      "tensor.cpu())")
     cdef Buffer b = Buffer.__new__(Buffer)
     try:
         PyObject_GetBuffer(obj, &b.view, PyBUF_RECORDS_RO | PyBUF_FORMAT)
