@@ -11,6 +11,7 @@ and a blocking call made while some are queued waits its turn.
 """
 
 import logging
+import os
 import pickle
 import threading
 import zlib
@@ -22,9 +23,10 @@ from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buf
                    _reduce_scatter, _rooted)
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
-from .errors import Aborted, Error, InvalidArgument, Timeout
+from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
 from .hierarchy import PhaseGroup, Topology, multi_level
-from . import selection, signature
+from . import recorder, selection, settings, signature
+from .recorder import Recorder
 from .selection import buffer_bytes as _nbytes
 from .types import ReduceOp
 from .work import P2P, Later, Runner, Work
@@ -75,6 +77,15 @@ class Context:
         self._topology = Topology(rank, size, getattr(transport, "host_ids", None),
                                   self.phase_group, self._timeout)
         self._peers = None      # per rank (pair kind, process id), read from the transport once
+        # The flight recorder (pycollect/recorder.py); None when PYCOLLECT_TRACE_SIZE is 0.
+        size_n = settings.get("PYCOLLECT_TRACE_SIZE")
+        self._recorder = Recorder(rank, size, size_n, group_id,
+                                  getattr(transport, "members_in_parent", None)) \
+            if size_n else None
+        self._trace_dir = settings.get("PYCOLLECT_TRACE_DIR")
+        trace_signal = settings.get("PYCOLLECT_TRACE_SIGNAL")
+        if trace_signal is not None and self._trace_dir is not None:
+            recorder.install_signal(trace_signal, self._trace_dir)
 
     # -- properties -------------------------------------------------------
 
@@ -120,7 +131,7 @@ class Context:
         else:
             t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
             run = lambda seq: _broadcast.broadcast(t, buf, root, algo, seq, tmo, seg)  # noqa
-        return self._submit("broadcast", run, buf, async_op, checked=checked)
+        return self._submit("broadcast", run, buf, async_op, checked=checked, root=root)
 
     def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False):
         """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
@@ -159,7 +170,7 @@ class Context:
         algo = self.plan("reduce", buf, algorithm).code
         t, tmo, seg = self._transport, self._timeout, self._segment_bytes
         return self._submit("reduce", lambda seq: _rooted.reduce(
-            t, buf, root, op, algo, seq, tmo, seg), buf, async_op, checked=checked)
+            t, buf, root, op, algo, seq, tmo, seg), buf, async_op, checked=checked, root=root)
 
     def allgather(self, sendbuf, recvbuf=None, async_op=False):
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere."""
@@ -186,7 +197,7 @@ class Context:
         out = recvbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("gather", lambda seq: _rooted.gather(
-            t, sendbuf, out, None, root, seq, tmo), out, async_op, checked=checked)
+            t, sendbuf, out, None, root, seq, tmo), out, async_op, checked=checked, root=root)
 
     def gatherv(self, sendbuf, recvbuf, counts, root=0, async_op=False):
         """gather with ``counts[r]`` elements from rank r, packed in rank order on root."""
@@ -196,7 +207,7 @@ class Context:
         out = recvbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("gatherv", lambda seq: _rooted.gather(
-            t, sendbuf, out, counts, root, seq, tmo), out, async_op, checked=checked)
+            t, sendbuf, out, counts, root, seq, tmo), out, async_op, checked=checked, root=root)
 
     def scatter(self, sendbuf, recvbuf, root=0, async_op=False):
         """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``."""
@@ -205,7 +216,8 @@ class Context:
         send = sendbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("scatter", lambda seq: _rooted.scatter(
-            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op, checked=checked)
+            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op, checked=checked,
+            root=root)
 
     def scatterv(self, sendbuf, counts, recvbuf, root=0, async_op=False):
         """scatter with ``counts[r]`` elements for rank r, packed in rank order on root."""
@@ -215,7 +227,8 @@ class Context:
         send = sendbuf if self._rank == root else None
         t, tmo = self._transport, self._timeout
         return self._submit("scatterv", lambda seq: _rooted.scatter(
-            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op, checked=checked)
+            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op, checked=checked,
+            root=root)
 
     def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
@@ -297,7 +310,8 @@ class Context:
         t, tmo = self._transport, self._timeout
         return self._submit("send", lambda seq: _p2p.send(t, buf, dst, tag, tmo), None,
                             async_op, span=0,
-                            queued=P2P(False, buf, dst, tag, self._new_batch))
+                            queued=P2P(False, buf, dst, tag, self._new_batch), peer=dst,
+                            described=buf)
 
     def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False):
         """Receive a message (at most ``buf``'s size) into ``buf``; return the source rank.
@@ -317,8 +331,9 @@ class Context:
 
         queued = P2P(True, buf, src, tag, self._new_batch, got)
         if async_op:
-            return self._submit("recv", run, got, True, span=0, queued=queued)
-        self._submit("recv", run, None, False, span=0, queued=queued)
+            return self._submit("recv", run, got, True, span=0, queued=queued, peer=src,
+                                described=buf)
+        self._submit("recv", run, None, False, span=0, queued=queued, peer=src, described=buf)
         return got.value[0]
 
     def _new_batch(self):
@@ -492,6 +507,18 @@ class Context:
 
     # -- lifecycle --------------------------------------------------------
 
+    def dump_trace(self, path=None):
+        """Write this context's flight recorder (its last operations) to ``path`` (a file,
+        or a directory that gets ``pycollect_trace_rank<R>.json``; default
+        PYCOLLECT_TRACE_DIR); return the file name.  ``pycollect-trace DIR`` reads it."""
+        if self._recorder is None:
+            raise Error("rank %d: the flight recorder is off (PYCOLLECT_TRACE_SIZE=0)"
+                        % self._rank)
+        path = self._trace_dir if path is None else os.fspath(path)
+        if path is None:
+            raise InvalidArgument("dump_trace: no path given and PYCOLLECT_TRACE_DIR is unset")
+        return self._recorder.dump(path, "dump_trace")
+
     def abort(self):
         """End the collective in progress on this rank (from any thread) with Aborted."""
         self._transport.abort()
@@ -519,24 +546,34 @@ class Context:
 
     # -- helpers ----------------------------------------------------------
 
-    def _submit(self, name, op, result, async_op, span=1, queued=None, checked=None):
+    def _submit(self, name, op, result, async_op, span=1, queued=None, checked=None,
+                root=None, peer=None, described=None):
         """Run ``op(seq)`` now or queue it (``queued``, when given, is what the queue
         takes instead: a send or receive); return ``result`` or a Work.
 
         ``checked``: the call's arguments, under ``PYCOLLECT_DEBUG=detail``, that every
         rank checks against the others' before the collective (pycollect/signature.py).
+        ``root``, ``peer`` and ``described`` (the buffer, when not ``result``) are what
+        the flight recorder notes besides the name.
         """
         sig = signature.encode(name, checked) if self._detail and checked is not None \
             else None
+        entry = None if self._recorder is None else self._recorder.record(
+            name, result if described is None else described, root,
+            None if peer is None else [peer])
         if async_op or (self._runner is not None and self._runner.pending()):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             work = Work("%s on rank %d" % (name, self._rank), result)
             if self._runner is None:
                 self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
-            self._runner.submit(queued if queued is not None else (op, span, sig), work)
+            if queued is not None and entry is not None:
+                # A queued send or receive runs inside a batch: it ends with its Work.
+                Recorder.started(entry, None)
+                work.add_done_callback(lambda w: Recorder.ended(entry, None, w.exception()))
+            self._runner.submit(queued if queued is not None else (op, span, sig, entry), work)
             return work if async_op else work.wait()
-        self._execute((op, span, sig))
+        self._execute((op, span, sig, entry))
         return result
 
     def _pair_info(self):
@@ -570,8 +607,9 @@ class Context:
 
     def _execute(self, item):
         """Run ``op(seq)``, which uses ``span`` sequence numbers, under the context lock
-        (after the cross-rank check of its signature ``sig``, when not None)."""
-        op, span, sig = item
+        (after the cross-rank check of its signature ``sig``, when not None); ``entry`` is
+        its flight recorder entry, or None."""
+        op, span, sig, entry = item
         with self._lock:
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
@@ -591,20 +629,42 @@ class Context:
                     if clash is not None:
                         raise clash
                     seq = (seq + 1) & 0xFFFFFFFF
+                if entry is not None:
+                    Recorder.started(entry, seq if span else None)
                 algo = op(seq)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 if self._transport.is_failed:
                     self._failure = exc if isinstance(exc, Error) else Aborted(
                         "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+                if entry is not None:
+                    Recorder.ended(entry, None, exc)
+                    self._failed_trace(exc)
                 raise
             finally:
                 self._busy = False
             self._seq = (self._seq + span) & 0xFFFFFFFF
         name = ALGORITHM_NAMES.get(algo) or None
+        if entry is not None:
+            Recorder.ended(entry, name)
         if self._debug:
             log.debug("rank %d: collective #%d ran %s", self._rank, self._seq,
                       name or "its only algorithm")
         return name
+
+    def _failed_trace(self, exc):
+        """Note the error that ended an operation; dump the recorder when it is a timeout,
+        a mismatch or a peer failure and PYCOLLECT_TRACE_DIR is set."""
+        rec = self._recorder
+        if rec.failure is None and self._failure is not None:
+            rec.failure = "%s: %s" % (type(exc).__name__, exc)
+        if self._trace_dir is not None and isinstance(exc, (Timeout, MismatchError, PeerError)):
+            try:
+                os.makedirs(self._trace_dir, exist_ok=True)
+                path = rec.dump(self._trace_dir, "%s" % type(exc).__name__)
+                log.warning("rank %d: flight recorder written to %s", self._rank, path)
+            except OSError as err:
+                log.warning("rank %d: cannot write the flight recorder into %s: %s",
+                            self._rank, self._trace_dir, err)
 
     def _check_rank(self, rank, what, arg="root"):
         if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) \

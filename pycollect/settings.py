@@ -67,6 +67,19 @@ def _on_unless_zero(raw):
     return raw.strip() != "0"
 
 
+def _signal_name(raw):
+    import signal
+    name = raw.strip().upper()
+    if name.isdigit():
+        return signal.Signals(int(name))
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError(raw) from None
+
+
 def _debug(raw):
     flag = raw.strip().lower()
     if flag in ("", "0"):
@@ -129,6 +142,16 @@ SETTINGS = {s.name: s for s in (
             "the shared secret of the embedded TCP store. A `tcp://` store opened from a URL "
             "sends it, and a store that rank 0 hosts requires it. `pycollect-run` sets a random "
             "secret when it hosts the store."),
+    Setting("PYCOLLECT_TRACE_SIZE", _int_at_least(0), 2000, "a count (an int >= 0)",
+            "how many of its last operations each context's flight recorder keeps (default "
+            "2000; 0 turns the recorder off). See [docs/errors.md](docs/errors.md#recovering)."),
+    Setting("PYCOLLECT_TRACE_DIR", _stripped, None, "a directory name",
+            "where each rank writes its flight recorder's dump when an operation fails with a "
+            "timeout, a mismatch or a peer failure (and on `PYCOLLECT_TRACE_SIGNAL`); "
+            "`pycollect-trace DIR` says what happened. Unset: no automatic dumps."),
+    Setting("PYCOLLECT_TRACE_SIGNAL", _signal_name, None, "a signal name or number (e.g. USR1)",
+            "a signal (e.g. `USR1`) on which every context of the process dumps its flight "
+            "recorder into `PYCOLLECT_TRACE_DIR`; read when a context is made"),
     Setting("PYCOLLECT_LOCAL_RANK", _int_at_least(0), None, "a rank (an int >= 0)",
             "set by `pycollect-run` for the program it starts: the rank among the ranks of "
             "this machine (pycollect itself does not read it)"),

@@ -219,7 +219,7 @@ class Runner:
                     return None
 
         try:
-            self._execute((drive, 0, None))
+            self._execute((drive, 0, None, None))
         except BaseException as exc:      # fails every operation handed to the batch
             with self._cond:
                 failed = [self._queue.popleft()[1]

@@ -1,0 +1,158 @@
+"""The flight recorder (pycollect/recorder.py) and pycollect-trace (pycollect/trace.py):
+the ring, dump_trace, the automatic dump of a failed operation, and the diagnosis of a
+killed rank, a mismatch and a hung rank from real processes' dumps."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from pycollect import trace
+from group import outcomes, run_ranks
+from jobs import stop
+
+VICTIM = """
+import os, signal, sys
+import numpy as np
+import pycollect as pc
+rank, store, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ctx = pc.init(rank=rank, size=3, store=store, timeout=3)
+x = np.ones(10, np.float32)
+for step in range(3):
+    ctx.allreduce(x)
+ctx.broadcast(x, root=1)
+if rank == 2 and mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 2 and mode == "stop":
+    os.kill(os.getpid(), signal.SIGSTOP)
+try:
+    if rank == 1 and mode == "mismatch":
+        ctx.broadcast(x, root=0)
+    else:
+        ctx.allreduce(x)
+    print("ok")
+except pc.Error as exc:
+    print(type(exc).__name__)
+"""
+
+
+_stores = itertools.count()
+
+
+def contexts(size, **kwargs):
+    store = "hash://recorder-%d" % next(_stores)
+    return run_ranks(size, lambda r: pc.init(rank=r, size=size, store=store, **kwargs),
+                     timeout=30)
+
+
+def test_ring_keeps_the_last_operations_in_order(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "3")
+    ctxs = contexts(2)
+    try:
+        run_ranks(2, lambda r: ctxs[r].allreduce(np.ones(4)))
+        run_ranks(2, lambda r: ctxs[r].broadcast(np.ones(6, np.int32), root=1))
+        run_ranks(2, lambda r: ctxs[r].barrier())
+        run_ranks(2, lambda r: ctxs[r].allgather(np.ones(2, np.float32)))
+        path = ctxs[1].dump_trace(tmp_path)
+        assert os.path.basename(path) == "pycollect_trace_rank1.json"
+        dump = json.loads(open(path).read())
+        assert (dump["rank"], dump["size"], dump["recorded"]) == (1, 2, 4)
+        names = [(e["seq"], e["name"], e["state"]) for e in dump["entries"]]
+        assert names == [(2, "broadcast", "completed"), (3, "barrier", "completed"),
+                         (4, "allgather", "completed")]
+        bc = dump["entries"][0]
+        assert (bc["dtype"], bc["count"], bc["root"]) == ("int32", 6, 1)
+        assert bc["algorithm"] and bc["started_ns"] <= bc["ended_ns"]
+        assert bc["frame"][0] == __file__     # the caller, not pycollect's own frames
+    finally:
+        for c in ctxs:
+            c.close()
+
+
+def test_size_zero_turns_the_recorder_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "0")
+    ctxs = contexts(1)
+    with pytest.raises(pc.Error, match="recorder is off"):
+        ctxs[0].dump_trace(tmp_path)
+    ctxs[0].close()
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "-1")
+    with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_TRACE_SIZE"):
+        contexts(1)
+
+
+def test_a_mismatch_dumps_on_every_rank(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_TRACE_DIR", str(tmp_path))
+    ctxs = contexts(2, timeout=10)
+    try:
+        res = outcomes(2, lambda r: ctxs[r].allreduce(np.ones(4)) if r == 0
+                       else ctxs[r].broadcast(np.ones(4)))
+        assert all(isinstance(x, pc.MismatchError) for x in res), res
+        for r in range(2):
+            dump = json.loads((tmp_path / ("pycollect_trace_rank%d.json" % r)).read_text())
+            assert dump["reason"] == "MismatchError"
+            assert dump["entries"][-1]["state"] == "failed"
+            assert dump["failure"].startswith("MismatchError")
+        report = trace.analyse(trace.load(str(tmp_path))[0])
+        assert report[-1].startswith("VERDICT: ranks disagree on collective #1: rank(s) "), \
+            report
+    finally:
+        for c in ctxs:
+            c.close()
+
+
+@pytest.mark.parametrize("mode,verdict", [
+    ("kill", "VERDICT: rank(s) 2 left the group (no dump; the others' errors name rank 2) "
+             "at #5 (allreduce float32[10])"),
+    ("mismatch", "VERDICT: ranks disagree on collective #5: rank(s) 1 differ from the others"),
+    ("stop", "VERDICT: rank(s) 2 never arrived: hung or stopped (no dump; the others' errors "
+             "name rank 2) at #5 (allreduce float32[10])"),
+])
+def test_pycollect_trace_names_the_culprit(tmp_path, mode, verdict):
+    script = tmp_path / "victim.py"
+    script.write_text(VICTIM)
+    env = dict(os.environ, PYCOLLECT_TRACE_DIR=str(tmp_path / "trace"))
+    store = "file://%s" % (tmp_path / "store")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), store, mode], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(3)]
+    try:
+        outs = [procs[r].communicate(timeout=60)[0] for r in (0, 1)]
+    finally:
+        stop(procs)
+    assert all(o.strip() in ("PeerError", "MismatchError", "Timeout") for o in outs), outs
+    out = subprocess.run([sys.executable, "-m", "pycollect.trace", str(tmp_path / "trace")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == verdict, out.stdout
+
+
+def test_pycollect_trace_on_a_directory_without_dumps(tmp_path, capsys):
+    assert trace.main([str(tmp_path)]) == 2
+    assert "no pycollect dumps" in capsys.readouterr().err
+
+
+def test_signal_dumps_every_context(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIGNAL", "USR2")
+    previous = signal.getsignal(signal.SIGUSR2)
+    ctxs = contexts(2)
+    try:
+        run_ranks(2, lambda r: ctxs[r].barrier())
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)    # the handler runs between bytecodes of the main thread
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert "pycollect_trace_rank0.json" in names and "pycollect_trace_rank1.json" in names
+        dump = json.loads((tmp_path / "pycollect_trace_rank0.json").read_text())
+        assert dump["reason"] == "signal SIGUSR2"
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        for c in ctxs:
+            c.close()
