@@ -533,6 +533,8 @@ class Context:
             self._transport.abort()       # work in flight or queued fails fast
         if runner is not None:
             runner.stop(self._timeout)
+        if self._recorder is not None:
+            self._recorder.close()
         with self._lock:
             self._transport.close()
             for fn in self._on_close:

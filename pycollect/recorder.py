@@ -102,6 +102,11 @@ class Recorder:
             e[_STATE] = FAILED
             e[_ERROR] = "%s: %s" % (type(error).__name__, error)
 
+    def close(self):
+        """Leave the process's live recorders (a closed context dumps on no signal)."""
+        with _live_lock:
+            _live.discard(self)
+
     def entries(self):
         """The recorded entries, oldest first."""
         n, cap = self._next, self.capacity
@@ -162,7 +167,7 @@ _installed = {}
 def install_signal(signum, directory):
     """On ``signum``, every live recorder dumps into ``directory`` (then the previous
     handler, if it was a Python function, runs)."""
-    if signum in _installed:
+    if _installed.get(signum) is not None and signal.getsignal(signum) is _installed[signum]:
         return
     previous = signal.getsignal(signum)
 
@@ -173,6 +178,6 @@ def install_signal(signum, directory):
 
     try:
         signal.signal(signum, handler)
-    except ValueError:      # not the main thread: the variable names a signal it cannot take
+    except ValueError:      # not the main thread: only the main thread sets handlers
         return
     _installed[signum] = handler

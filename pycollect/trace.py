@@ -147,7 +147,9 @@ def analyse(dumps):
     elif missing:
         named = [b for b in blames if b in missing]
         failures = [d.get("failure") or "" for d in dumps.values()]
-        hung = failures and all(f.startswith("Timeout") for f in failures)
+        # Every error is a timeout, or a peer's relayed timeout: nobody saw the rank leave.
+        hung = failures and all(f.startswith("Timeout") or "(timeout error" in f
+                                for f in failures)
         verdict = "rank(s) %s %s (no dump%s) at #%d (%s)" % (
             ", ".join(map(str, missing)),
             "never arrived: hung or stopped" if hung else "left the group",
