@@ -170,10 +170,11 @@ def test_cleanup_removes_every_key_of_the_store(cluster):
     store = RayStore("cleanup-%d" % next(_names))
     store.set("x", b"1")
     store.add("n", 3)
+    assert not store.empty()
     store.cleanup()
     again = RayStore(store.name)
     try:
-        assert not again.check(["x"]) and not again.check(["n"])
+        assert again.empty() and not again.check(["x"]) and not again.check(["n"])
     finally:
         again.cleanup()
 
@@ -256,6 +257,26 @@ def test_allreduce_in_several_groups_at_once(pair):
     finally:
         for g in groups:
             g.__exit__()
+
+
+def test_a_group_leaves_no_key_in_rays_store(pair):
+    with Group(pair) as g:
+        namespace = ray.get_runtime_context().namespace
+        assert RayStore("%s/%s" % (namespace, g.name)).empty()
+        assert g.call("barrier") == [True, True]
+
+
+def test_a_new_actor_joins_an_old_group_name_beside_an_actor_that_was_in_it(pair):
+    name = "reused-%d" % next(_names)
+    with Group(pair, name) as g:
+        g.call("barrier")
+    newcomer = _actors(1)[0]
+    try:
+        with Group([pair[0], newcomer], name) as g:
+            for result in g.call("allreduce"):
+                np.testing.assert_array_equal(result, np.full(10, 2, np.float32))
+    finally:
+        ray.kill(newcomer)
 
 
 def test_destroy_then_a_new_group_of_the_same_name(pair):
@@ -499,3 +520,4 @@ def test_an_actor_killed_mid_collective_fails_the_others_naming_its_rank(cluster
     finally:
         for actor in victims[:2]:
             ray.kill(actor)
+

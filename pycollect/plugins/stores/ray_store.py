@@ -166,6 +166,10 @@ class RayStore(Store):
     def _check(self, keys):
         return len(self._values(keys)) == len(keys)
 
+    def empty(self):
+        """Whether no key of this store is left in Ray's key-value store (closed or not)."""
+        return not self._call("list the store's keys", self._kv._internal_kv_list, self._root)
+
     def cleanup(self):
         """Close the store and remove every key under its name from Ray's key-value store."""
         self.close()
