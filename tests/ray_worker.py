@@ -5,6 +5,7 @@ Importing this module imports ``pycollect.ray``, which registers the backend
 """
 
 import os
+import socket
 import time
 
 import numpy as np
@@ -33,6 +34,17 @@ class Member:
 
     def node(self):
         return ray.get_runtime_context().get_node_id()
+
+    def hostname(self):
+        return socket.gethostname()
+
+    def allreduce_with_algorithm(self, count, group_name="default"):
+        """Allreduce ``count`` floats of rank + 1 through the Context; (algorithm, first, last)."""
+        ctx = pcray.context(group_name)
+        buf = np.full(count, ctx.rank + 1.0, np.float32)
+        work = ctx.allreduce(buf, async_op=True)
+        work.wait()
+        return work.algorithm, float(buf[0]), float(buf[-1])
 
     def join(self, world_size, rank, group_name="default", backend="pycollect"):
         col.init_collective_group(world_size, rank, backend, group_name)

@@ -9,10 +9,15 @@ Ray store runs the shared store suite.  The actors are made once per module
 and take part in many groups, one fresh group name per test.
 """
 
+import contextlib
 import itertools
+import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -28,6 +33,7 @@ from pycollect.plugins import open_store  # noqa: E402
 from pycollect.plugins.stores.ray_store import RayStore  # noqa: E402
 from abstract import StoreSuite  # noqa: E402
 from ray_worker import Member  # noqa: E402
+from test_netns import SUBNET, hosts  # noqa: E402,F401  (the namespaces fixture)
 
 try:
     import torch
@@ -521,3 +527,67 @@ def test_an_actor_killed_mid_collective_fails_the_others_naming_its_rank(cluster
         for actor in victims[:2]:
             ray.kill(actor)
 
+
+
+# -- past one machine ----------------------------------------------------------
+
+CLUSTER_PORT = 6390
+CLUSTER_START_S = 90
+NODE_STOP_S = 5         # after SIGTERM, before SIGKILL of what is left
+
+
+def _in_host(namespace, hostname, *command):
+    """``command`` inside network namespace ``namespace``, with a UTS namespace of its own."""
+    return ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c",
+            'hostname %s && exec "$@"' % hostname, "sh", *command]
+
+
+@pytest.mark.timeout(300)
+def test_a_two_node_cluster_in_network_namespaces(hosts):
+    """A head and a worker raylet, each in its own namespace; four actors on both nodes."""
+    # Short: Ray's socket paths under it must stay within the 107 bytes of a socket name.
+    temp_dir = tempfile.mkdtemp(prefix="pcray")
+    ray_command = os.path.join(os.path.dirname(sys.executable), "ray")
+    head_ip, worker_ip = "%s.1" % SUBNET, "%s.2" % SUBNET
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCOLLECT_", "RAY_"))}
+    # No token: the machine's one token file may be rewritten by other local clusters
+    # between the two nodes' starts, and nothing outside the namespaces reaches them.
+    env.update(PYTHONPATH=TESTS_DIR, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    common = ["--block", "--num-cpus=2", "--object-store-memory=100000000",
+              "--disable-usage-stats"]
+    head = _in_host(hosts[0], "ray-node1", ray_command, "start", "--head",
+                    "--node-ip-address=" + head_ip, "--port=%d" % CLUSTER_PORT,
+                    "--include-dashboard=false", "--temp-dir=" + temp_dir,
+                    '--resources={"node1": 4}', *common)
+    worker = _in_host(hosts[1], "ray-node2", ray_command, "start",
+                      "--address=%s:%d" % (head_ip, CLUSTER_PORT),
+                      "--node-ip-address=" + worker_ip, '--resources={"node2": 4}', *common)
+    nodes = []
+    try:
+        for command in (head, worker):
+            # The worker node retries until the head answers; so does the driver.
+            nodes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        driver = subprocess.run(
+            _in_host(hosts[0], "ray-node1", sys.executable,
+                     os.path.join(TESTS_DIR, "ray_cluster_driver.py"),
+                     "%s:%d" % (head_ip, CLUSTER_PORT)),
+            env=env, capture_output=True, text=True, timeout=CLUSTER_START_S + 120)
+    finally:
+        # Each node is a process group of its own: its CLI, raylet, GCS and workers.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for node in nodes:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.pid, sig)
+            time.sleep(NODE_STOP_S if sig == signal.SIGTERM else 0)
+        for node in nodes:
+            node.wait(10)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert driver.returncode == 0, driver.stdout[-3000:] + driver.stderr[-3000:]
+    report = json.loads(driver.stdout.strip().splitlines()[-1])
+    assert report["hosts"] == ["ray-node1", "ray-node2", "ray-node1", "ray-node2"]
+    assert len(set(report["nodes"])) == 2
+    # Ranks 1 + 2 + 3 + 4; the large allreduce ran inside each host, then across them.
+    assert report["large"] == [["hierarchical", 10.0, 10.0]] * 4
+    assert all(row[1:] == [10.0, 10.0] for row in report["small"])
+    assert report["ray_api"] == [[4.0 * i for i in range(8)]] * 4
