@@ -29,7 +29,7 @@ def run_direct(ctx, buf, pids=None, readable=None, segment_bytes=1 << 20):
     t = ctx._transport
     return ctx._execute((lambda seq: _allreduce.allreduce(
         t, buf, pc.SUM, DIRECT, seq, ctx.timeout, segment_bytes,
-        _allreduce.DEFAULT_BCUBE_BASE, pids, readable), 1, None))
+        _allreduce.DEFAULT_BCUBE_BASE, pids, readable), 1, None, None))
 
 
 def inputs(rank, n):
