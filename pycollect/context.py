@@ -46,7 +46,6 @@ REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
 # algorithm="auto" is pycollect/selection.py's table.
 DEFAULT_SEGMENT_BYTES = 1 << 20
-_DIRECT = _allreduce.ALGORITHMS["direct"]
 
 
 class Context:
@@ -74,13 +73,12 @@ class Context:
         self._runner = None
         self._busy = False      # a collective of this context is running
         # The hosts of the ranks (pycollect/hierarchy.py).
-        self._topology = Topology(rank, size, getattr(transport, "host_ids", None),
-                                  self.phase_group, self._timeout)
-        self._peers = None      # per rank (pair kind, process id), read from the transport once
+        self._topology = Topology(rank, size, transport.host_ids, self.phase_group,
+                                  self._timeout)
+        self._kinds = None      # per rank, how it is reached: read from the transport once
         # The flight recorder (pycollect/recorder.py); None when PYCOLLECT_TRACE_SIZE is 0.
         size_n = settings.get("PYCOLLECT_TRACE_SIZE")
-        self._recorder = Recorder(rank, size, size_n, group_id,
-                                  getattr(transport, "members_in_parent", None)) \
+        self._recorder = Recorder(rank, size, size_n, group_id, transport.members_in_parent) \
             if size_n else None
         self._trace_dir = settings.get("PYCOLLECT_TRACE_DIR")
         trace_signal = settings.get("PYCOLLECT_TRACE_SIGNAL")
@@ -157,9 +155,8 @@ class Context:
             run = self._topology.allreduce(buf, op)
         else:
             t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
-            pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
             run = lambda seq: _allreduce.allreduce(  # noqa: E731
-                t, buf, op, algo, seq, tmo, seg, base, pids, readable)
+                t, buf, op, algo, seq, tmo, seg, base)
         return self._submit("allreduce", run, buf, async_op, checked=checked)
 
     def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
@@ -285,9 +282,7 @@ class Context:
             for arrays in groups.values():
                 flat = np.concatenate([a.reshape(-1) for a in arrays])
                 algo = self.plan("allreduce_coalesced", flat).code
-                pids, readable = self._direct_peers() if algo == _DIRECT else (None, False)
-                _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg,
-                                     _allreduce.DEFAULT_BCUBE_BASE, pids, readable)
+                _allreduce.allreduce(t, flat, op, algo, seq, tmo, seg)
                 offset = 0
                 for a in arrays:
                     a.reshape(-1)[...] = flat[offset:offset + a.size]
@@ -416,9 +411,8 @@ class Context:
         of this context, under its sequence number and deadline."""
         gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
         transport = GroupTransport(self._transport, members, gid)
-        info = self._pair_info()
-        host_ids = getattr(self._transport, "host_ids", None)
-        shm = len(members) > 1 and all(info[m][0] != "tcp" for m in members)
+        kinds, host_ids = self._pair_kinds(), self._transport.host_ids
+        shm = len(members) > 1 and all(_shared(kinds[m]) for m in members)
         multi = host_ids is not None and multi_level([host_ids[m] for m in members],
                                                     len(members))
         return PhaseGroup(members.index(self._rank), len(members), transport,
@@ -440,8 +434,6 @@ class Context:
         group = Context(members.index(self._rank), len(members), transport,
                         timeout=self._timeout, segment_bytes=self._segment_bytes,
                         debug=self._debug, lock=self._lock, group_id=gid)
-        info = self._pair_info()
-        group._peers = [info[m] for m in members]
         return group
 
     # -- object collectives (pickle: only with trusted peers) -------------
@@ -578,27 +570,15 @@ class Context:
         self._execute((op, span, sig, entry))
         return result
 
-    def _pair_info(self):
-        """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp") and its process id."""
-        if self._peers is None:
-            try:
-                kinds = self._transport.pair_kinds()
-                pids = self._transport.peer_pids()
-            except AttributeError:      # a transport that knows no shared memory
-                kinds, pids = ["tcp"] * self._size, [-1] * self._size
-                kinds[self._rank] = "self"
-            self._peers = list(zip(kinds, pids))
-        return self._peers
+    def _pair_kinds(self):
+        """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp", ...)."""
+        if self._kinds is None:
+            self._kinds = self._transport.pair_kinds()
+        return self._kinds
 
     def _all_shared(self):
         """Every pair is on this host's shared memory (the same answer on every rank)."""
-        return self._size > 1 and all(k != "tcp" for k, _ in self._pair_info())
-
-    def _direct_peers(self):
-        """The direct allreduce's arguments: every rank's process id, and whether every
-        peer may read this rank's memory (the ranks agree on using it in its first step)."""
-        info = self._pair_info()
-        return [pid for _, pid in info], all(k in ("self", "shm+cma") for k, _ in info)
+        return self._size > 1 and all(_shared(k) for k in self._pair_kinds())
 
     def _finished(self, result, async_op):
         if not async_op:
@@ -698,6 +678,11 @@ class Context:
         except ValueError:
             raise InvalidArgument("%s: unknown reduction op %r (use pycollect.ReduceOp)"
                                   % (what, op)) from None
+
+
+def _shared(kind):
+    """A pair kind on shared memory (or this rank itself)."""
+    return kind == "self" or kind.startswith("shm")
 
 
 def _as_array(buf, what):

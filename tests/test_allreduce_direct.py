@@ -5,6 +5,9 @@ over shared memory and TCP) and tests/proc_worker.py (processes); this file
 checks which path ran, the fallback, sub-groups, auto's choice and failures.
 """
 
+import os
+import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -16,20 +19,58 @@ import pycollect as pc
 from group import ThreadGroup
 from jobs import run_victims
 from pycollect._ext import _allreduce
+from pycollect._ext._engine import Engine
+from pycollect._ext._shm import RING_HEADER_BYTES, RingChannel, Segment
+from pycollect._ext._socket import SocketChannel
+from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect import selection
+from group import run_ranks
 
 DIRECT = _allreduce.ALGORITHMS["direct"]
 
 
-def run_direct(ctx, buf, pids=None, readable=None, segment_bytes=1 << 20):
-    """Allreduce ``buf`` with the direct algorithm; return the name of what ran."""
-    known_pids, known_readable = ctx._direct_peers()
-    pids = known_pids if pids is None else pids
-    readable = known_readable if readable is None else readable
+RING_BYTES = 64 << 10
+
+
+def run_direct(ctx, buf, segment_bytes=1 << 20):
+    """Allreduce ``buf`` with the direct algorithm, chunks of at most ``segment_bytes``;
+    return the name of what ran."""
     t = ctx._transport
     return ctx._execute((lambda seq: _allreduce.allreduce(
-        t, buf, pc.SUM, DIRECT, seq, ctx.timeout, segment_bytes,
-        _allreduce.DEFAULT_BCUBE_BASE, pids, readable), 1, None, None))
+        t, buf, pc.SUM, DIRECT, seq, ctx.timeout, segment_bytes), 1, None, None))
+
+
+def ring_engines(size, pid_of=lambda me, peer: os.getpid(), reads=lambda me, peer: True):
+    """``size`` engines of this process, every pair on a ring of one fresh segment, the
+    channel of ``me`` to ``peer`` reading process ``pid_of(me, peer)`` where
+    ``reads(me, peer)``; the segment's name is gone before this returns."""
+    path = "/dev/shm/pycollect-test-%s" % secrets.token_hex(8)
+    segment = Segment(path, size * size * (RING_HEADER_BYTES + RING_BYTES), True)
+    segment.unlink()
+    socks = {}
+    for a in range(size):
+        for b in range(a + 1, size):
+            socks[a, b], socks[b, a] = socket.socketpair()
+    engines = []
+    for me in range(size):
+        channels = [None if p == me else RingChannel(
+            SocketChannel(socks[me, p].detach()), segment, me, p, size, RING_BYTES,
+            pid_of(me, p), reads(p, me), reads(me, p), 1) for p in range(size)]
+        engines.append(Engine(me, size, channels, ["self" if p == me else "test ring %d" % p
+                                                   for p in range(size)], spin_us=0))
+    return engines
+
+
+def direct_on(engines, bufs, timeout=10.0):
+    """The direct allreduce of ``bufs[r]`` on engine r, every rank at once: what ran, or the
+    error, per rank."""
+    def body(rank):
+        try:
+            return ALGORITHM_NAMES[_allreduce.allreduce(
+                engines[rank], bufs[rank], pc.SUM, DIRECT, 1, timeout, 1 << 20)]
+        except pc.Error as exc:
+            return exc
+    return run_ranks(len(engines), body, timeout=timeout + 30)
 
 
 def inputs(rank, n):
@@ -73,16 +114,23 @@ def test_without_memory_reads_every_rank_runs_halving_doubling(monkeypatch, tran
 
 def test_one_rank_that_may_not_be_read_sends_every_rank_to_the_fallback():
     """Readability can be one-sided (ptrace rules): the ranks agree in the first step."""
-    g = ThreadGroup(4)
+    engines = ring_engines(4, reads=lambda me, peer: me != 2)
     try:
         n = 5000
         bufs = [inputs(r, n) for r in range(4)]
-        names = g.run(lambda ctx: run_direct(ctx, bufs[ctx.rank], readable=ctx.rank != 2))
-        assert names == ["halving_doubling"] * 4
+        assert direct_on(engines, bufs) == ["halving_doubling"] * 4
         for buf in bufs:
             np.testing.assert_array_equal(buf, expected(4, n))
+        bufs = [inputs(r, n) for r in range(4)]
+        readable = ring_engines(4)
+        try:
+            assert direct_on(readable, bufs) == ["direct"] * 4
+        finally:
+            for t in readable:
+                t.close()
     finally:
-        g.close()
+        for t in engines:
+            t.close()
 
 
 DIRECT_MIN_BYTES = selection.min_bytes("allreduce", "direct")
@@ -135,26 +183,23 @@ def test_subgroups_read_their_members_memory():
 
 
 def test_a_peer_whose_memory_cannot_be_read_is_named():
-    """process_vm_readv failing (here ESRCH: a process that is gone) is a PeerError."""
+    """The read failing (here process_vm_readv's ESRCH: a process that is gone) is a
+    PeerError naming the peer, on both ranks at once."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    g = ThreadGroup(2, timeout=10)
+    engines = ring_engines(2, pid_of=lambda me, peer: gone.pid if me == 0 else os.getpid())
     try:
-        def body(ctx):
-            pids = ctx._direct_peers()[0]
-            if ctx.rank == 0:
-                pids = [pids[0], gone.pid]
-            start = time.monotonic()
-            with pytest.raises(pc.PeerError) as info:
-                run_direct(ctx, np.ones(100000), pids=pids)
-            return str(info.value), time.monotonic() - start
-
-        (msg0, took0), (msg1, took1) = g.run(body)
+        start = time.monotonic()
+        err0, err1 = direct_on(engines, [np.ones(100000), np.ones(100000)])
+        took = time.monotonic() - start
+        assert isinstance(err0, pc.PeerError) and isinstance(err1, pc.PeerError), (err0, err1)
+        msg0, msg1 = str(err0), str(err1)
         assert "rank 1" in msg0 and "cannot read" in msg0 and "No such process" in msg0, msg0
         assert "rank 0" in msg1, msg1
-        assert max(took0, took1) < 5
+        assert took < 5
     finally:
-        g.close()
+        for t in engines:
+            t.close()
 
 
 _VICTIM = r"""
@@ -163,7 +208,8 @@ import numpy as np
 import pycollect as pc
 rank, store = int(sys.argv[1]), sys.argv[2]
 ctx = pc.init(rank=rank, size=3, store=store, timeout=TIMEOUT, transport="shm")
-assert ctx._direct_peers()[1], "cross-memory attach is needed for this test"
+assert all(k in ("self", "shm+cma") for k in ctx._transport.pair_kinds()), \
+    "cross-memory attach is needed for this test"
 buf = np.ones(4 << 20, np.float32)
 ctx.allreduce(buf, algorithm="direct")
 ctx.barrier()

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import pycollect as pc
 from pycollect._ext import _allreduce, _p2p
-from pycollect._ext._tcp import TcpTransport
+from pycollect._ext._engine import Engine
+from pycollect._ext._socket import SocketChannel
 
 HEADER = struct.Struct("<IIIBBBBiIQQ")     # the 40-byte message header
 MAGIC_DATA, MAGIC_ABORT = 0x314D4350, 0x414D4350
@@ -22,7 +23,7 @@ RD = _allreduce.ALGORITHMS["recursive_doubling"]
 def _receive_from(payload, close=True):
     """Rank 0 of a 2-rank transport whose peer sends ``payload``; return what recv raised."""
     ours, theirs = socket.socketpair()
-    t = TcpTransport(0, 2, [-1, ours.detach()], ["self", "fuzzer"], spin_us=0)
+    t = Engine(0, 2, [None, SocketChannel(ours.detach())], ["self", "fuzzer"], spin_us=0)
     try:
         theirs.sendall(payload)
         if close:
@@ -65,7 +66,7 @@ def test_a_peer_that_sends_half_a_header_and_stalls_meets_the_deadline():
 
 def test_point_to_point_probe_survives_garbage():
     ours, theirs = socket.socketpair()
-    t = TcpTransport(0, 2, [-1, ours.detach()], ["self", "fuzzer"], spin_us=0)
+    t = Engine(0, 2, [None, SocketChannel(ours.detach())], ["self", "fuzzer"], spin_us=0)
     try:
         theirs.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
         with pytest.raises((pc.PeerError, pc.MismatchError)):

@@ -441,7 +441,8 @@ def test_a_peer_stalled_inside_a_record_meets_the_deadline_without_spinning(pki)
     import socket
 
     from pycollect._ext import _allreduce, _tls
-    from pycollect._ext._tcp import TcpTransport
+    from pycollect._ext._engine import Engine
+    from pycollect._ext._socket import SocketChannel
 
     config = _tls.TlsConfig(pki["certs"][0][0], pki["certs"][0][1], pki["ca"].ca_file)
     ours, relay_in = socket.socketpair()
@@ -462,8 +463,8 @@ def test_a_peer_stalled_inside_a_record_meets_the_deadline_without_spinning(pki)
     time.sleep(0.05)
     record = relay_out.recv(1 << 16)
     relay_in.sendall(record[:len(record) // 2])     # the rest never comes
-    t = TcpTransport(0, 2, [-1, ours.detach()], ["self", "stalled"], spin_us=0)
-    t.attach_tls(_tls.engine_ops(), [None, mine])
+    channel = _tls.TlsChannel(SocketChannel(ours.detach()), mine)
+    t = Engine(0, 2, [None, channel], ["self", "stalled"], spin_us=0)
     try:
         cpu, start = time.thread_time(), time.monotonic()
         with pytest.raises(pc.Timeout, match="rank 1"):

@@ -37,12 +37,14 @@ buffers).  AVG sums and divides once at the end.
 ``direct`` (every rank on one host, each able to read the others' memory
 with cross-memory attach) moves no data through messages at all.  Rank r
 owns slice r of the buffer (the same near-equal split as the ring's chunks).
-1. Hello: every rank sends every other its buffer's address and whether all
-   its peers may read its memory.  If any rank says no, every rank knows it
-   and all of them run halving-doubling instead, in the same operation.
+1. Hello: every rank sends every other its buffer's address and whether it
+   may read every peer's memory (the transport's ``can_read_remote``).  If any
+   rank says no, every rank knows it and all of them run halving-doubling
+   instead, in the same operation.
 2. Reduce: rank r walks its slice in chunks of at most DIRECT_CHUNK_BYTES
    (and at most segment_bytes); for each chunk it reads the same chunk of
-   every peer's buffer (process_vm_readv, peers r+1, r+2, ... in turn) into
+   every peer's buffer (the transport's ``read_remote``, peers r+1, r+2, ...
+   in turn) into
    one scratch chunk and reduces it into its own buffer at once, so the
    chunk stays in cache.  Only the owner writes its slice; the others only
    read it, and only in step 3.
@@ -54,7 +56,7 @@ owns slice r of the buffer (the same near-equal split as the ring's chunks).
    said so.
 Each rank reads (P-1)/P of the buffer twice and reduces (P-1)/P of it; three
 rounds of empty-ish messages carry the synchronisation.  A peer that dies
-makes process_vm_readv fail (ESRCH/EFAULT): PeerError naming it.
+makes the read fail (process_vm_readv: ESRCH/EFAULT): PeerError naming it.
 """
 
 from pycollect._ext._algo cimport chunk_length, chunk_offset
@@ -64,8 +66,6 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
-from pycollect._ext._shm cimport cma_read
-from libc.errno cimport EFAULT, errno
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
 
@@ -80,7 +80,7 @@ DIRECT_CHUNK_BYTES = 256 << 10
 
 cdef struct DirectHello:
     uint64_t addr       # the sender's buffer
-    uint64_t readable   # 1: every peer of the sender may read its memory
+    uint64_t readable   # 1: the sender may read every peer's memory
 
 cdef enum:
     MAX_BCUBE_BASE = 16
@@ -310,23 +310,8 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
     return 0
 
 
-cdef int read_peer(Transport t, int peer, int pid, char* dst, uint64_t addr,
-                   size_t nbytes) noexcept nogil:
-    """Copy ``nbytes`` at ``addr`` in ``peer``'s process into ``dst``, or fail naming it."""
-    cdef ssize_t got
-    while nbytes > 0:
-        got = cma_read(pid, dst, addr, nbytes)
-        if got <= 0:
-            return t.set_error(ERR_PEER, peer, "process_vm_readv", errno if got < 0 else EFAULT,
-                               "has a buffer this rank cannot read (direct allreduce)")
-        dst += got
-        addr += <uint64_t>got
-        nbytes -= <size_t>got
-    return 0
-
-
 cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
-                          const int* pids, int readable, size_t chunk) noexcept nogil:
+                          size_t chunk) noexcept nogil:
     """Allreduce in place by reading the peers' buffers directly (see the module notes).
 
     Returns 1 when some rank's memory was not readable and halving-doubling ran instead.
@@ -345,8 +330,11 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     final_req = <int*>(hello + P)
     # 1. Hello: addresses, and whether direct reads work between every pair.
     mine.addr = <uint64_t>buf
-    mine.readable = readable
-    all_readable = readable
+    mine.readable = 1
+    for p in range(P):
+        if p != r and not t.can_read_remote(p):
+            mine.readable = 0
+    all_readable = <int>mine.readable
     for p in range(P):
         if p != r and (t.post_send(p, &mine, sizeof(DirectHello)) < 0 or
                        t.post_recv(p, &hello[p], sizeof(DirectHello)) < 0):
@@ -371,7 +359,7 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
         off = (lo + c) * es
         for i in range(1, P):
             p = (r + i) % P
-            if read_peer(t, p, pids[p], other, hello[p].addr + off, take * es) < 0:
+            if t.read_remote(p, other, hello[p].addr + off, take * es) < 0:
                 return -1
             reduce_into(buf + off, buf + off, other, take, dtype, op)
         c += take
@@ -388,8 +376,7 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
         if t.wait(final_req[p]) < 0:
             return -1
         off = chunk_offset(n, P, p) * es
-        if read_peer(t, p, pids[p], buf + off, hello[p].addr + off,
-                     chunk_length(n, P, p) * es) < 0:
+        if t.read_remote(p, buf + off, hello[p].addr + off, chunk_length(n, P, p) * es) < 0:
             return -1
     # 4. Nobody returns while a peer may still read its buffer.
     for p in range(P):
@@ -399,14 +386,13 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
 
 
 def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
-              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE, pids=None, bint readable=False):
+              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE):
     """Reduce ``buf`` in place across all ranks of ``t`` (one nogil call); return the algorithm code.
 
-    ``direct`` reads rank p's buffer in process ``pids[p]``; ``readable``: every peer may read
-    this rank's memory (otherwise, or without ``pids``, every rank runs halving-doubling).
+    ``direct`` reads the peers' buffers with ``t.read_remote``; where some rank may not read
+    every peer's memory, every rank runs halving-doubling (and that code is returned).
     """
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
-    cdef int* pid_of = NULL
     check_op(b.dtype, op, "allreduce")
     cdef OpDesc d
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
@@ -428,15 +414,6 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     elif algo == ALGO_DIRECT:
         seg = segment_bytes if segment_bytes < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
         window = 0
-        if pids is None or len(pids) != t.size:
-            readable = False
-        elif readable and t.size > 1 and n > 0:
-            pid_of = <int*>malloc(t.size * sizeof(int))
-            if pid_of == NULL:
-                raise MemoryError()
-            for i, pid in enumerate(pids):
-                pid_of[i] = pid
-                readable = readable and pid > 0
     else:
         raise InvalidArgument("allreduce: unknown algorithm code %d" % algo)
     with nogil:
@@ -449,7 +426,7 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
             elif algo == ALGO_BCUBE:
                 rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
             elif algo == ALGO_DIRECT:
-                rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, pid_of, readable, seg)
+                rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, seg)
                 if rc == 1:
                     algo = ALGO_HALVING_DOUBLING
                     rc = 0
@@ -457,7 +434,6 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
                 rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
         if rc == 0 and op == OP_AVG and t.size > 1:
             divide_by(b.ptr, n, b.dtype, t.size)     # every algorithm sums; AVG divides once
-    free(pid_of)
     if rc < 0:
         raise_error(t)
     return algo

@@ -42,6 +42,9 @@ cdef class GroupTransport(Transport):
         for i, p in enumerate(members):
             self.members[i] = p
             self.index[p] = i
+        # The parent's host identity of each member, in group-rank order.
+        self.host_ids = None if parent.host_ids is None else [parent.host_ids[p]
+                                                              for p in members]
 
     def __dealloc__(self):
         free(self.members)
@@ -116,6 +119,14 @@ cdef class GroupTransport(Transport):
         self.timeout_s = timeout_s
         self.parent.extend_deadline(timeout_s)
 
+    cdef int can_read_remote(self, int peer) noexcept nogil:
+        return 0 <= peer < self.size and self.parent.can_read_remote(self.members[peer])
+
+    cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
+                         size_t nbytes) noexcept nogil:
+        return self._mirror(self.parent.read_remote(self.members[peer], dst, remote_addr,
+                                                    nbytes))
+
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
         if not self.parent.failed:
@@ -140,11 +151,10 @@ cdef class GroupTransport(Transport):
         """The parent ranks of the members, in group-rank order."""
         return [self.members[i] for i in range(self.size)]
 
-    @property
-    def host_ids(self):
-        """The parent's host identity of each member, in group-rank order (None if unknown)."""
-        hosts = getattr(self.parent, "host_ids", None)
-        return None if hosts is None else [hosts[self.members[i]] for i in range(self.size)]
+    def pair_kinds(self):
+        """The parent's pair kind of each member, in group-rank order."""
+        kinds = self.parent.pair_kinds()
+        return [kinds[self.members[i]] for i in range(self.size)]
 
     def abort(self):
         """Abort the shared connections (the parent and every group on them)."""

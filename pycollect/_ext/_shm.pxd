@@ -1,7 +1,9 @@
 # Shared-memory rings between ranks on one host, and single-copy reads
-# (cross-memory attach) for large messages.
+# (cross-memory attach) for large messages: the channel kind RingChannel.
 from libc.stdint cimport uint32_t, uint64_t
 from posix.uio cimport iovec
+
+from pycollect._ext._channel cimport Channel, ChannelBase
 
 cdef struct RingHeader:
     uint64_t head               # bytes ever written (the writer's)
@@ -30,3 +32,14 @@ cdef class Segment:
     cdef char* base
     cdef size_t length
     cdef readonly str path
+
+cdef struct RingState:
+    Ring out                    # our ring to the peer
+    Ring inn                    # the peer's ring to us
+    int peer_pid                # the peer's process, for reading its memory
+    int peer_reads              # the peer may read our memory: large messages go by address
+
+cdef class RingChannel(Channel):
+    cdef ChannelBase chan
+    cdef RingState ring
+    cdef Segment segment        # keeps the mapping alive

@@ -1,4 +1,4 @@
-"""Shared-memory rings and cross-memory attach, the same-host half of the transport.
+"""Shared-memory rings and cross-memory attach: the channel kind of same-host pairs.
 
 A Segment is one file in /dev/shm per host and run, mapped by every local
 rank, holding one single-producer single-consumer byte ring per ordered pair
@@ -10,11 +10,16 @@ left in /dev/shm, even after a crash.
 Large messages travel with one copy instead of two: the sender puts only the
 header and its buffer's address in the ring, the receiver copies the payload
 straight from the sender's memory with process_vm_readv and acknowledges it.
+
+``RingChannel`` is one pair's rings as a channel (_channel.pxd).  The pair's
+TCP socket stays open as its doorbell: a reader about to sleep sets a flag in
+the ring's header, and a writer that finds it set sends one byte; poll() on the
+sockets therefore still wakes on data, on abort() and on a peer's end.
 """
 
-from libc.errno cimport errno
+from libc.errno cimport EAGAIN, EINTR, EPIPE, errno
 from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR, open as c_open
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
 from posix.types cimport pid_t
@@ -23,9 +28,28 @@ from posix.uio cimport iovec
 
 import os
 
+from pycollect._ext._channel cimport CHANNEL_ABI, HDR_BYTES, ChannelOps, MsgHeader
+
 cdef extern from "_sys.h" nogil:
+    void pc_set_errno(int e)
     uint64_t pc_load_u64(uint64_t* p)
     void pc_store_u64(uint64_t* p, uint64_t v)
+    void pc_store_u32_sc(uint32_t* p, uint32_t v)
+    uint32_t pc_exchange_u32(uint32_t* p, uint32_t v)
+    void pc_fence()
+
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t recv(int fd, void* buf, size_t n, int flags)
+    ssize_t send(int fd, const void* buf, size_t n, int flags)
+    int shutdown(int fd, int how)
+    enum:
+        MSG_NOSIGNAL
+        MSG_DONTWAIT
+        SHUT_WR
+
+cdef extern from "<poll.h>" nogil:
+    enum:
+        POLLIN
 
 cdef extern from "<sys/uio.h>" nogil:
     ssize_t process_vm_readv(pid_t pid, const iovec* local, unsigned long liovcnt,
@@ -171,3 +195,198 @@ cdef class Segment:
         if self.base != NULL:
             munmap(self.base, self.length)
             self.base = NULL
+
+
+cdef inline void _wake_reader(Ring* out, int fd) noexcept nogil:
+    """After writing into a ring: ring the peer's doorbell if it sleeps on it."""
+    cdef char bell = 1
+    pc_fence()
+    if out.hdr.reader_sleeping and pc_exchange_u32(&out.hdr.reader_sleeping, 0):
+        send(fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
+
+
+cdef inline void _wake_writer(Ring* inn, int fd) noexcept nogil:
+    """After reading from a ring or acknowledging: wake a writer waiting for it."""
+    cdef char bell = 1
+    pc_fence()
+    if inn.hdr.writer_sleeping and pc_exchange_u32(&inn.hdr.writer_sleeping, 0):
+        send(fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
+
+
+cdef inline RingState* _ring(ChannelBase* c) noexcept nogil:
+    return <RingState*>c.state
+
+
+cdef ssize_t _ring_writev(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    cdef size_t n
+    if c.eof:
+        pc_set_errno(EPIPE)
+        return -1
+    n = ring_write(&_ring(c).out, iov, cnt)
+    if n == 0:
+        pc_set_errno(EAGAIN)
+        return -1
+    _wake_reader(&_ring(c).out, c.fd)
+    return <ssize_t>n
+
+
+cdef ssize_t _ring_readv(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    cdef RingState* r = _ring(c)
+    cdef size_t n = ring_read(&r.inn, iov, cnt)
+    if n == 0:
+        if c.eof and ring_used(&r.inn) == 0:
+            return 0
+        pc_set_errno(EAGAIN)
+        return -1
+    _wake_writer(&r.inn, c.fd)
+    return <ssize_t>n
+
+
+cdef void _ring_woken(ChannelBase* c) noexcept nogil:
+    """Consume wake-up bytes on the doorbell; note the peer's end."""
+    cdef char junk[64]
+    cdef ssize_t n
+    while not c.eof:
+        n = recv(c.fd, junk, sizeof(junk), MSG_DONTWAIT)
+        if n == 0 or (n < 0 and errno != EAGAIN and errno != EINTR):
+            c.eof = 1
+        elif n < 0:
+            break
+
+
+cdef int _ring_peek(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    cdef size_t n
+    _ring_woken(c)
+    n = ring_peek(&_ring(c).inn, h, HDR_BYTES)
+    if n == 0:
+        if c.eof:
+            return 0
+        pc_set_errno(EAGAIN)
+        return -1
+    return <int>n
+
+
+cdef int _ring_take_peeked(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    cdef iovec iov
+    iov.iov_base = h
+    iov.iov_len = HDR_BYTES
+    return <int>ring_read(&_ring(c).inn, &iov, 1)
+
+
+cdef size_t _ring_held(ChannelBase* c) noexcept nogil:
+    return ring_used(&_ring(c).inn)
+
+
+cdef short _ring_events(ChannelBase* c, int want_out, int want_in) noexcept nogil:
+    # The socket carries only wake-ups and the end of the stream.
+    return 0 if c.eof else POLLIN
+
+
+cdef void _ring_disarm(ChannelBase* c) noexcept nogil:
+    pc_store_u32_sc(&_ring(c).inn.hdr.reader_sleeping, 0)
+    pc_store_u32_sc(&_ring(c).out.hdr.writer_sleeping, 0)
+
+
+cdef int _ring_arm(ChannelBase* c, int want_in, int want_out, uint64_t ack_needed) noexcept nogil:
+    cdef RingState* r = _ring(c)
+    cdef int ready = 0
+    if c.eof:
+        return 0
+    if want_in:
+        pc_store_u32_sc(&r.inn.hdr.reader_sleeping, 1)
+    if want_out or ack_needed:
+        pc_store_u32_sc(&r.out.hdr.writer_sleeping, 1)
+    pc_fence()
+    if want_in and ring_used(&r.inn):
+        ready = 1
+    if want_out and ring_used(&r.out) < r.out.size:
+        ready = 1
+    if ack_needed and pc_load_u64(&r.out.hdr.acks) >= ack_needed:
+        ready = 1
+    if ready:
+        _ring_disarm(c)
+    return ready
+
+
+cdef void _ring_send_frame(ChannelBase* c, const MsgHeader* h) noexcept nogil:
+    cdef RingState* r = _ring(c)
+    cdef iovec iov
+    if r.out.size - ring_used(&r.out) >= HDR_BYTES:
+        iov.iov_base = <void*>h
+        iov.iov_len = HDR_BYTES
+        ring_write(&r.out, &iov, 1)
+        _wake_reader(&r.out, c.fd)
+
+
+cdef void _ring_shut(ChannelBase* c) noexcept nogil:
+    shutdown(c.fd, SHUT_WR)
+
+
+cdef ssize_t _ring_read_remote(ChannelBase* c, void* dst, uint64_t addr,
+                               size_t n) noexcept nogil:
+    return cma_read(_ring(c).peer_pid, dst, addr, n)
+
+
+cdef uint64_t _ring_acked(ChannelBase* c) noexcept nogil:
+    return pc_load_u64(&_ring(c).out.hdr.acks)
+
+
+cdef void _ring_ack(ChannelBase* c) noexcept nogil:
+    cdef RingState* r = _ring(c)
+    pc_store_u64(&r.inn.hdr.acks, r.inn.hdr.acks + 1)
+    _wake_writer(&r.inn, c.fd)
+
+
+cdef ChannelOps RING_OPS
+RING_OPS.abi = CHANNEL_ABI
+RING_OPS.writev = _ring_writev
+RING_OPS.readv = _ring_readv
+RING_OPS.peek = _ring_peek
+RING_OPS.take_peeked = _ring_take_peeked
+RING_OPS.held = _ring_held
+RING_OPS.events = _ring_events
+RING_OPS.arm = _ring_arm
+RING_OPS.disarm = _ring_disarm
+RING_OPS.woken = _ring_woken
+RING_OPS.send_frame = _ring_send_frame
+RING_OPS.shut = _ring_shut
+RING_OPS.read_remote = _ring_read_remote
+RING_OPS.acked = _ring_acked
+RING_OPS.ack = _ring_ack
+
+
+cdef class RingChannel(Channel):
+    """The rings between this rank (local index ``me``) and a same-host peer (``other``)
+    in ``segment``, with ``doorbell``'s socket as the wake-up and end-of-stream channel
+    (its fd moves here).  ``peer_reads``: the peer may read this process's memory, so
+    sends from ``by_address_min`` bytes go by address; ``reads_peer``: this process may
+    read the peer's (``read_remote``)."""
+
+    def __init__(self, Channel doorbell, Segment segment, int me, int other, int nlocal,
+                 size_t ring_bytes, int pid, bint peer_reads, bint reads_peer,
+                 size_t by_address_min):
+        cdef size_t stride = sizeof(RingHeader) + ring_bytes
+        memset(&self.chan, 0, sizeof(ChannelBase))
+        self.chan.ops = &RING_OPS
+        self.chan.state = &self.ring
+        self.chan.fd = doorbell.release_fd()
+        self.chan.split_header = 1       # the payload may be an address
+        self.chan.by_address_min = by_address_min if peer_reads else 0
+        self.chan.reads_remote = reads_peer
+        self.chan.send_call = b""
+        self.chan.recv_call = b""
+        self.chan.remote_call = b"process_vm_readv"
+        self.base = &self.chan
+        self.segment = segment
+        ring_attach(&self.ring.out, segment.base + (me * nlocal + other) * stride, ring_bytes)
+        ring_attach(&self.ring.inn, segment.base + (other * nlocal + me) * stride, ring_bytes)
+        self.ring.peer_pid = pid
+        self.ring.peer_reads = peer_reads
+
+    @property
+    def kind(self):
+        return "shm+cma" if self.ring.peer_reads else "shm"
+
+    @property
+    def pid(self):
+        return self.ring.peer_pid

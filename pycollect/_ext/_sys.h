@@ -15,6 +15,13 @@ static inline int pc_atomic_load(int *p) { return __atomic_load_n(p, __ATOMIC_AC
 static inline void pc_atomic_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 #endif
 
+#ifndef PYCOLLECT_SYS_ERRNO
+#define PYCOLLECT_SYS_ERRNO
+#include <errno.h>
+/* Cython makes a local of a C global assigned in a function: set errno here. */
+static inline void pc_set_errno(int e) { errno = e; }
+#endif
+
 #ifndef PYCOLLECT_SYS_ATOMIC64
 #define PYCOLLECT_SYS_ATOMIC64
 static inline uint64_t pc_load_u64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }

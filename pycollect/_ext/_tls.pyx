@@ -1,11 +1,11 @@
-"""OpenSSL for the TCP transport ("tcp+tls"): configuration, handshake, and the engine's I/O.
+"""OpenSSL for transport "tcp+tls": configuration, handshake, and the TLS channel.
 
 ``TlsConfig`` loads a certificate chain, its key and the CA that every peer's
 certificate must chain to.  ``TlsStream`` wraps one connected, non-blocking
-socket: the rendezvous (``pycollect/plugins/tcp.py``) drives its handshake and
-exchanges pycollect's hello through it, then hands its ``SSL*`` to the
-``TcpTransport``, whose nogil engine reads and writes through the functions
-of ``TlsOps`` (``_tls.pxd``) instead of ``readv``/``sendmsg``.
+socket: the rendezvous (``pycollect/plugins/mesh.py``) drives its handshake and
+exchanges pycollect's hello through it; ``TlsChannel`` then carries the
+pair's bytes through the session for the engine (a socket channel that reads
+and writes through OpenSSL instead of ``readv``/``sendmsg``).
 
 Both sides present a certificate and verify the other's (TLS 1.3 only, no
 session tickets, no renegotiation).  A stream that ends without TLS's
@@ -13,11 +13,19 @@ close_notify reads as an ordinary end of stream: pycollect's own framing
 carries every message's length, so a cut stream is still detected.
 """
 
-from cpython.pycapsule cimport PyCapsule_New
+from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, ChannelBase, ChannelOps,
+                                      MsgHeader, ack_nothing, acked_none, arm_nothing,
+                                      disarm_nothing, events_as_asked,
+                                      read_remote_unsupported, send_frame_by_writing,
+                                      woken_nothing)
+from pycollect._ext._socket cimport SocketChannel, socket_setup, socket_shut
 from libc.errno cimport EAGAIN, EPIPE, EPROTO, errno
-from libc.stdint cimport uint64_t
-from libc.string cimport memcpy
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcpy, memmove
 from posix.uio cimport iovec
+
+cdef extern from "_sys.h" nogil:
+    void pc_set_errno(int e)
 
 import ipaddress
 import os
@@ -304,19 +312,16 @@ cdef class TlsStream:
     def version(self):
         return SSL_get_version(self.ssl).decode()
 
-    def handle(self):
-        """The ``SSL*`` as an int, for ``TcpTransport.attach_tls`` (keep this object alive)."""
-        return <size_t>self.ssl
 
 
-# -- the engine's I/O (see _tls.pxd) ---------------------------------------
+# -- the channel's I/O --------------------------------------------------------
 
 cdef inline int _errno() noexcept nogil:
     return errno
 
 
 cdef inline ssize_t _set_errno(int e) noexcept nogil:
-    errno = e
+    pc_set_errno(e)
     return -1
 
 
@@ -408,12 +413,110 @@ cdef int tls_pending(void* handle) noexcept nogil:
     return SSL_pending(<SSL*>handle) > 0
 
 
-cdef TlsOps _OPS
-_OPS.readv = tls_readv
-_OPS.writev = tls_writev
-_OPS.pending = tls_pending
+cdef struct TlsState:
+    SSL* ssl
+    uint32_t npeeked            # bytes of the next header already decrypted
+    char peeked[HDR_BYTES]
 
 
-def engine_ops():
-    """The capsule of ``TlsOps`` that ``TcpTransport.attach_tls`` takes."""
-    return PyCapsule_New(&_OPS, b"pycollect._ext._tls.TlsOps", NULL)
+cdef inline TlsState* _tls(ChannelBase* c) noexcept nogil:
+    return <TlsState*>c.state
+
+
+cdef ssize_t _tls_writev(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    return tls_writev(_tls(c).ssl, iov, cnt)
+
+
+cdef ssize_t _tls_readv(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    """The peeked header bytes first, then what OpenSSL has."""
+    cdef TlsState* t = _tls(c)
+    cdef size_t taken = 0, k
+    cdef int i, left = 0
+    cdef iovec rest[2]
+    cdef ssize_t n
+    if t.npeeked == 0:
+        return tls_readv(t.ssl, iov, cnt)
+    for i in range(cnt):
+        k = iov[i].iov_len
+        if k > t.npeeked - taken:
+            k = t.npeeked - taken
+        memcpy(iov[i].iov_base, t.peeked + taken, k)
+        taken += k
+        if k < iov[i].iov_len and left < 2:
+            rest[left].iov_base = (<char*>iov[i].iov_base) + k
+            rest[left].iov_len = iov[i].iov_len - k
+            left += 1
+    t.npeeked -= <uint32_t>taken
+    memmove(t.peeked, t.peeked + taken, t.npeeked)
+    # Read on as readv would: a short count tells the caller the socket is empty,
+    # and bytes left inside OpenSSL would wake no poll().
+    n = tls_readv(t.ssl, rest, left) if left and t.npeeked == 0 else 0
+    return <ssize_t>taken + (n if n > 0 else 0)
+
+
+cdef int _tls_peek(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    """TLS has no MSG_PEEK: the header is decrypted into ``peeked``, and the next read
+    starts from there."""
+    cdef TlsState* t = _tls(c)
+    cdef iovec iov
+    cdef ssize_t n
+    if t.npeeked < HDR_BYTES:
+        iov.iov_base = t.peeked + t.npeeked
+        iov.iov_len = HDR_BYTES - t.npeeked
+        n = tls_readv(t.ssl, &iov, 1)
+        if n > 0:
+            t.npeeked += <uint32_t>n
+        elif t.npeeked == 0:
+            return <int>n
+    memcpy(h, t.peeked, t.npeeked)
+    return <int>t.npeeked
+
+
+cdef int _tls_take_peeked(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    _tls(c).npeeked = 0
+    return HDR_BYTES
+
+
+cdef size_t _tls_held(ChannelBase* c) noexcept nogil:
+    return _tls(c).npeeked + (1 if tls_pending(_tls(c).ssl) else 0)
+
+
+cdef ChannelOps TLS_OPS
+TLS_OPS.abi = CHANNEL_ABI
+TLS_OPS.writev = _tls_writev
+TLS_OPS.readv = _tls_readv
+TLS_OPS.peek = _tls_peek
+TLS_OPS.take_peeked = _tls_take_peeked
+TLS_OPS.held = _tls_held
+# The rest is the socket's own.
+TLS_OPS.events = events_as_asked
+TLS_OPS.arm = arm_nothing
+TLS_OPS.disarm = disarm_nothing
+TLS_OPS.woken = woken_nothing
+TLS_OPS.send_frame = send_frame_by_writing
+TLS_OPS.shut = socket_shut
+TLS_OPS.read_remote = read_remote_unsupported
+TLS_OPS.acked = acked_none
+TLS_OPS.ack = ack_nothing
+
+
+cdef class TlsChannel(SocketChannel):
+    """The socket of ``sock`` (its fd moves here) with every byte through ``stream``'s
+    TLS session (transport "tcp+tls"); ``stream`` is kept alive with the channel."""
+
+    cdef TlsStream stream
+    cdef TlsState tls
+
+    def __init__(self, SocketChannel sock, TlsStream stream):
+        socket_setup(&self.sock, sock.release_fd(), &TLS_OPS)
+        self.sock.state = &self.tls
+        self.sock.send_call = b"SSL_write"
+        self.sock.recv_call = b"SSL_read"
+        self.base = &self.sock
+        self.stream = stream
+        self.tls.ssl = stream.ssl
+        self.tls.npeeked = 0
+
+    @property
+    def encrypted(self):
+        return True

@@ -1,5 +1,6 @@
 # The C-level transport interface.  Algorithms are written against this class
-# only; concrete transports (_tcp.pyx, later _shm.pyx) subclass it.
+# only, and never cimport a concrete transport: the engine (_engine.pyx, over
+# its channels) and sub-groups (_group.pyx) subclass it, and so may a plugin.
 #
 # Vocabulary (after Gloo): a transport owns one pair per peer; an operation
 # posts sends and receives of whole messages on pairs and waits for them.
@@ -7,6 +8,13 @@
 # algorithm must post, on each pair, its receives in the order the peer posts
 # its sends.  Every message carries the operation's descriptor, checked on
 # receipt: ranks that disagree get ERR_MISMATCH instead of a hang.
+#
+# One-sided reads: where can_read_remote(peer) says so, read_remote copies
+# bytes straight out of the peer's memory (cross-memory attach between
+# processes of one host today, an RDMA read later) with no message; the
+# algorithm exchanges the address itself.  From Python every transport
+# offers pair_kinds() (how each peer is reached) and host_ids (each rank's
+# host identity, or None), declared here so that nobody has to probe.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 cdef enum ErrorKind:
@@ -74,6 +82,7 @@ cdef class Transport:
     cdef char* scratch_buf[2]
     cdef size_t scratch_cap[2]
     cdef object interrupt       # a KeyboardInterrupt (or other signal exception) that ended an op
+    cdef public list host_ids   # rendezvous' host identity of every rank, or None
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil
@@ -95,6 +104,12 @@ cdef class Transport:
     cdef int progress_until(self, int64_t until_ns) noexcept nogil
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil
     cdef void extend_deadline(self, double timeout_s) noexcept nogil
+    # 1 if this rank may read ``peer``'s memory with read_remote, else 0.
+    cdef int can_read_remote(self, int peer) noexcept nogil
+    # Copy ``nbytes`` at ``remote_addr`` in ``peer``'s memory into ``dst``: 0, or -1
+    # after set_error.
+    cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
+                         size_t nbytes) noexcept nogil
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil
@@ -112,7 +127,6 @@ cdef enum Algorithm:
     ALGO_BINOMIAL = 3
     ALGO_PIPELINED = 4
     ALGO_DISSEMINATION = 5
-    ALGO_LOCAL = 6
     ALGO_RECURSIVE_DOUBLING = 7
     ALGO_HALVING_DOUBLING = 8
     ALGO_BCUBE = 9

@@ -22,7 +22,7 @@ ROOTED = (COLL_BROADCAST, COLL_REDUCE, COLL_GATHER, COLL_GATHERV, COLL_SCATTER, 
 REDUCING = (COLL_ALLREDUCE, COLL_REDUCE, COLL_REDUCE_SCATTER, COLL_REDUCE_SCATTERV)
 ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_chunked",
                    ALGO_BINOMIAL: "binomial", ALGO_PIPELINED: "pipelined",
-                   ALGO_DISSEMINATION: "dissemination", ALGO_LOCAL: "local",
+                   ALGO_DISSEMINATION: "dissemination",
                    ALGO_RECURSIVE_DOUBLING: "recursive_doubling",
                    ALGO_HALVING_DOUBLING: "halving_doubling", ALGO_BCUBE: "bcube",
                    ALGO_BINOMIAL_REDUCE: "binomial", ALGO_LINEAR: "linear",
@@ -161,9 +161,28 @@ cdef class Transport:
         self.scratch_cap[which] = nbytes
         return <char*>p
 
+    cdef int can_read_remote(self, int peer) noexcept nogil:
+        return 0
+
+    cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
+                         size_t nbytes) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "this transport offers no reads of "
+                              "a peer's memory")
+
     def peer_address(self, int peer):
         """The address of ``peer`` as errors print it."""
         return "?"
+
+    @property
+    def members_in_parent(self):
+        """For a sub-group, the parent ranks of its members in group-rank order; else None."""
+        return None
+
+    def pair_kinds(self):
+        """How each peer is reached: "self" for this rank, else the pair's kind ("tcp",
+        "shm", "shm+cma", or a plugin's own name; ``auto`` takes kinds that start with
+        "shm" for shared memory)."""
+        return ["self" if p == self.rank else "remote" for p in range(self.size)]
 
     @property
     def is_failed(self):

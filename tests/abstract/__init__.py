@@ -1,5 +1,6 @@
-"""Conformance suites that every store implementation, built-in or third-party, subclasses."""
+"""Conformance suites that every store and transport, built-in or third-party, subclasses."""
 
 from .store_suite import StoreSuite
+from .transport_suite import TransportSuite
 
-__all__ = ["StoreSuite"]
+__all__ = ["StoreSuite", "TransportSuite"]

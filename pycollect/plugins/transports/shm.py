@@ -44,7 +44,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     When the host's first rank cannot create the segment (no /dev/shm, say),
     every rank of the host stays on TCP, unless ``required``.
     """
-    from ..._ext._shm import RING_HEADER_BYTES, Segment, cma_probe
+    from ..._ext._shm import RING_HEADER_BYTES, RingChannel, Segment, cma_probe
 
     def left():
         return max(deadline - time.monotonic(), 0.001)
@@ -100,8 +100,12 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
         if created:
             segment.unlink()        # every local rank has mapped it (or failed)
     cma_min = settings.get("PYCOLLECT_CMA_MIN_BYTES")
-    transport.attach_shared(segment, local_of, ring_bytes,
-                            [a.get("pid", 0) for a in addrs], readers, cma_min)
+    me = local_of[rank]
+    for p in local:
+        if p != rank:
+            transport.set_channel(p, RingChannel(
+                transport.channel(p), segment, me, local_of[p], nlocal, ring_bytes,
+                addrs[p].get("pid", 0), p in readers, p in readable, cma_min))
     log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s",
               rank, [p for p in local if p != rank], ring_bytes >> 10, sorted(readers))
     # Every local rank has read every probe once all 'readable' lists exist.

@@ -1,4 +1,4 @@
-"""Transport "tcp": the full mesh of sockets (plugins/mesh.py) handed to the TCP engine.
+"""Transport "tcp": the full mesh of sockets (plugins/mesh.py), each a socket channel of the engine.
 
 ``open_tcp`` is the step every socket-based factory shares (``shm`` and
 ``auto`` add rings to same-host pairs, ``tcp+tls`` wraps every pair);
@@ -16,13 +16,15 @@ __all__ = ["create_tcp_transport", "open_tcp"]
 
 def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_us=None,
              tls=None):
-    """Connect the full mesh and build a ``TcpTransport`` over it: ``(transport, joined)``.
+    """Connect the full mesh and build an ``Engine`` with a socket channel per peer:
+    ``(transport, joined)``.
 
     ``joined`` is the mesh's ``Joined`` record (addresses, token, deadline) for
     a factory that goes on setting up (shared memory); ``tls`` is the mesh's
     wrapping hook.
     """
-    from ..._ext._tcp import TcpTransport
+    from ..._ext._engine import Engine
+    from ..._ext._socket import SocketChannel
 
     deadline = time.monotonic() + timeout
     spin_us = settings.get("PYCOLLECT_SPIN_US") if spin_us is None else spin_us
@@ -31,16 +33,16 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
     addrs = joined.addrs
     sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == addrs[rank]["boot"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    transport = TcpTransport(rank, size, joined.fds,
-                             [format_addr(a["host"], a["port"]) for a in addrs],
-                             spin_us=spin_us, yield_spin=sharing_cores > cores)
+    channels = [None if fd < 0 else SocketChannel(fd) for fd in joined.fds]
+    transport = Engine(rank, size, channels, [format_addr(a["host"], a["port"]) for a in addrs],
+                       spin_us=spin_us, yield_spin=sharing_cores > cores)
     transport.host_ids = [a["hostid"] for a in addrs]
     return transport, joined
 
 
 def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_id="",
                          spin_us=None):
-    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return a TcpTransport
+    """Connect the full mesh for ``rank`` of ``size`` through ``store``; return an engine
     that reaches every peer over TCP."""
     return open_tcp(rank, size, store, timeout=timeout, interface=interface,
                     context_id=context_id, spin_us=spin_us)[0]

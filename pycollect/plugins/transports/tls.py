@@ -77,7 +77,10 @@ def create_tls_transport(rank, size, store, *, tls=None, **options):
     hook = TlsHook(load_tls() if tls is None else tls)
     transport, joined = open_tcp(rank, size, store, tls=hook, **options)
     try:
-        transport.attach_tls(hook.engine.engine_ops(), joined.streams)
+        for peer, stream in enumerate(joined.streams):
+            if peer != rank:
+                transport.set_channel(peer, hook.engine.TlsChannel(transport.channel(peer),
+                                                                   stream))
     except BaseException:
         transport.close()
         raise

@@ -1,16 +1,20 @@
-"""The TCP transport: a full mesh of non-blocking sockets and a nogil progress engine.
+"""The engine: request queues, header checks and matching, the spin and poll loop,
+deadlines and abort spreading, written once over the channels of its pairs.
 
-The rendezvous (listener, connect, handshake) happens in Python, in
-``pycollect/plugins/tcp.py``; it hands this class one connected socket per
-peer.  From then on everything runs here without the GIL.
+``Engine`` is the transport every built-in transport factory returns.  It owns
+one pair per peer; a pair's bytes go through its channel (``_channel.pxd``):
+a TCP socket (``_socket.pyx``), TLS over that socket (``_tls.pyx``) or a
+shared-memory ring (``_shm.pyx``).  The rendezvous (``pycollect/plugins/``)
+connects the sockets and picks the channels; from then on everything runs here
+without the GIL, and the engine never asks which kind a channel is.
 
 Progress is driven by the calling thread.  ``wait`` loops over the pairs that
-have work queued, writing and reading as much as the sockets take without
+have work queued, writing and reading as much as the channels take without
 blocking, so sends and receives to several peers advance together.  When a
 pass makes no progress the engine spins for ``spin_us`` microseconds (a polled
 round trip on loopback is several times faster than a woken one), yielding the
 core between passes when this host runs more ranks than it has cores, and then
-blocks in ``poll`` until a socket is ready, the deadline passes or
+blocks in ``poll`` until a channel is ready, the deadline passes or
 ``abort()`` writes to the wake-up eventfd.
 
 Wire format: every message is a 40-byte header followed by the payload.  The
@@ -18,25 +22,29 @@ header carries the operation descriptor, so a receiver checks that the sender
 runs the same collective, count, dtype, op, root and algorithm before it
 accepts a byte.  Receives are matched to messages in posting order per pair;
 a receive reads header and payload with one ``readv`` straight into the
-caller's buffer.  A failing rank sends an abort frame (a header with the
-ABORT magic and its error kind) to every peer whose stream is at a message
-boundary, then shuts its sockets down, so the failure spreads in
+caller's buffer (a channel whose messages may carry an address instead of a
+payload reads the header first).  A failing rank sends an abort frame (a
+header with the ABORT magic and its error kind) to every peer whose stream is
+at a message boundary, then shuts its side down, so the failure spreads in
 milliseconds instead of waiting for every rank's timeout.
+
+Messages from a channel's ``by_address_min`` bytes go by address: the stream
+carries the header and the sender's buffer address, the receiver copies the
+payload with the channel's ``read_remote`` and acknowledges it, and the send
+completes on the acknowledgement.
 """
 
-from libc.errno cimport EAGAIN, EINTR, errno
+from libc.errno cimport EAGAIN, EFAULT, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memcpy, memmove, memset
+from libc.string cimport memset
 from posix.unistd cimport close as c_close, read as c_read, write as c_write
-from posix.uio cimport iovec, readv
+from posix.uio cimport iovec
 
 from pycollect._ext._transport cimport *
-from pycollect._ext._tls cimport TlsOps
-from cpython.pycapsule cimport PyCapsule_GetPointer
-from pycollect._ext._shm cimport (Ring, RingHeader, Segment, cma_read, ring_attach, ring_peek, ring_read,
-                                  ring_used, ring_write)
+from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC_BY_ADDRESS,
+                                      MAGIC_DATA, Channel, ChannelBase, MsgHeader)
 
 import os
 
@@ -44,32 +52,6 @@ cdef extern from "_sys.h" nogil:
     int64_t pc_now_ns()
     int pc_atomic_load(int* p)
     void pc_atomic_store(int* p, int v)
-    uint64_t pc_load_u64(uint64_t* p)
-    void pc_store_u64(uint64_t* p, uint64_t v)
-    void pc_store_u32_sc(uint32_t* p, uint32_t v)
-    uint32_t pc_exchange_u32(uint32_t* p, uint32_t v)
-    void pc_fence()
-
-cdef extern from "<sys/socket.h>" nogil:
-    ctypedef unsigned int socklen_t
-    struct msghdr:
-        void* msg_name
-        socklen_t msg_namelen
-        iovec* msg_iov
-        size_t msg_iovlen
-        void* msg_control
-        size_t msg_controllen
-        int msg_flags
-    ssize_t sendmsg(int fd, const msghdr* msg, int flags)
-    ssize_t recv(int fd, void* buf, size_t n, int flags)
-    ssize_t send(int fd, const void* buf, size_t n, int flags)
-    int shutdown(int fd, int how)
-    enum:
-        MSG_NOSIGNAL
-        MSG_DONTWAIT
-        MSG_PEEK
-        SHUT_WR
-        SHUT_RDWR
 
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
@@ -80,8 +62,6 @@ cdef extern from "<poll.h>" nogil:
     enum:
         POLLIN
         POLLOUT
-        POLLERR
-        POLLHUP
 
 cdef extern from "<sys/eventfd.h>" nogil:
     int eventfd(unsigned int initval, int flags)
@@ -98,33 +78,9 @@ cdef extern from "pythread.h" nogil:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-cdef extern from "<fcntl.h>" nogil:
-    int fcntl(int fd, int cmd, ...)
-    enum:
-        F_GETFL
-        F_SETFL
-        O_NONBLOCK
-
 cdef enum:
-    MAGIC_DATA = 0x314d4350     # "PCM1" little-endian
-    MAGIC_ABORT = 0x414d4350    # "PCMA"
-    MAGIC_CMA = 0x434d4350      # "PCMC": a data message whose payload the receiver reads
-                                # from the sender's memory (the stream carries its address)
-    HDR_BYTES = 40
-    CMA_CHUNK = 4 << 20         # bytes copied per pass, so other pairs keep moving
-
-cdef packed struct MsgHeader:
-    uint32_t magic
-    uint32_t msgno      # per pair and direction, counts every message
-    uint32_t seq
-    uint8_t coll
-    uint8_t dtype
-    uint8_t redop
-    uint8_t algo
-    int32_t root
-    uint32_t kind       # data frames: the context (group) id; abort frames: the error kind
-    uint64_t count
-    uint64_t nbytes
+    ADDR_CHUNK = 4 << 20        # bytes read from a peer's memory per pass, so other pairs
+                                # keep moving
 
 cdef struct Req:
     char* buf
@@ -136,48 +92,39 @@ cdef struct Req:
     int next
     uint32_t hdr_done
     MsgHeader hdr
-    int cma             # payload by cross-memory attach
+    int by_address      # the payload is read from the sender's memory
     uint64_t addr       # ... at this address in the sender
     uint32_t addr_done  # bytes of the address streamed
-    uint64_t ack_needed # a sender's large message is done when the peer's acks reach this
+    uint64_t ack_needed # a sender's by-address message is done when the peer's acks reach this
     OpDesc desc         # the operation the request belongs to (checked against headers)
     int flex            # a point-to-point receive: any message of at most nbytes
 
 cdef struct Pair:
-    int fd
+    ChannelBase* ch     # the channel (its object is in Engine.channels)
     int send_head
     int send_tail
     int recv_head
     int recv_tail
     uint32_t sent_msgs
     uint32_t recv_msgs
-    int eof             # the peer shut its side down (or reset)
     int data_waiting    # a message is queued that no receive is posted for yet
-    int shm             # same host: messages go through rings, the socket only wakes and
-                        # signals the end
-    int cma             # this peer can read our memory: large messages go by address
-    int pid             # the peer's process, for reading its memory
-    Ring out            # our ring to the peer
-    Ring inn            # the peer's ring to us
-    uint64_t cma_sent   # large messages sent by address
+    uint64_t by_address_sent    # messages sent by address
     int ack_head        # sent by address, waiting for the peer to copy them out
     int ack_tail
-    void* tls           # transport "tcp+tls": this pair's SSL*, through which all its bytes go
-    uint32_t tls_peeked # bytes of the next header already decrypted (TLS has no MSG_PEEK)
-    char tls_peek[HDR_BYTES]
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
-    return (h.kind == d.context and h.coll == d.coll and h.dtype == d.dtype and h.redop == d.redop
-            and h.algo == d.algo and h.root == d.root and h.count == d.count)
+    return (h.word.group == d.context and h.coll == d.coll and h.dtype == d.dtype
+            and h.redop == d.redop and h.algo == d.algo and h.root == d.root
+            and h.count == d.count)
 
 
 cdef inline int _would_block(int e) noexcept nogil:
     return e == EAGAIN  # EWOULDBLOCK == EAGAIN on Linux
 
 
-cdef class TcpTransport(Transport):
-    """A connected full mesh of TCP sockets, one per peer."""
+cdef class Engine(Transport):
+    """One pair per peer, each over its own channel."""
 
     cdef Pair* pairs
     cdef Req* reqs
@@ -192,11 +139,7 @@ cdef class TcpTransport(Transport):
     cdef int* pfd_peer
     cdef list addrs
     cdef unsigned long main_thread
-    cdef Segment segment
-    cdef size_t cma_min
-    cdef const TlsOps* tls_ops
-    cdef list tls_streams       # the objects that own the pairs' SSL*
-    cdef public list host_ids   # rendezvous' host identity of every rank, or None
+    cdef list channels          # owns the pairs' channels (None for self)
 
     def __cinit__(self):
         self.pairs = NULL
@@ -206,11 +149,11 @@ cdef class TcpTransport(Transport):
         self.wake_fd = -1
         self.closed = 0
 
-    def __init__(self, int rank, int size, fds, addrs, double spin_us=50.0,
+    def __init__(self, int rank, int size, channels, addrs, double spin_us=50.0,
                  bint yield_spin=False):
-        """Take ownership of ``fds`` (one connected socket per peer, -1 for self)."""
-        if size < 1 or not 0 <= rank < size or len(fds) != size or len(addrs) != size:
-            raise ValueError("TcpTransport: inconsistent rank, size, fds or addrs")
+        """Take ownership of ``channels`` (one ``Channel`` per peer, None for self)."""
+        if size < 1 or not 0 <= rank < size or len(channels) != size or len(addrs) != size:
+            raise ValueError("Engine: inconsistent rank, size, channels or addrs")
         self.rank = rank
         self.size = size
         self.addrs = [str(a) for a in addrs]
@@ -224,71 +167,49 @@ cdef class TcpTransport(Transport):
         self.reqs = <Req*>calloc(self.cap_reqs, sizeof(Req))
         if not (self.pairs and self.pfds and self.pfd_peer and self.reqs):
             raise MemoryError()
-        cdef int p, fd, flags
+        self.channels = [None] * size
+        cdef int p
         for p in range(size):
-            fd = int(fds[p])
-            self.pairs[p].fd = fd
             self.pairs[p].send_head = self.pairs[p].send_tail = -1
             self.pairs[p].recv_head = self.pairs[p].recv_tail = -1
             self.pairs[p].ack_head = self.pairs[p].ack_tail = -1
             if p != rank:
-                if fd < 0:
-                    raise ValueError("TcpTransport: no socket for peer %d" % p)
-                flags = fcntl(fd, F_GETFL, 0)
-                fcntl(fd, F_SETFL, flags | O_NONBLOCK)
+                self.set_channel(p, channels[p])
         import threading
         self.main_thread = threading.main_thread().ident
         self.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.wake_fd < 0:
             raise OSError(errno, os.strerror(errno), "eventfd")
 
-    def attach_shared(self, Segment segment, local_of, size_t ring_bytes, pids, cma_peers,
-                      size_t cma_min_bytes):
-        """Route same-host peers through ``segment``'s rings.
+    def set_channel(self, int peer, Channel channel not None):
+        """Carry ``peer``'s messages over ``channel`` from now on (at rendezvous, before
+        any operation: a channel made from the old one takes over its fd)."""
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError("Engine: no pair for peer %d" % peer)
+        if channel.base == NULL or channel.base.ops == NULL \
+                or channel.base.ops.abi != CHANNEL_ABI:
+            raise ValueError("Engine: %r is not a ready channel of interface version %d"
+                             % (channel, CHANNEL_ABI))
+        self.channels[peer] = channel
+        self.pairs[peer].ch = channel.base
 
-        ``local_of[p]`` is rank p's index on this host (-1 elsewhere);
-        ``cma_peers`` are the peers that can read this process's memory.
-        """
-        cdef int p, other, me = local_of[self.rank]
-        cdef int nlocal = sum(1 for x in local_of if x >= 0)
-        cdef size_t stride = sizeof(RingHeader) + ring_bytes
-        cdef Pair* pr
-        self.segment = segment
-        self.cma_min = cma_min_bytes
-        for p in range(self.size):
-            if p == self.rank or local_of[p] < 0:
-                continue
-            pr = &self.pairs[p]
-            other = local_of[p]
-            ring_attach(&pr.out, segment.base + (me * nlocal + other) * stride, ring_bytes)
-            ring_attach(&pr.inn, segment.base + (other * nlocal + me) * stride, ring_bytes)
-            pr.pid = pids[p]
-            pr.cma = p in cma_peers
-            pr.shm = 1
+    def channel(self, int peer):
+        """The channel that carries ``peer``'s messages."""
+        return self.channels[peer]
 
     def pair_kinds(self):
         """How each peer is reached: "self", "tcp", "shm" or "shm+cma" (TLS pairs: "tcp")."""
-        return ["self" if p == self.rank else ("shm+cma" if self.pairs[p].cma else "shm")
-                if self.pairs[p].shm else "tcp" for p in range(self.size)]
+        return ["self" if p == self.rank else self.channels[p].kind for p in range(self.size)]
 
     def tls_pairs(self):
-        """Which peers this rank talks to through TLS."""
-        return [self.pairs[p].tls != NULL for p in range(self.size)]
+        """Which peers this rank talks to through an encrypted channel."""
+        return [p != self.rank and self.channels[p].encrypted for p in range(self.size)]
 
     def peer_pids(self):
-        """Each same-host peer's process id (this process's own for self), -1 elsewhere."""
-        return [os.getpid() if p == self.rank else (self.pairs[p].pid if self.pairs[p].shm
-                                                    else -1) for p in range(self.size)]
-
-    def attach_tls(self, ops, streams):
-        """Send and receive through TLS: ``streams[p].handle()`` is peer p's ``SSL*``
-        (None for self); ``ops`` is ``_tls.engine_ops()``.  Keeps ``streams`` alive."""
-        cdef int p
-        self.tls_ops = <const TlsOps*>PyCapsule_GetPointer(ops, b"pycollect._ext._tls.TlsOps")
-        self.tls_streams = list(streams)
-        for p in range(self.size):
-            if p != self.rank:
-                self.pairs[p].tls = <void*><size_t>self.tls_streams[p].handle()
+        """Each peer's process id where its memory can be read (this process's own for
+        self), -1 elsewhere."""
+        return [os.getpid() if p == self.rank else self.channels[p].pid
+                for p in range(self.size)]
 
     def __dealloc__(self):
         self._close_fds()
@@ -298,18 +219,16 @@ cdef class TcpTransport(Transport):
         free(self.pfd_peer)
 
     cdef void _close_fds(self) noexcept:
-        cdef int p
-        if self.pairs != NULL:
-            for p in range(self.size):
-                if self.pairs[p].fd >= 0:
-                    c_close(self.pairs[p].fd)
-                    self.pairs[p].fd = -1
+        if self.channels is not None:
+            for channel in self.channels:
+                if channel is not None:
+                    channel.close()
         if self.wake_fd >= 0:
             c_close(self.wake_fd)
             self.wake_fd = -1
 
     def close(self):
-        """Close every socket; later operations fail."""
+        """Close every channel; later operations fail."""
         if not self.closed:
             self.closed = 1
             # A graceful close: no abort frames, the peers just see end of stream.
@@ -374,10 +293,11 @@ cdef class TcpTransport(Transport):
             return -1
         cdef Req* r = &self.reqs[idx]
         cdef Pair* pr = &self.pairs[peer]
+        cdef size_t by_address_min = pr.ch.by_address_min
         r.hdr.magic = MAGIC_DATA
-        if pr.cma and nbytes >= self.cma_min:
-            r.hdr.magic = MAGIC_CMA
-            r.cma = 1
+        if by_address_min and nbytes >= by_address_min:
+            r.hdr.magic = MAGIC_BY_ADDRESS
+            r.by_address = 1
             r.addr = <uint64_t>buf
         r.hdr.msgno = pr.sent_msgs
         pr.sent_msgs += 1
@@ -388,7 +308,7 @@ cdef class TcpTransport(Transport):
         else:
             pr.send_head = idx
         pr.send_tail = idx
-        # Push eagerly: a message the socket takes now is on the wire while
+        # Push eagerly: a message the channel takes now is on the wire while
         # the caller posts the rest.
         if pr.send_head == idx and self._do_send(peer) < 0:
             return -1
@@ -465,14 +385,14 @@ cdef class TcpTransport(Transport):
             self.pfds[0].revents = 0
             n = ((self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns
                   else until_ns) - now) // 1000000 + 1
-            if not self._arm_rings():
+            if not self._arm():
                 rc = poll(self.pfds, k, n if n < 1000 else 1000)
-                self._disarm_rings()
+                self._disarm()
                 if rc > 0 and self.pfds[0].revents:
                     c_read(self.wake_fd, &drained, 8)
                 for n in range(1, k):
-                    if self.pfds[n].revents and self.pairs[self.pfd_peer[n]].shm:
-                        self._drain_doorbell(self.pfd_peer[n])
+                    if self.pfds[n].revents:
+                        self.pairs[self.pfd_peer[n]].ch.ops.woken(self.pairs[self.pfd_peer[n]].ch)
 
     cdef void _look_again(self, int peer) noexcept nogil:
         """Heads set aside while a collective ran may be the message a probe wants."""
@@ -491,6 +411,7 @@ cdef class TcpTransport(Transport):
         cdef int p, n, k = 1, rc, candidate
         cdef short ev
         cdef Pair* pr
+        cdef ChannelBase* ch
         cdef MsgHeader h
         if self.failed:
             return -1
@@ -503,19 +424,22 @@ cdef class TcpTransport(Transport):
             if pr.recv_head >= 0 and self._do_recv(p) < 0:
                 return -1
         for p in range(self.size):
+            if p == self.rank:
+                continue
             pr = &self.pairs[p]
-            if p == self.rank or pr.fd < 0:
+            ch = pr.ch
+            if ch.fd < 0:
                 continue
             candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
-                and not (peer < 0 and (pr.data_waiting or pr.eof))
+                and not (peer < 0 and (pr.data_waiting or ch.eof))
             if candidate:
-                n = self._peek_header(p, &h)
-                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_CMA) \
-                        and h.coll == COLL_P2P and h.kind == self.op.context \
+                n = ch.ops.peek(ch, &h)
+                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
+                        and h.coll == COLL_P2P and h.word.group == self.op.context \
                         and (self.op.root < 0 or h.root == self.op.root):
                     out.peer = p
                     out.nbytes = h.nbytes
-                    out.desc.context = h.kind
+                    out.desc.context = h.word.group
                     out.desc.seq = h.seq
                     out.desc.coll = h.coll
                     out.desc.dtype = h.dtype
@@ -524,7 +448,7 @@ cdef class TcpTransport(Transport):
                     out.desc.root = h.root
                     out.desc.count = h.count
                     return p
-                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_CMA) \
+                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
                         and peer < 0:
                     pr.data_waiting = 1     # the head is for another operation
                     candidate = 0
@@ -535,25 +459,37 @@ cdef class TcpTransport(Transport):
                     if rc < 0 or self._do_recv(p) < 0:
                         return -1
                     return self.set_error(ERR_INTERNAL, p, "", 0, "probe lost its message")
-            ev = 0
-            if pr.shm:
-                # Same host: the socket carries wake-ups and the end of stream.
-                if not pr.eof and (candidate or pr.recv_head >= 0 or pr.send_head >= 0
-                                   or pr.ack_head >= 0):
-                    ev = POLLIN
-            else:
-                if candidate or pr.recv_head >= 0:
-                    ev = POLLIN
-                if pr.send_head >= 0:
-                    ev |= POLLOUT
+            ev = ch.ops.events(ch, pr.send_head >= 0 or pr.ack_head >= 0, candidate or pr.recv_head >= 0)
             if ev:
-                self.pfds[k].fd = pr.fd
+                self.pfds[k].fd = ch.fd
                 self.pfds[k].events = ev
                 self.pfds[k].revents = 0
                 self.pfd_peer[k] = p
                 k += 1
         npfds[0] = k
         return -2
+
+    cdef int can_read_remote(self, int peer) noexcept nogil:
+        return 0 <= peer < self.size and peer != self.rank and self.pairs[peer].ch.reads_remote
+
+    cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
+                         size_t nbytes) noexcept nogil:
+        cdef ChannelBase* ch
+        cdef ssize_t got
+        if not self.can_read_remote(peer):
+            return self.set_error(ERR_INTERNAL, peer, "", 0, "read of a peer's memory that "
+                                  "its pair does not offer")
+        ch = self.pairs[peer].ch
+        while nbytes > 0:
+            got = ch.ops.read_remote(ch, dst, remote_addr, nbytes)
+            if got <= 0:
+                return self.set_error(ERR_PEER, peer, ch.remote_call,
+                                      errno if got < 0 else EFAULT,
+                                      "has a buffer this rank cannot read")
+            dst = (<char*>dst) + got
+            remote_addr += <uint64_t>got
+            nbytes -= <size_t>got
+        return 0
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
@@ -566,7 +502,7 @@ cdef class TcpTransport(Transport):
     # -- the engine -----------------------------------------------------
 
     cdef inline void _fill_desc(self, MsgHeader* h) noexcept nogil:
-        h.kind = self.op.context
+        h.word.group = self.op.context
         h.seq = self.op.seq
         h.coll = self.op.coll
         h.dtype = self.op.dtype
@@ -579,7 +515,7 @@ cdef class TcpTransport(Transport):
         """Tell every peer we failed (abort frame where possible), then shut down."""
         cdef MsgHeader h
         cdef Pair* pr
-        cdef iovec iov
+        cdef ChannelBase* ch
         cdef int p, head
         if self.pairs == NULL:
             return
@@ -590,232 +526,104 @@ cdef class TcpTransport(Transport):
         # that failed first (in msgno, plus one) and the rank it blamed (in
         # nbytes, plus one; 0: none), so a relayed failure keeps its origin.
         if self.err.origin >= 0:
-            h.kind = self.err.origin_kind
+            h.word.error_kind = self.err.origin_kind
             h.msgno = <uint32_t>(self.err.origin + 1)
         else:
-            h.kind = self.err.kind
+            h.word.error_kind = self.err.kind
             h.msgno = <uint32_t>(self.rank + 1)
         h.nbytes = <uint64_t>((self.err.blamed if self.err.blamed >= 0 else self.err.peer) + 1)
         for p in range(self.size):
+            if p == self.rank:
+                continue
             pr = &self.pairs[p]
-            if p == self.rank or pr.fd < 0:
+            ch = pr.ch
+            if ch.fd < 0:
                 continue
             head = pr.send_head
             if head < 0 or (self.reqs[head].hdr_done == 0):
-                if not pr.shm:
-                    iov.iov_base = &h
-                    iov.iov_len = HDR_BYTES
-                    self._sock_send(pr, &iov, 1)
-                elif pr.out.size - ring_used(&pr.out) >= HDR_BYTES:
-                    iov.iov_base = &h
-                    iov.iov_len = HDR_BYTES
-                    ring_write(&pr.out, &iov, 1)
-                    _wake_reader(pr)
-            shutdown(pr.fd, SHUT_WR)
+                ch.ops.send_frame(ch, &h)
+            ch.ops.shut(ch)
 
-    # -- socket I/O: plain, or through the pair's TLS session --------------
-
-    cdef ssize_t _sock_send(self, Pair* pr, iovec* iov, int cnt) noexcept nogil:
-        cdef msghdr msg
-        if pr.tls != NULL:
-            return self.tls_ops.writev(pr.tls, iov, cnt)
-        memset(&msg, 0, sizeof(msg))
-        msg.msg_iov = iov
-        msg.msg_iovlen = cnt
-        return sendmsg(pr.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
-
-    cdef ssize_t _sock_readv(self, Pair* pr, iovec* iov, int cnt) noexcept nogil:
-        """readv; on a TLS pair the peeked header bytes come first, then what OpenSSL has."""
-        cdef size_t taken = 0, k
-        cdef int i, left = 0
-        cdef iovec rest[2]
-        cdef ssize_t n
-        if pr.tls == NULL:
-            return readv(pr.fd, iov, cnt)
-        if pr.tls_peeked == 0:
-            return self.tls_ops.readv(pr.tls, iov, cnt)
-        for i in range(cnt):
-            k = iov[i].iov_len
-            if k > pr.tls_peeked - taken:
-                k = pr.tls_peeked - taken
-            memcpy(iov[i].iov_base, pr.tls_peek + taken, k)
-            taken += k
-            if k < iov[i].iov_len and left < 2:
-                rest[left].iov_base = (<char*>iov[i].iov_base) + k
-                rest[left].iov_len = iov[i].iov_len - k
-                left += 1
-        pr.tls_peeked -= <uint32_t>taken
-        memmove(pr.tls_peek, pr.tls_peek + taken, pr.tls_peeked)
-        # Read on as readv would: a short count tells the caller the socket is empty,
-        # and bytes left inside OpenSSL would wake no poll().
-        n = self.tls_ops.readv(pr.tls, rest, left) if left and pr.tls_peeked == 0 else 0
-        return <ssize_t>taken + (n if n > 0 else 0)
-
-    cdef int _sock_peek(self, Pair* pr, MsgHeader* h) noexcept nogil:
-        """recv(MSG_PEEK) of a header; a TLS pair decrypts it into ``tls_peek``."""
-        cdef iovec iov
-        cdef ssize_t n
-        if pr.tls == NULL:
-            return <int>recv(pr.fd, h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
-        if pr.tls_peeked < HDR_BYTES:
-            iov.iov_base = pr.tls_peek + pr.tls_peeked
-            iov.iov_len = HDR_BYTES - pr.tls_peeked
-            n = self.tls_ops.readv(pr.tls, &iov, 1)
-            if n > 0:
-                pr.tls_peeked += <uint32_t>n
-            elif pr.tls_peeked == 0:
-                return <int>n
-        memcpy(h, pr.tls_peek, pr.tls_peeked)
-        return <int>pr.tls_peeked
-
-    cdef int _sock_take_peeked(self, Pair* pr, MsgHeader* h) noexcept nogil:
-        """Consume the header that _sock_peek returned."""
-        if pr.tls == NULL:
-            return <int>recv(pr.fd, h, HDR_BYTES, MSG_DONTWAIT)
-        pr.tls_peeked = 0
-        return HDR_BYTES
-
-    cdef int _tls_ready(self) noexcept nogil:
-        """1 if a TLS pair holds decrypted bytes a receive waits for (poll() cannot see
-        them), -1 on an error; idle pairs' held bytes are looked at like early messages."""
-        cdef int p
-        cdef Pair* pr
-        if self.tls_ops == NULL:
-            return 0
-        for p in range(self.size):
-            pr = &self.pairs[p]
-            if pr.tls == NULL or not (pr.tls_peeked or self.tls_ops.pending(pr.tls)):
-                continue
-            if pr.recv_head >= 0:
-                return 1
-            if not pr.data_waiting and self._peek_idle(p) < 0:
-                return -1
-        return 0
-
-    cdef int _shm_send(self, int peer) noexcept nogil:
-        """Copy queued messages into ``peer``'s ring until it is full; 1 if progress."""
+    cdef int _do_send(self, int peer) noexcept nogil:
+        """Write queued messages to ``peer`` until its channel is full; 1 if progress."""
         cdef Pair* pr = &self.pairs[peer]
+        cdef ChannelBase* ch = pr.ch
         cdef Req* r
         cdef iovec iov[2]
-        cdef int cnt, progressed = 0
-        cdef size_t n, hrem, body, sent
-        cdef uint64_t acks = pc_load_u64(&pr.out.hdr.acks)
-        while pr.ack_head >= 0 and self.reqs[pr.ack_head].ack_needed <= acks:
-            r = &self.reqs[pr.ack_head]
-            r.complete = 1
-            pr.ack_head = r.next
-            if pr.ack_head < 0:
-                pr.ack_tail = -1
-            progressed = 1
-        if pr.ack_head >= 0 and pr.eof:
-            # The reader left before copying a message from our memory: no ack will come.
-            # What it wrote before leaving comes first: an abort frame says why it left.
-            if ring_used(&pr.inn) >= HDR_BYTES and not pr.data_waiting:
-                if pr.recv_head >= 0:
-                    return progressed       # the posted receive reads it
-                if self._peek_idle(peer) < 0:
-                    return -1
-            return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context before "
-                                  "copying our data (shared memory)")
+        cdef int cnt
+        cdef ssize_t n
+        cdef size_t hrem, body, sent
+        cdef int progressed = 0
+        cdef uint64_t acks
+        if pr.ack_head >= 0:
+            # Messages sent by address are done once the peer has copied them out.
+            acks = ch.ops.acked(ch)
+            while pr.ack_head >= 0 and self.reqs[pr.ack_head].ack_needed <= acks:
+                r = &self.reqs[pr.ack_head]
+                r.complete = 1
+                pr.ack_head = r.next
+                if pr.ack_head < 0:
+                    pr.ack_tail = -1
+                progressed = 1
+            if pr.ack_head >= 0 and ch.eof:
+                # The reader left before copying a message from our memory: no ack will
+                # come.  What it wrote before leaving comes first: an abort frame says why.
+                if ch.ops.held(ch) >= HDR_BYTES and not pr.data_waiting:
+                    if pr.recv_head >= 0:
+                        return progressed       # the posted receive reads it
+                    if self._peek_idle(peer) < 0:
+                        return -1
+                return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context "
+                                      "before copying our data")
         while pr.send_head >= 0:
             r = &self.reqs[pr.send_head]
-            if pr.eof:
-                return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context "
-                                      "(shared memory)")
             cnt = 0
             hrem = HDR_BYTES - r.hdr_done
             if hrem:
                 iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
                 iov[0].iov_len = hrem
                 cnt = 1
-            # A large message streams only its address; the peer copies the rest.
-            body = 8 if r.cma else r.nbytes
-            sent = r.addr_done if r.cma else r.done
+            # A message by address streams only its address; the peer reads the rest.
+            body = 8 if r.by_address else r.nbytes
+            sent = r.addr_done if r.by_address else r.done
             if sent < body:
-                iov[cnt].iov_base = ((<char*>&r.addr) + sent) if r.cma else (r.buf + sent)
+                iov[cnt].iov_base = ((<char*>&r.addr) + sent) if r.by_address \
+                    else (r.buf + sent)
                 iov[cnt].iov_len = body - sent
                 cnt += 1
-            n = ring_write(&pr.out, iov, cnt)
-            if n == 0:
-                break
-            progressed = 1
-            if n >= hrem:
-                r.hdr_done = HDR_BYTES
-                if r.cma:
-                    r.addr_done += <uint32_t>(n - hrem)
-                else:
-                    r.done += n - hrem
-            else:
-                r.hdr_done += <uint32_t>n
-            if r.hdr_done < HDR_BYTES or (r.addr_done if r.cma else r.done) < body:
-                break
-            pr.send_head = r.next
-            if pr.send_head < 0:
-                pr.send_tail = -1
-            if r.cma:
-                pr.cma_sent += 1
-                r.ack_needed = pr.cma_sent
-                r.next = -1
-                if pr.ack_tail >= 0:
-                    self.reqs[pr.ack_tail].next = self.reqs_index(r)
-                else:
-                    pr.ack_head = self.reqs_index(r)
-                pr.ack_tail = self.reqs_index(r)
-            else:
-                r.complete = 1
-        if progressed:
-            _wake_reader(pr)
-        return progressed
-
-    cdef inline int reqs_index(self, Req* r) noexcept nogil:
-        return <int>(r - self.reqs)
-
-    cdef int _do_send(self, int peer) noexcept nogil:
-        """Write queued messages to ``peer`` until the socket is full; 1 if progress."""
-        cdef Pair* pr = &self.pairs[peer]
-        cdef Req* r
-        cdef iovec iov[2]
-        cdef msghdr msg
-        cdef ssize_t n
-        cdef size_t hrem
-        cdef int progressed = 0
-        if pr.shm:
-            return self._shm_send(peer)
-        memset(&msg, 0, sizeof(msg))
-        msg.msg_iov = iov
-        while pr.send_head >= 0:
-            r = &self.reqs[pr.send_head]
-            msg.msg_iovlen = 0
-            hrem = HDR_BYTES - r.hdr_done
-            if hrem:
-                iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
-                iov[0].iov_len = hrem
-                msg.msg_iovlen = 1
-            if r.done < r.nbytes:
-                iov[msg.msg_iovlen].iov_base = r.buf + r.done
-                iov[msg.msg_iovlen].iov_len = r.nbytes - r.done
-                msg.msg_iovlen += 1
-            n = self._sock_send(pr, iov, <int>msg.msg_iovlen)
+            n = ch.ops.writev(ch, iov, cnt)
             if n < 0:
                 if errno == EINTR:
                     continue
                 if _would_block(errno):
                     return progressed
-                return self.set_error(ERR_PEER, peer, "SSL_write" if pr.tls else "sendmsg", errno,
+                return self.set_error(ERR_PEER, peer, ch.send_call, errno,
                                       "connection lost while sending")
             progressed = 1
             if <size_t>n >= hrem:
                 r.hdr_done = HDR_BYTES
-                r.done += <size_t>n - hrem
+                if r.by_address:
+                    r.addr_done += <uint32_t>(<size_t>n - hrem)
+                else:
+                    r.done += <size_t>n - hrem
             else:
                 r.hdr_done += <uint32_t>n
-            if r.hdr_done == HDR_BYTES and r.done == r.nbytes:
-                r.complete = 1
-                pr.send_head = r.next
-                if pr.send_head < 0:
-                    pr.send_tail = -1
-            else:
+            if r.hdr_done < HDR_BYTES or (r.addr_done if r.by_address else r.done) < body:
                 return progressed
+            pr.send_head = r.next
+            if pr.send_head < 0:
+                pr.send_tail = -1
+            if r.by_address:
+                pr.by_address_sent += 1
+                r.ack_needed = pr.by_address_sent
+                r.next = -1
+                if pr.ack_tail >= 0:
+                    self.reqs[pr.ack_tail].next = <int>(r - self.reqs)
+                else:
+                    pr.ack_head = <int>(r - self.reqs)
+                pr.ack_tail = <int>(r - self.reqs)
+            else:
+                r.complete = 1
         return progressed
 
     cdef int _check_header(self, int peer, Req* r) noexcept nogil:
@@ -831,8 +639,8 @@ cdef class TcpTransport(Transport):
             if not self.failed:
                 self.err.blamed = blamed
                 self.err.origin = origin
-                self.err.origin_kind = h.kind
-            if h.kind == ERR_MISMATCH:
+                self.err.origin_kind = h.word.error_kind
+            if h.word.error_kind == ERR_MISMATCH:
                 if origin == peer:
                     snprintf(detail, sizeof(detail), "it reported that ranks disagree")
                 else:
@@ -841,20 +649,20 @@ cdef class TcpTransport(Transport):
                 return self.set_error(ERR_MISMATCH, peer, "", 0, detail)
             if origin != peer:
                 snprintf(detail, sizeof(detail), "relayed that rank %d failed (%s error "
-                         "involving rank %d)", origin, _kind_name(h.kind), blamed)
+                         "involving rank %d)", origin, _kind_name(h.word.error_kind), blamed)
             elif blamed >= 0 and blamed != peer:
                 snprintf(detail, sizeof(detail), "failed (%s error involving rank %d) and "
-                         "left the group", _kind_name(h.kind), blamed)
+                         "left the group", _kind_name(h.word.error_kind), blamed)
             else:
                 snprintf(detail, sizeof(detail), "failed (%s error) and left the group",
-                         _kind_name(h.kind))
+                         _kind_name(h.word.error_kind))
             return self.set_error(ERR_PEER, peer, "", 0, detail)
-        if h.magic != MAGIC_DATA and h.magic != MAGIC_CMA:
+        if h.magic != MAGIC_DATA and h.magic != MAGIC_BY_ADDRESS:
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
             return self.set_error(ERR_PEER, peer, "", 0, detail)
         if r.flex:
-            if h.coll != COLL_P2P or h.kind != r.desc.context or h.dtype != r.desc.dtype \
+            if h.coll != COLL_P2P or h.word.group != r.desc.context or h.dtype != r.desc.dtype \
                     or (r.desc.root >= 0 and h.root != r.desc.root) or h.nbytes > r.nbytes:
                 self._note_theirs(h)
                 return self.set_error(ERR_MISMATCH, peer, "", 0, "the message does not match "
@@ -878,7 +686,7 @@ cdef class TcpTransport(Transport):
     cdef void _note_theirs(self, const MsgHeader* h) noexcept nogil:
         if self.failed:
             return
-        self.err.theirs.context = h.kind if h.magic == MAGIC_DATA else self.op.context
+        self.err.theirs.context = h.word.group if h.magic == MAGIC_DATA else self.op.context
         self.err.theirs.seq = h.seq
         self.err.theirs.coll = h.coll
         self.err.theirs.dtype = h.dtype
@@ -888,129 +696,64 @@ cdef class TcpTransport(Transport):
         self.err.theirs.count = h.count
         self.err.has_theirs = 1
 
-    cdef int _gone(self, int peer) noexcept nogil:
-        """A same-host peer whose socket ended and whose ring is drained has left."""
-        return self.set_error(ERR_PEER, peer, "", 0, "exited or closed its context before "
-                              "sending what this rank waits for (shared memory)")
-
-    cdef ssize_t _ring_take(self, int peer, char* dst, size_t want) noexcept nogil:
-        """Read up to ``want`` bytes from ``peer``'s ring: the count, or -1 once it is gone."""
-        cdef Pair* pr = &self.pairs[peer]
-        cdef iovec iov
-        iov.iov_base = dst
-        iov.iov_len = want
-        cdef size_t n = ring_read(&pr.inn, &iov, 1)
-        if n == 0 and pr.eof and ring_used(&pr.inn) == 0:
-            return self._gone(peer)
-        return <ssize_t>n
-
-    cdef int _shm_recv(self, int peer) noexcept nogil:
-        """Copy messages out of ``peer``'s ring (or its memory) into posted receives."""
-        cdef Pair* pr = &self.pairs[peer]
-        cdef Req* r
-        cdef size_t want
-        cdef ssize_t got
-        cdef int progressed = 0
-        while pr.recv_head >= 0:
-            r = &self.reqs[pr.recv_head]
-            if r.hdr_done < HDR_BYTES:
-                got = self._ring_take(peer, (<char*>&r.hdr) + r.hdr_done,
-                                      HDR_BYTES - r.hdr_done)
-                if got < 0:
-                    return -1
-                if got == 0:
-                    break
-                progressed = 1
-                r.hdr_done += <uint32_t>got
-                if r.hdr_done < HDR_BYTES:
-                    break
-                if self._check_header(peer, r) < 0:
-                    return -1
-                r.cma = r.hdr.magic == MAGIC_CMA
-            if r.cma:
-                if r.addr_done < 8:
-                    got = self._ring_take(peer, (<char*>&r.addr) + r.addr_done, 8 - r.addr_done)
-                    if got < 0:
-                        return -1
-                    if got == 0:
-                        break
-                    progressed = 1
-                    r.addr_done += <uint32_t>got
-                    if r.addr_done < 8:
-                        break
-                want = r.nbytes - r.done
-                if want > CMA_CHUNK:
-                    want = CMA_CHUNK
-                if want:
-                    got = cma_read(pr.pid, r.buf + r.done, r.addr + r.done, want)
-                    if got <= 0:
-                        return self.set_error(ERR_PEER, peer, "process_vm_readv", errno,
-                                              "cannot read the peer's memory")
-                    r.done += <size_t>got
-                    progressed = 1
-                    if r.done < r.nbytes:
-                        break       # the next pass copies more; other pairs move meanwhile
-                pc_store_u64(&pr.inn.hdr.acks, pr.inn.hdr.acks + 1)
-            elif r.done < r.nbytes:
-                got = self._ring_take(peer, r.buf + r.done, r.nbytes - r.done)
-                if got < 0:
-                    return -1
-                if got == 0:
-                    break
-                progressed = 1
-                r.done += <size_t>got
-                if r.done < r.nbytes:
-                    break
-            r.complete = 1
-            pr.recv_head = r.next
-            if pr.recv_head < 0:
-                pr.recv_tail = -1
-        if progressed:
-            _wake_writer(pr)
-        return progressed
-
     cdef int _do_recv(self, int peer) noexcept nogil:
-        """Read into posted receives from ``peer`` until the socket is empty; 1 if progress."""
+        """Read into posted receives from ``peer`` until its channel is empty; 1 if progress."""
         cdef Pair* pr = &self.pairs[peer]
+        cdef ChannelBase* ch = pr.ch
         cdef Req* r
         cdef iovec iov[2]
         cdef int cnt
         cdef ssize_t n
-        cdef size_t hrem
+        cdef size_t hrem, want
         cdef int progressed = 0
-        cdef char detail[200]
-        if pr.shm:
-            return self._shm_recv(peer)
         while pr.recv_head >= 0:
             r = &self.reqs[pr.recv_head]
+            if r.by_address:
+                # The header is in: the address, then the payload from the peer's memory.
+                if r.addr_done < 8:
+                    iov[0].iov_base = (<char*>&r.addr) + r.addr_done
+                    iov[0].iov_len = 8 - r.addr_done
+                    n = ch.ops.readv(ch, iov, 1)
+                    if n <= 0:
+                        if n < 0 and (errno == EINTR or _would_block(errno)):
+                            return progressed
+                        return self._lost(peer, ch, r, n)
+                    progressed = 1
+                    r.addr_done += <uint32_t>n
+                    if r.addr_done < 8:
+                        return progressed
+                want = r.nbytes - r.done
+                if want > ADDR_CHUNK:
+                    want = ADDR_CHUNK
+                if want:
+                    n = ch.ops.read_remote(ch, r.buf + r.done, r.addr + r.done, want)
+                    if n <= 0:
+                        return self.set_error(ERR_PEER, peer, ch.remote_call, errno,
+                                              "cannot read the peer's memory")
+                    r.done += <size_t>n
+                    progressed = 1
+                    if r.done < r.nbytes:
+                        return progressed   # the next pass reads more; other pairs move
+                ch.ops.ack(ch)
+                self._complete_recv(pr, r)
+                continue
             hrem = HDR_BYTES - r.hdr_done
             cnt = 0
             if hrem:
                 iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
                 iov[0].iov_len = hrem
                 cnt = 1
-            if r.done < r.nbytes and not (hrem and r.flex):
+            if r.done < r.nbytes and not (hrem and (r.flex or ch.split_header)):
                 iov[cnt].iov_base = r.buf + r.done
                 iov[cnt].iov_len = r.nbytes - r.done
                 cnt += 1
-            n = self._sock_readv(pr, iov, cnt)
-            if n < 0:
-                if errno == EINTR:
+            n = ch.ops.readv(ch, iov, cnt)
+            if n <= 0:
+                if n < 0 and errno == EINTR:
                     continue
-                if _would_block(errno):
+                if n < 0 and _would_block(errno):
                     return progressed
-                return self.set_error(ERR_PEER, peer, "SSL_read" if pr.tls else "readv", errno,
-                                      "connection lost while receiving")
-            if n == 0:
-                pr.eof = 1
-                if r.hdr_done == 0:
-                    return self.set_error(ERR_PEER, peer, "", 0,
-                                          "closed its connection (the process exited or "
-                                          "closed its context)")
-                snprintf(detail, sizeof(detail), "closed its connection in the middle of a "
-                         "message (%llu of %llu bytes received)",
-                         <unsigned long long>r.done, <unsigned long long>r.nbytes)
-                return self.set_error(ERR_PEER, peer, "", 0, detail)
+                return self._lost(peer, ch, r, n)
             progressed = 1
             if hrem:
                 if <size_t>n >= hrem:
@@ -1018,7 +761,10 @@ cdef class TcpTransport(Transport):
                     r.done += <size_t>n - hrem
                     if self._check_header(peer, r) < 0:
                         return -1
-                    if r.flex and r.done < r.nbytes:
+                    if r.hdr.magic == MAGIC_BY_ADDRESS:
+                        r.by_address = 1
+                        continue
+                    if r.done < r.nbytes and (r.flex or ch.split_header):
                         continue    # the header alone was read: now the payload
                 else:
                     r.hdr_done += <uint32_t>n
@@ -1026,71 +772,54 @@ cdef class TcpTransport(Transport):
             else:
                 r.done += <size_t>n
             if r.done == r.nbytes:
-                r.complete = 1
-                pr.recv_head = r.next
-                if pr.recv_head < 0:
-                    pr.recv_tail = -1
+                self._complete_recv(pr, r)
             else:
                 return progressed
         return progressed
 
-    cdef int _peek_header(self, int peer, MsgHeader* h) noexcept nogil:
-        """Copy the next header from ``peer``'s stream without consuming it: byte count,
-        0 at the end of the stream, -1 (errno EAGAIN) when it is not all there yet."""
-        cdef Pair* pr = &self.pairs[peer]
-        cdef size_t n
-        if not pr.shm:
-            return self._sock_peek(pr, h)
-        self._drain_doorbell(peer)
-        n = ring_peek(&pr.inn, h, HDR_BYTES)
-        if n == HDR_BYTES or (n == 0 and pr.eof):
-            return <int>n
-        errno = EAGAIN
-        return -1
+    cdef inline void _complete_recv(self, Pair* pr, Req* r) noexcept nogil:
+        r.complete = 1
+        pr.recv_head = r.next
+        if pr.recv_head < 0:
+            pr.recv_tail = -1
 
-    cdef void _drain_doorbell(self, int peer) noexcept nogil:
-        """Consume wake-up bytes on a same-host peer's socket; note its end."""
-        cdef char junk[64]
-        cdef ssize_t n
-        cdef Pair* pr = &self.pairs[peer]
-        while not pr.eof:
-            n = recv(pr.fd, junk, sizeof(junk), MSG_DONTWAIT)
-            if n == 0 or (n < 0 and not _would_block(errno) and errno != EINTR):
-                pr.eof = 1
-            elif n < 0:
-                break
+    cdef int _lost(self, int peer, ChannelBase* ch, Req* r, ssize_t n) noexcept nogil:
+        """A receive's channel ended (``n`` 0) or failed (-1, errno set): the error."""
+        cdef char detail[200]
+        if n < 0:
+            return self.set_error(ERR_PEER, peer, ch.recv_call, errno,
+                                  "connection lost while receiving")
+        ch.eof = 1
+        if r.hdr_done == 0:
+            return self.set_error(ERR_PEER, peer, "", 0, "closed its connection (the process "
+                                  "exited or closed its context)")
+        snprintf(detail, sizeof(detail), "closed its connection in the middle of a "
+                 "message (%llu of %llu bytes received)",
+                 <unsigned long long>r.done, <unsigned long long>r.nbytes)
+        return self.set_error(ERR_PEER, peer, "", 0, detail)
 
     cdef int _peek_idle(self, int peer) noexcept nogil:
         """A peer we expect nothing from became readable: an abort frame, EOF or early data."""
         cdef Pair* pr = &self.pairs[peer]
+        cdef ChannelBase* ch = pr.ch
         cdef MsgHeader h
-        cdef iovec iov
-        cdef ssize_t n
-        if pr.shm:
-            self._drain_doorbell(peer)
-            n = <ssize_t>ring_peek(&pr.inn, &h, HDR_BYTES)
-            if n == HDR_BYTES and h.magic == MAGIC_ABORT:
-                iov.iov_base = &h
-                iov.iov_len = HDR_BYTES
-                ring_read(&pr.inn, &iov, 1)
-        else:
-            n = self._sock_peek(pr, &h)
-        if n == 0 and not pr.shm:
-            pr.eof = 1
+        cdef int n = ch.ops.peek(ch, &h)
+        if n == 0:
+            ch.eof = 1
             return 0
         if n < 0:
             if not _would_block(errno) and errno != EINTR:
-                pr.eof = 1
+                ch.eof = 1
             return 0
         if n < 4:
             return 0
-        if h.magic == MAGIC_DATA or h.magic == MAGIC_CMA:
+        if h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS:
             # An early message is normal when the peer is ahead (a later
             # collective, another group's, or a point-to-point message, which
             # carries no collective sequence number).  One of this collective
             # that no receive here will ever match, or one of an earlier
             # collective of this group, means disagreement.
-            if n == HDR_BYTES and h.kind == self.op.context and h.coll != COLL_P2P and (
+            if n == HDR_BYTES and h.word.group == self.op.context and h.coll != COLL_P2P and (
                     <int32_t>(h.seq - self.op.seq) < 0 or (
                         h.seq == self.op.seq and not _same_op(&h, &self.op))):
                 self._note_theirs(&h)
@@ -1099,8 +828,7 @@ cdef class TcpTransport(Transport):
             return 0
         if h.magic == MAGIC_ABORT and n < HDR_BYTES:
             return 0
-        if not pr.shm:
-            n = self._sock_take_peeked(pr, &h)
+        ch.ops.take_peeked(ch, &h)
         cdef Req fake
         memset(&fake, 0, sizeof(Req))
         fake.hdr = h
@@ -1145,6 +873,7 @@ cdef class TcpTransport(Transport):
         cdef int n = 0, p, i, rc
         cdef short ev
         cdef Pair* pr
+        cdef ChannelBase* ch
         cdef uint64_t drained
         cdef int64_t end = self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns \
             else until_ns
@@ -1154,33 +883,32 @@ cdef class TcpTransport(Transport):
         self.pfds[0].revents = 0
         n = 1
         for p in range(self.size):
-            # Early messages already in a ring from a peer we expect nothing
-            # from: look at them now (an abort, a disagreement, or later work).
-            pr = &self.pairs[p]
-            if pr.shm and pr.recv_head < 0 and not pr.data_waiting \
-                    and ring_used(&pr.inn) >= HDR_BYTES and self._peek_idle(p) < 0:
-                return -1
-        if self._arm_rings():
-            return 0        # something arrived while we got ready to sleep
-        rc = self._tls_ready()
-        if rc:
-            return 0 if rc > 0 else -1   # bytes OpenSSL holds wake no poll()
-        for p in range(self.size):
-            pr = &self.pairs[p]
-            if p == self.rank or pr.fd < 0:
+            # Bytes a channel holds where poll() cannot see them (a ring, a decrypted
+            # record): a receive waiting for them runs now; from a peer we expect nothing
+            # from they are looked at (an abort, a disagreement, or later work).
+            if p == self.rank:
                 continue
-            ev = 0
-            if pr.shm:
-                # Same host: the socket carries only wake-ups and the end of stream.
-                if not pr.eof:
-                    ev = POLLIN
-            else:
-                if pr.send_head >= 0:
-                    ev |= POLLOUT
-                if pr.recv_head >= 0 or not (pr.eof or pr.data_waiting):
-                    ev |= POLLIN
+            pr = &self.pairs[p]
+            if pr.data_waiting and pr.recv_head < 0:
+                continue
+            if pr.ch.ops.held(pr.ch):
+                if pr.recv_head >= 0:
+                    return 0
+                if self._peek_idle(p) < 0:
+                    return -1
+        if self._arm():
+            return 0        # something arrived while we got ready to sleep
+        for p in range(self.size):
+            if p == self.rank:
+                continue
+            pr = &self.pairs[p]
+            ch = pr.ch
+            if ch.fd < 0:
+                continue
+            ev = ch.ops.events(ch, pr.send_head >= 0,
+                           pr.recv_head >= 0 or not (ch.eof or pr.data_waiting))
             if ev:
-                self.pfds[n].fd = pr.fd
+                self.pfds[n].fd = ch.fd
                 self.pfds[n].events = ev
                 self.pfds[n].revents = 0
                 self.pfd_peer[n] = p
@@ -1188,9 +916,10 @@ cdef class TcpTransport(Transport):
         if left_ms > 1000:
             left_ms = 1000
         if self._signalled():
+            self._disarm()
             return -1
         rc = poll(self.pfds, n, <int>left_ms)
-        self._disarm_rings()
+        self._disarm()
         if rc < 0:
             if errno == EINTR:
                 return -1 if self._signalled() else 0
@@ -1201,49 +930,31 @@ cdef class TcpTransport(Transport):
             p = self.pfd_peer[i]
             if not self.pfds[i].revents:
                 continue
-            if self.pairs[p].shm:
-                self._drain_doorbell(p)
-                if self.pairs[p].recv_head < 0 and self._peek_idle(p) < 0:
-                    return -1
-            elif self.pairs[p].recv_head < 0:
-                if self._peek_idle(p) < 0:
-                    return -1
+            self.pairs[p].ch.ops.woken(self.pairs[p].ch)
+            if self.pairs[p].recv_head < 0 and self._peek_idle(p) < 0:
+                return -1
         return 0
 
-    cdef int _arm_rings(self) noexcept nogil:
-        """Ask same-host peers to ring our doorbell; 1 if there is already work."""
-        cdef int p, ready = 0
+    cdef int _arm(self) noexcept nogil:
+        """Ask every channel to wake us when it can move; 1 (all disarmed again) if one
+        already can."""
+        cdef int p
         cdef Pair* pr
         for p in range(self.size):
-            pr = &self.pairs[p]
-            if not pr.shm or pr.eof:
+            if p == self.rank:
                 continue
-            if not pr.data_waiting:
-                pc_store_u32_sc(&pr.inn.hdr.reader_sleeping, 1)
-            if pr.send_head >= 0 or pr.ack_head >= 0:
-                pc_store_u32_sc(&pr.out.hdr.writer_sleeping, 1)
-        pc_fence()
-        for p in range(self.size):
             pr = &self.pairs[p]
-            if not pr.shm or pr.eof:
-                continue
-            if ring_used(&pr.inn) and (pr.recv_head >= 0 or not pr.data_waiting):
-                ready = 1
-            if pr.send_head >= 0 and ring_used(&pr.out) < pr.out.size:
-                ready = 1
-            if pr.ack_head >= 0 and \
-                    pc_load_u64(&pr.out.hdr.acks) >= self.reqs[pr.ack_head].ack_needed:
-                ready = 1
-        if ready:
-            self._disarm_rings()
-        return ready
+            if pr.ch.ops.arm(pr.ch, pr.recv_head >= 0 or not pr.data_waiting, pr.send_head >= 0,
+                           self.reqs[pr.ack_head].ack_needed if pr.ack_head >= 0 else 0):
+                self._disarm()
+                return 1
+        return 0
 
-    cdef void _disarm_rings(self) noexcept nogil:
+    cdef void _disarm(self) noexcept nogil:
         cdef int p
         for p in range(self.size):
-            if self.pairs[p].shm:
-                pc_store_u32_sc(&self.pairs[p].inn.hdr.reader_sleeping, 0)
-                pc_store_u32_sc(&self.pairs[p].out.hdr.writer_sleeping, 0)
+            if p != self.rank:
+                self.pairs[p].ch.ops.disarm(self.pairs[p].ch)
 
     cdef int _signalled(self) noexcept nogil:
         """On the main thread, run Python's signal handlers; a raising one ends the op."""
@@ -1303,21 +1014,6 @@ cdef class TcpTransport(Transport):
             if self._block(now, until_ns) < 0:
                 return -1
 
-
-cdef inline void _wake_reader(Pair* pr) noexcept nogil:
-    """After writing into a ring: ring the peer's doorbell if it sleeps on it."""
-    cdef char bell = 1
-    pc_fence()
-    if pr.out.hdr.reader_sleeping and pc_exchange_u32(&pr.out.hdr.reader_sleeping, 0):
-        send(pr.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
-
-
-cdef inline void _wake_writer(Pair* pr) noexcept nogil:
-    """After reading from a ring or acknowledging: wake a writer waiting for it."""
-    cdef char bell = 1
-    pc_fence()
-    if pr.inn.hdr.writer_sleeping and pc_exchange_u32(&pr.inn.hdr.writer_sleeping, 0):
-        send(pr.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
 
 
 cdef const char* _kind_name(uint32_t kind) noexcept nogil:

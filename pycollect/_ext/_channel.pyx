@@ -1,0 +1,118 @@
+"""The channel base class and the default operations of a channel kind (_channel.pxd).
+
+The defaults describe a byte stream with nothing more: no bytes held where
+poll() cannot see them, no sleep to arm, no reads of the peer's memory.  A
+kind fills its ``ChannelOps`` table with its own byte path and these where it
+has nothing special.
+"""
+
+from libc.errno cimport ENOSYS, errno
+from posix.unistd cimport close as c_close
+
+cdef extern from "_sys.h" nogil:
+    void pc_set_errno(int e)
+
+cdef extern from "<poll.h>" nogil:
+    enum:
+        POLLIN
+        POLLOUT
+
+
+cdef class Channel:
+    """One peer's byte path, as the engine reaches it (``base``: the kind's state)."""
+
+    def __cinit__(self):
+        self.base = NULL
+
+    @property
+    def kind(self):
+        """How the peer is reached, as ``Transport.pair_kinds`` reports it."""
+        return "channel"
+
+    @property
+    def pid(self):
+        """The peer's process id where this channel can read its memory, else -1."""
+        return -1
+
+    @property
+    def encrypted(self):
+        """Whether the bytes cross the wire encrypted."""
+        return False
+
+    @property
+    def fd(self):
+        return -1 if self.base == NULL else self.base.fd
+
+    def release_fd(self):
+        """Hand the fd over to another channel (which will close it); return it."""
+        cdef int fd = self.base.fd
+        self.base.fd = -1
+        return fd
+
+    def close(self):
+        """Close the fd (the engine does, when it closes)."""
+        if self.base != NULL and self.base.fd >= 0:
+            c_close(self.base.fd)
+            self.base.fd = -1
+
+    def __dealloc__(self):
+        if self.base != NULL and self.base.fd >= 0:
+            c_close(self.base.fd)
+            self.base.fd = -1
+
+
+cdef int take_peeked_by_reading(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    cdef iovec iov
+    iov.iov_base = h
+    iov.iov_len = HDR_BYTES
+    return <int>c.ops.readv(c, &iov, 1)
+
+
+cdef size_t held_nothing(ChannelBase* c) noexcept nogil:
+    return 0
+
+
+cdef short events_as_asked(ChannelBase* c, int want_out, int want_in) noexcept nogil:
+    cdef short ev = 0
+    if want_out:
+        ev |= POLLOUT
+    if want_in:
+        ev |= POLLIN
+    return ev
+
+
+cdef int arm_nothing(ChannelBase* c, int want_in, int want_out, uint64_t ack_needed) noexcept nogil:
+    return 0
+
+
+cdef void disarm_nothing(ChannelBase* c) noexcept nogil:
+    pass
+
+
+cdef void woken_nothing(ChannelBase* c) noexcept nogil:
+    pass
+
+
+cdef void send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil:
+    cdef iovec iov
+    iov.iov_base = <void*>h
+    iov.iov_len = HDR_BYTES
+    c.ops.writev(c, &iov, 1)
+
+
+cdef void shut_nothing(ChannelBase* c) noexcept nogil:
+    pass
+
+
+cdef ssize_t read_remote_unsupported(ChannelBase* c, void* dst, uint64_t addr,
+                                     size_t n) noexcept nogil:
+    pc_set_errno(ENOSYS)
+    return -1
+
+
+cdef uint64_t acked_none(ChannelBase* c) noexcept nogil:
+    return 0
+
+
+cdef void ack_nothing(ChannelBase* c) noexcept nogil:
+    pass
