@@ -335,6 +335,56 @@ def test_reduce_to_each_root(actors, op):
             inputs[root] = expected
 
 
+@pytest.mark.parametrize("name", ["test", "123?34!"])
+def test_reduce_and_broadcast_under_group_names(pair, name):
+    with Group(pair, name) as g:
+        results = g.call("reduce", dst_rank=1)
+        assert (results[0] == 1).all() and (results[1] == 2).all()
+        assert all((r == 2).all() for r in g.call("broadcast", src_rank=1))
+
+
+@needs_torch
+@pytest.mark.parametrize("root", [0, 1])
+def test_reduce_and_broadcast_mixing_torch_and_numpy(pair, root):
+    with Group(pair) as g:
+        g.load([np.ones(10, np.float32), torch.ones(10) * 3])
+        results = g.call("reduce", dst_rank=root)
+        assert isinstance(results[1], torch.Tensor)
+        assert (results[root] == 4).all() and (results[1 - root] == [1, 3][1 - root]).all()
+        g.load([np.ones(10, np.float32), torch.ones(10) * 3])
+        for result in g.call("broadcast", src_rank=root):
+            assert (result == [1, 3][root]).all()
+
+
+def test_ten_groups_in_the_same_actors(pair):
+    groups = [Group(pair, keep=True) for _ in range(10)]
+    try:
+        for g in groups:
+            g.__enter__()
+        assert all(_get([a.is_initialized.remote(g.name) for a in pair]) == [True, True]
+                   for g in groups)
+        assert all(g.call("barrier") == [True, True] for g in groups)
+    finally:
+        for g in groups:
+            g.__exit__()
+
+
+def test_a_group_that_never_formed_leaves_its_name_usable(pair):
+    """Like Ray's test of a failure while initializing: rank 1 never comes, rank 0 times out."""
+    name = "unformed-%d" % next(_names)
+    col.create_collective_group(pair, 2, [0, 1], backend="pycollect", group_name=name,
+                                gloo_timeout=2000)
+    try:
+        with pytest.raises(pc.Timeout):
+            _get(pair[0].barrier.remote(name))      # rank 0 alone makes the group
+    finally:
+        ray.kill(ray.get_actor("info_" + name))
+    # Rank 0's keys of the attempt are still in the store; a new group of the name works.
+    with Group(pair, name) as g:
+        assert g.call("barrier") == [True, True]
+        assert all((r == 2).all() for r in g.call("allreduce"))
+
+
 @pytest.mark.parametrize("count", [1, 2 ** 10, 2 ** 20])
 def test_broadcast_from_each_root(actors, count):
     with Group(actors) as g:
@@ -406,6 +456,17 @@ def test_reducescatter_shapes(actors, shape):
         g.load_lists(lists)
         for rank, result in enumerate(g.call("reducescatter")):
             np.testing.assert_array_equal(result, sum(lists[r][rank] for r in range(g.size)))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.float32, np.float64])
+def test_reducescatter_dtypes(pair, dtype):
+    with Group(pair) as g:
+        lists = [[np.full(10, r + 2 * j + 1, dtype) for j in range(2)] for r in range(2)]
+        g.load([np.zeros(10, dtype)] * 2)
+        g.load_lists(lists)
+        for rank, result in enumerate(g.call("reducescatter")):
+            assert result.dtype == dtype
+            np.testing.assert_array_equal(result, lists[0][rank] + lists[1][rank])
 
 
 @pytest.mark.parametrize("op", [ReduceOp.PRODUCT, ReduceOp.MAX], ids=lambda op: op.name)
