@@ -898,8 +898,13 @@ class Report:
                                                                              "verified")
             writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
             writer.writeheader()
-            writer.writerows(self.rows)
+            writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in self.rows)
             _write(args.csv, out.getvalue())
+
+
+def _csv_value(value):
+    """A CSV cell: floats to 6 significant digits (147.711, not 147.71099999999998)."""
+    return float("%.6g" % value) if isinstance(value, float) else value
 
 
 def _write(target, text):

@@ -10,7 +10,10 @@ daemon thread of the context then runs the queued operations in issue order,
 and a blocking call made while some are queued waits its turn.
 """
 
+import contextlib
+import functools
 import logging
+import operator
 import os
 import pickle
 import threading
@@ -28,8 +31,9 @@ from .hierarchy import PhaseGroup, Topology, multi_level
 from . import recorder, selection, settings, signature
 from .recorder import Recorder
 from .selection import buffer_bytes as _nbytes
-from .types import ReduceOp
-from .work import P2P, Later, Runner, Work
+from .tensors import Host, as_tensor_like, is_tensor
+from .types import DTYPES, ReduceOp
+from .work import P2P, Later, Runner, Work, wait_seconds
 
 __all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS",
            "ANY_SOURCE", "ANY_TAG"]
@@ -52,7 +56,7 @@ class Context:
     """A connected group of ``size`` ranks, seen from ``rank``."""
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,
-                 on_close=(), debug=False, lock=None, group_id=0):
+                 on_close=(), debug=False, lock=None, group_id=0, name=""):
         self._rank = rank
         self._size = size
         self._transport = transport
@@ -69,7 +73,9 @@ class Context:
         self._closed = False
         self._on_close = list(on_close)
         self._debug = debug
-        self._detail = debug == "detail"    # PYCOLLECT_DEBUG=detail: cross-rank call checks
+        self._logs = debug in (True, "all")      # PYCOLLECT_DEBUG=1 (or 1,detail)
+        self._detail = debug in ("detail", "all")   # ... =detail: cross-rank call checks
+        self._name = name       # a sub-group's recipe, in its log lines ("" at the top)
         self._runner = None
         self._busy = False      # a collective of this context is running
         # The hosts of the ranks (pycollect/hierarchy.py).
@@ -99,8 +105,18 @@ class Context:
 
     @property
     def timeout(self):
-        """The deadline of every collective, in seconds."""
+        """The deadline of every collective, in seconds (a call's ``timeout=`` overrides it)."""
         return self._timeout
+
+    @property
+    def local_rank(self):
+        """This rank's index among the ranks of its host, in rank order."""
+        return self._topology.local.index(self._rank)
+
+    @property
+    def local_size(self):
+        """The number of ranks of this group on this rank's host."""
+        return len(self._topology.local)
 
     @property
     def failed(self):
@@ -112,36 +128,64 @@ class Context:
         return "<pycollect.Context rank %d of %d, %s>" % (self._rank, self._size, state)
 
     # -- collectives ------------------------------------------------------
+    #
+    # Every collective takes ``timeout=`` (seconds or a timedelta: this call's
+    # deadline instead of the context's) and ``async_op=``.  Buffers may be
+    # NumPy arrays, anything with the buffer protocol or CUDA array interface,
+    # or CPU torch tensors (pycollect/tensors.py); an output left as None is
+    # allocated, shaped like the input.
 
-    def barrier(self, async_op=False):
+    def barrier(self, async_op=False, timeout=None):
         """Block until every rank has called barrier."""
-        t, tmo = self._transport, self._timeout
+        t, tmo = self._transport, self._call_timeout(timeout, "barrier")
         return self._submit("barrier", lambda seq: _barrier.barrier(t, seq, tmo), None,
                             async_op, checked=self._detail and {})
 
-    def broadcast(self, buf, root=0, algorithm="auto", async_op=False):
+    def broadcast(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         checked = self._detail and dict(buf=buf, root=root, algorithm=algorithm)
         root = self._check_root(root, "broadcast")
-        plan = self.plan("broadcast", buf, algorithm)
+        tmo = self._call_timeout(timeout, "broadcast")
+        call = _Call(self, "broadcast", checked)
+        data = call.inout(buf, "buf")
+        plan = self.plan("broadcast", data, algorithm)
         if plan.hierarchical:
-            run = self._topology.broadcast(buf, root)
-        else:
-            t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
-            run = lambda seq: _broadcast.broadcast(t, buf, root, algo, seq, tmo, seg)  # noqa
-        return self._submit("broadcast", run, buf, async_op, checked=checked, root=root)
+            return call.submit(self._topology.broadcast(data, root, tmo), buf, async_op,
+                               root=root)
+        t, seg, algo = self._transport, self._segment_bytes, plan.code
+        return call.submit(lambda seq: _broadcast.broadcast(
+            t, data, root, algo, seq, tmo, seg), buf, async_op, root=root)
 
-    def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False):
-        """Reduce ``buf`` element-wise across ranks with ``op``, in place; return ``buf``.
+    def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
+                  recvbuf=None, timeout=None):
+        """Reduce ``buf`` element-wise across ranks with ``op``; return the result.
+
+        In place, unless ``recvbuf`` is given: then ``buf`` is only read and the
+        result lands in ``recvbuf`` (``ctx.allreduce(send, recv)`` and
+        ``ctx.allreduce(send, recv, op)`` mean the same, as in mpi4py).  A Python
+        or NumPy number returns the reduced number: ``ctx.allreduce(3.5)``.
 
         ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
         "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "direct" (every rank on
         one host: each reduces its slice straight from the others' memory), or
         "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
         """
+        if recvbuf is None and _is_buffer(op):
+            # mpi4py's order, Allreduce(sendbuf, recvbuf, op)
+            recvbuf, op, algorithm = op, (ReduceOp.SUM if algorithm == "auto" else algorithm), \
+                "auto"
+        if _is_number(buf):
+            return self._number("allreduce", buf, async_op, lambda a, **kw: self.allreduce(
+                a, op, algorithm, **kw), timeout)
         checked = self._detail and dict(buf=buf, op=op, algorithm=algorithm)
         if type(op) is not ReduceOp:
             op = self._check_op(op, "allreduce")
+        tmo = self._call_timeout(timeout, "allreduce")
+        call = _Call(self, "allreduce", checked)
+        if recvbuf is None:
+            data, result = call.inout(buf, "buf"), buf
+        else:
+            data, result = call.out_of_place(buf, recvbuf), recvbuf
         base = _allreduce.DEFAULT_BCUBE_BASE
         if algorithm != "auto" and isinstance(algorithm, str) and algorithm.startswith("bcube:"):
             algorithm, _, digits = algorithm.partition(":")
@@ -150,131 +194,200 @@ class Context:
             except ValueError:
                 raise InvalidArgument("allreduce: bcube base %r is not an integer"
                                       % digits) from None
-        plan = self.plan("allreduce", buf, algorithm)
+        plan = self.plan("allreduce", data, algorithm)
         if plan.hierarchical:
-            run = self._topology.allreduce(buf, op)
-        else:
-            t, tmo, seg, algo = self._transport, self._timeout, self._segment_bytes, plan.code
-            run = lambda seq: _allreduce.allreduce(  # noqa: E731
-                t, buf, op, algo, seq, tmo, seg, base)
-        return self._submit("allreduce", run, buf, async_op, checked=checked)
+            return call.submit(self._topology.allreduce(data, op, tmo), result, async_op)
+        t, seg, algo = self._transport, self._segment_bytes, plan.code
+        return call.submit(lambda seq: _allreduce.allreduce(
+            t, data, op, algo, seq, tmo, seg, base), result, async_op)
 
-    def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False):
-        """Reduce ``buf`` across ranks into root's ``buf``; other ranks' ``buf`` is untouched."""
-        checked = self._detail and dict(buf=buf, root=root, op=op, algorithm=algorithm)
+    def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
+               recvbuf=None, timeout=None):
+        """Reduce ``buf`` across ranks into root's ``buf`` (or root's ``recvbuf``, leaving
+        ``buf`` untouched); other ranks' ``buf`` is untouched.  Returns the result on root
+        (a number for a number), ``buf`` elsewhere."""
         root = self._check_root(root, "reduce")
         op = self._check_op(op, "reduce")
-        algo = self.plan("reduce", buf, algorithm).code
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("reduce", lambda seq: _rooted.reduce(
-            t, buf, root, op, algo, seq, tmo, seg), buf, async_op, checked=checked, root=root)
+        if _is_number(buf):
+            return self._number("reduce", buf, async_op, lambda a, **kw: self.reduce(
+                a, root, op, algorithm, **kw), timeout)
+        checked = self._detail and dict(buf=buf, root=root, op=op, algorithm=algorithm)
+        tmo = self._call_timeout(timeout, "reduce")
+        call = _Call(self, "reduce", checked)
+        if recvbuf is None or self._rank != root:
+            data, result = call.inout(buf, "buf"), buf
+        else:
+            data, result = call.out_of_place(buf, recvbuf), recvbuf
+        algo = self.plan("reduce", data, algorithm).code
+        t, seg = self._transport, self._segment_bytes
+        return call.submit(lambda seq: _rooted.reduce(
+            t, data, root, op, algo, seq, tmo, seg), result, async_op, root=root)
 
-    def allgather(self, sendbuf, recvbuf=None, async_op=False):
+    def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
-        if recvbuf is None:
-            recvbuf = _blocks_like(sendbuf, self._size, "allgather")
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("allgather", lambda seq: _allgather.allgather(
-            t, sendbuf, recvbuf, None, seq, tmo, seg), recvbuf, async_op, checked=checked)
+        tmo = self._call_timeout(timeout, "allgather")
+        call = _Call(self, "allgather", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: _blocks_like(send, self._size,
+                                                                    "allgather"))
+        t, seg = self._transport, self._segment_bytes
+        return call.submit(lambda seq: _allgather.allgather(
+            t, send, recv, None, seq, tmo, seg), call.result, async_op)
 
-    def allgatherv(self, sendbuf, recvbuf, counts, async_op=False):
+    def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
         """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts)
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("allgatherv", lambda seq: _allgather.allgather(
-            t, sendbuf, recvbuf, counts, seq, tmo, seg), recvbuf, async_op, checked=checked)
+        counts = _check_counts(counts, self._size, "allgatherv")
+        tmo = self._call_timeout(timeout, "allgatherv")
+        call = _Call(self, "allgatherv", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: _flat_like(send, _total(counts),
+                                                                  "allgatherv"))
+        t, seg = self._transport, self._segment_bytes
+        return call.submit(lambda seq: _allgather.allgather(
+            t, send, recv, counts, seq, tmo, seg), call.result, async_op)
 
-    def gather(self, sendbuf, recvbuf=None, root=0, async_op=False):
+    def gather(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
         """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
         root = self._check_root(root, "gather")
-        if self._rank == root and recvbuf is None:
-            recvbuf = _blocks_like(sendbuf, self._size, "gather")
-        out = recvbuf if self._rank == root else None
-        t, tmo = self._transport, self._timeout
-        return self._submit("gather", lambda seq: _rooted.gather(
-            t, sendbuf, out, None, root, seq, tmo), out, async_op, checked=checked, root=root)
+        tmo = self._call_timeout(timeout, "gather")
+        call = _Call(self, "gather", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        out = None
+        if self._rank == root:
+            out = call.output(recvbuf, "recvbuf", lambda: _blocks_like(send, self._size,
+                                                                       "gather"))
+        t = self._transport
+        return call.submit(lambda seq: _rooted.gather(
+            t, send, out, None, root, seq, tmo), call.result, async_op, root=root)
 
-    def gatherv(self, sendbuf, recvbuf, counts, root=0, async_op=False):
-        """gather with ``counts[r]`` elements from rank r, packed in rank order on root."""
+    def gatherv(self, sendbuf, recvbuf=None, counts=None, root=0, async_op=False,
+                timeout=None):
+        """gather with ``counts[r]`` elements from rank r, packed in rank order on root
+        (``recvbuf=None``: allocated there, as gather does)."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts,
                                         root=root)
         root = self._check_root(root, "gatherv")
-        out = recvbuf if self._rank == root else None
-        t, tmo = self._transport, self._timeout
-        return self._submit("gatherv", lambda seq: _rooted.gather(
-            t, sendbuf, out, counts, root, seq, tmo), out, async_op, checked=checked, root=root)
-
-    def scatter(self, sendbuf, recvbuf, root=0, async_op=False):
-        """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``."""
-        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
-        root = self._check_root(root, "scatter")
-        send = sendbuf if self._rank == root else None
-        t, tmo = self._transport, self._timeout
-        return self._submit("scatter", lambda seq: _rooted.scatter(
-            t, send, recvbuf, None, root, seq, tmo), recvbuf, async_op, checked=checked,
+        counts = _check_counts(counts, self._size, "gatherv")
+        tmo = self._call_timeout(timeout, "gatherv")
+        call = _Call(self, "gatherv", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        out = None
+        if self._rank == root:
+            out = call.output(recvbuf, "recvbuf", lambda: _flat_like(send, _total(counts),
+                                                                     "gatherv"))
+        t = self._transport
+        return call.submit(lambda seq: _rooted.gather(
+            t, send, out, counts, root, seq, tmo), call.result, async_op,
             root=root)
 
-    def scatterv(self, sendbuf, counts, recvbuf, root=0, async_op=False):
-        """scatter with ``counts[r]`` elements for rank r, packed in rank order on root."""
+    def scatter(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
+        """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``
+        (``recvbuf=None``: allocated from ``sendbuf``'s shape, which ranks other than
+        root then pass too)."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
+        root = self._check_root(root, "scatter")
+        tmo = self._call_timeout(timeout, "scatter")
+        call = _Call(self, "scatter", checked)
+        send = call.inp(sendbuf, "sendbuf") if sendbuf is not None else None
+        recv = call.output(recvbuf, "recvbuf", lambda: _block_of(
+            _needed(send, "scatter", "sendbuf"), self._size, "scatter", squeeze=True))
+        send = send if self._rank == root else None
+        t = self._transport
+        return call.submit(lambda seq: _rooted.scatter(
+            t, send, recv, None, root, seq, tmo), call.result, async_op, root=root)
+
+    def scatterv(self, sendbuf, counts, recvbuf=None, root=0, async_op=False, timeout=None):
+        """scatter with ``counts[r]`` elements for rank r, packed in rank order on root
+        (``recvbuf=None``: ``counts[rank]`` elements of ``sendbuf``'s dtype)."""
         checked = self._detail and dict(sendbuf=sendbuf, counts=counts, recvbuf=recvbuf,
                                         root=root)
         root = self._check_root(root, "scatterv")
-        send = sendbuf if self._rank == root else None
-        t, tmo = self._transport, self._timeout
-        return self._submit("scatterv", lambda seq: _rooted.scatter(
-            t, send, recvbuf, counts, root, seq, tmo), recvbuf, async_op, checked=checked,
+        counts = _check_counts(counts, self._size, "scatterv")
+        tmo = self._call_timeout(timeout, "scatterv")
+        call = _Call(self, "scatterv", checked)
+        send = call.inp(sendbuf, "sendbuf") if sendbuf is not None else None
+        recv = call.output(recvbuf, "recvbuf", lambda: _flat_like(
+            _needed(send, "scatterv", "sendbuf"), _total(counts, self._rank),
+            "scatterv"))
+        send = send if self._rank == root else None
+        t = self._transport
+        return call.submit(lambda seq: _rooted.scatter(
+            t, send, recv, counts, root, seq, tmo), call.result, async_op,
             root=root)
 
-    def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False):
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False,
+                       timeout=None):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op)
         op = self._check_op(op, "reduce_scatter")
-        if recvbuf is None:
-            recvbuf = _block_of(sendbuf, self._size, "reduce_scatter")
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("reduce_scatter", lambda seq: _reduce_scatter.reduce_scatter(
-            t, sendbuf, recvbuf, None, op, seq, tmo, seg), recvbuf, async_op,
-            checked=checked)
+        tmo = self._call_timeout(timeout, "reduce_scatter")
+        call = _Call(self, "reduce_scatter", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: _block_of(send, self._size,
+                                                                 "reduce_scatter"))
+        t, seg = self._transport, self._segment_bytes
+        return call.submit(lambda seq: _reduce_scatter.reduce_scatter(
+            t, send, recv, None, op, seq, tmo, seg), call.result, async_op)
 
-    def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, async_op=False):
+    def reduce_scatterv(self, sendbuf, recvbuf=None, counts=None, op=ReduceOp.SUM,
+                        async_op=False, timeout=None):
         """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts, op=op)
         op = self._check_op(op, "reduce_scatterv")
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
-        return self._submit("reduce_scatterv", lambda seq: _reduce_scatter.reduce_scatter(
-            t, sendbuf, recvbuf, counts, op, seq, tmo, seg), recvbuf, async_op,
-            checked=checked)
+        counts = _check_counts(counts, self._size, "reduce_scatterv")
+        tmo = self._call_timeout(timeout, "reduce_scatterv")
+        call = _Call(self, "reduce_scatterv", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: _flat_like(send, _total(counts, self._rank),
+                                                                  "reduce_scatterv"))
+        t, seg = self._transport, self._segment_bytes
+        return call.submit(lambda seq: _reduce_scatter.reduce_scatter(
+            t, send, recv, counts, op, seq, tmo, seg), call.result, async_op)
 
-    def alltoall(self, sendbuf, recvbuf=None, async_op=False):
+    def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
-        if recvbuf is None:
-            recvbuf = np.empty_like(_as_array(sendbuf, "alltoall"))
-        t, tmo = self._transport, self._timeout
-        return self._submit("alltoall", lambda seq: _alltoall.alltoall(
-            t, sendbuf, None, recvbuf, None, seq, tmo), recvbuf, async_op, checked=checked)
+        tmo = self._call_timeout(timeout, "alltoall")
+        call = _Call(self, "alltoall", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: np.empty_like(_as_array(send,
+                                                                               "alltoall")))
+        t = self._transport
+        return call.submit(lambda seq: _alltoall.alltoall(
+            t, send, None, recv, None, seq, tmo), call.result, async_op)
 
-    def alltoallv(self, sendbuf, sendcounts, recvbuf, recvcounts, async_op=False):
+    def alltoallv(self, sendbuf, sendcounts, recvbuf=None, recvcounts=None, async_op=False,
+                  timeout=None):
         """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
         checked = self._detail and dict(sendbuf=sendbuf, sendcounts=sendcounts, recvbuf=recvbuf,
                                         recvcounts=recvcounts)
-        t, tmo = self._transport, self._timeout
-        return self._submit("alltoallv", lambda seq: _alltoall.alltoall(
-            t, sendbuf, sendcounts, recvbuf, recvcounts, seq, tmo), recvbuf, async_op,
-            checked=checked)
+        sendcounts = _check_counts(sendcounts, self._size, "alltoallv", "sendcounts")
+        recvcounts = _check_counts(recvcounts, self._size, "alltoallv", "recvcounts")
+        tmo = self._call_timeout(timeout, "alltoallv")
+        call = _Call(self, "alltoallv", checked)
+        send = call.inp(sendbuf, "sendbuf")
+        recv = call.output(recvbuf, "recvbuf", lambda: _flat_like(send, _total(recvcounts),
+                                                                  "alltoallv"))
+        t = self._transport
+        return call.submit(lambda seq: _alltoall.alltoall(
+            t, send, sendcounts, recv, recvcounts, seq, tmo), call.result, async_op)
 
-    def allreduce_coalesced(self, bufs, op=ReduceOp.SUM, async_op=False):
+    def allreduce_coalesced(self, bufs, op=ReduceOp.SUM, async_op=False, timeout=None):
         """Allreduce many arrays in place with one collective per dtype; return ``bufs``."""
         checked = self._detail and dict(bufs=bufs, op=op)
         op = self._check_op(op, "allreduce_coalesced")
+        tmo = self._call_timeout(timeout, "allreduce_coalesced")
+        call = _Call(self, "allreduce_coalesced", checked)
         bufs = list(bufs)
         groups = {}
         for i, b in enumerate(bufs):
-            code, _ = _buffer.check(b, "allreduce_coalesced", "bufs[%d]" % i, True)
-            groups.setdefault(code, []).append(np.asarray(b))
-        t, tmo, seg = self._transport, self._timeout, self._segment_bytes
+            data = call.inout(b, "bufs[%d]" % i)
+            code, _ = _buffer.check(data, "allreduce_coalesced", "bufs[%d]" % i, True)
+            groups.setdefault(code, []).append(np.asarray(data))
+        t, seg = self._transport, self._segment_bytes
 
         def run(seq):
             # One collective per dtype, numbered seq, seq+1, ...
@@ -292,8 +405,46 @@ class Context:
 
         if not groups:
             return self._finished(bufs, async_op)
-        return self._submit("allreduce_coalesced", run, bufs, async_op, span=len(groups),
-                            checked=checked)
+        return call.submit(run, bufs, async_op, span=len(groups))
+
+    # -- value forms ------------------------------------------------------
+
+    def _number(self, what, value, async_op, collective, timeout):
+        """Run ``collective`` on a one-element array holding the number ``value``; return
+        the resulting number (with ``async_op``, a Work whose result it is)."""
+        arr = _number_array(value, what)
+        if isinstance(value, np.number):
+            def pick():
+                return arr[0]
+        else:
+            def pick():
+                return type(value)(arr[0].item())
+        if not async_op:
+            collective(arr, timeout=timeout)
+            return pick()
+        later = Later()
+        work = Work("%s on rank %d" % (what, self._rank), later)
+
+        def done(inner):
+            if inner.exception() is None:
+                later.value = pick()
+            work._finish(inner.algorithm, inner.exception())
+
+        collective(arr, timeout=timeout, async_op=True).add_done_callback(done)
+        return work
+
+    def allreduce_object(self, obj, op=ReduceOp.SUM, timeout=None):
+        """Reduce any picklable values across ranks, as mpi4py's ``comm.allreduce(obj, op)``:
+        ``op`` is SUM, PRODUCT, MIN or MAX (Python's +, *, min, max) or a function of
+        two values; every rank gets the result, combined in rank order (pickle)."""
+        fn = _object_op(op, "allreduce_object")
+        return functools.reduce(fn, self.allgather_object(obj, timeout=timeout))
+
+    def reduce_object(self, obj, root=0, op=ReduceOp.SUM, timeout=None):
+        """``allreduce_object``'s result on root, None elsewhere (pickle)."""
+        fn = _object_op(op, "reduce_object")
+        values = self.gather_object(obj, root, timeout=timeout)
+        return None if values is None else functools.reduce(fn, values)
 
     # -- point to point --------------------------------------------------
 
@@ -378,6 +529,11 @@ class Context:
         Every rank calls it; a rank passing ``color=None`` (or a negative color)
         gets None.  The group reuses this context's connections.
         """
+        for name, value in (("color", color), ("key", key)):
+            if value is not None and not isinstance(value, (int, np.integer)) \
+                    or isinstance(value, bool) or (name == "key" and value is None):
+                raise InvalidArgument("split: %s must be an int%s, got %r" % (
+                    name, " or None" if name == "color" else "", value))
         mine = -1 if color is None else int(color)
         table = self.allgather(np.array([mine, int(key)], np.int64)).reshape(self._size, 2)
         number = self._groups_made
@@ -394,7 +550,7 @@ class Context:
         Every rank of this context calls it, with the same list, in the same order
         as its other new_group and split calls.
         """
-        members = [self._check_rank(r, "new_group") for r in ranks]
+        members = [self._check_rank(r, "new_group", "rank") for r in ranks]
         if len(set(members)) != len(members) or not members:
             raise InvalidArgument("new_group: ranks must be distinct and non-empty, got %r"
                                   % (list(ranks),))
@@ -431,71 +587,139 @@ class Context:
     def _group(self, members, recipe):
         gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
         transport = GroupTransport(self._transport, members, gid)
+        if recipe[0] == "split":
+            name = "split#%d color %s" % recipe[1:]
+        else:
+            name = "new_group#%d %s" % (recipe[1], list(recipe[2]))
+        name = "%s > %s" % (self._name, name) if self._name else name
         group = Context(members.index(self._rank), len(members), transport,
                         timeout=self._timeout, segment_bytes=self._segment_bytes,
-                        debug=self._debug, lock=self._lock, group_id=gid)
+                        debug=self._debug, lock=self._lock, group_id=gid, name=name)
         return group
 
     # -- object collectives (pickle: only with trusted peers) -------------
+    #
+    # Each is made of array collectives; an error names the user's call, and an
+    # argument one rank refuses (a value that does not pickle, a wrong-length
+    # list on root) travels in the first exchange, so that every rank raises
+    # the same InvalidArgument and the context stays usable everywhere.
 
-    def broadcast_object(self, obj=None, root=0):
+    def broadcast_object(self, obj=None, root=0, timeout=None):
         """Return root's ``obj`` on every rank (pickle protocol 5, buffers out of band)."""
         root = self._check_root(root, "broadcast_object")
-        if self._rank == root:
-            buffers = []
-            main = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-            parts = [np.frombuffer(main, np.uint8)] + [
-                np.frombuffer(b.raw(), np.uint8) for b in buffers]
-            sizes = np.array([len(parts)] + [p.size for p in parts], np.int64)
-            head = np.array([sizes.size], np.int64)
-        else:
-            head = np.zeros(1, np.int64)
-        self.broadcast(head, root)
-        if self._rank != root:
-            sizes = np.zeros(int(head[0]), np.int64)
-        self.broadcast(sizes, root)
-        if self._rank != root:
-            parts = [np.empty(int(n), np.uint8) for n in sizes[1:]]
-        for p in parts:
-            self.broadcast(p, root)
+        with self._inside("broadcast_object"):
+            refusal = None
+            if self._rank == root:
+                try:
+                    buffers = []
+                    main = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+                    parts = [np.frombuffer(main, np.uint8)] + [
+                        np.frombuffer(b.raw(), np.uint8) for b in buffers]
+                    sizes = np.array([len(parts)] + [p.size for p in parts], np.int64)
+                except Exception as exc:      # raised on every rank below
+                    refusal = "%s: %s" % (type(exc).__name__, exc)
+                    sizes = np.zeros(0, np.int64)
+            else:
+                sizes = np.zeros(0, np.int64)
+            text = _encoded(refusal)
+            head = np.array([sizes.size, len(text)], np.int64)
+            self.broadcast(head, root, timeout=timeout)
+            if head[1]:
+                self._refused("broadcast_object", text, int(head[1]), root, timeout)
+            if self._rank != root:
+                sizes = np.zeros(int(head[0]), np.int64)
+            self.broadcast(sizes, root, timeout=timeout)
+            if self._rank != root:
+                parts = [np.empty(int(n), np.uint8) for n in sizes[1:]]
+            for p in parts:
+                self.broadcast(p, root, timeout=timeout)
         if self._rank == root:
             return obj
         return pickle.loads(parts[0], buffers=parts[1:])
 
-    def allgather_object(self, obj):
+    def allgather_object(self, obj, timeout=None):
         """Return the list of every rank's ``obj`` in rank order (pickle)."""
-        data = np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
-        sizes = self.allgather(np.array([data.size], np.int64)).reshape(-1)
-        out = np.empty(int(sizes.sum()), np.uint8)
-        self.allgatherv(data, out, sizes.tolist())
+        with self._inside("allgather_object"):
+            data, text = _pickled(obj)
+            table = self.allgather(np.array([data.size, len(text)], np.int64),
+                                   timeout=timeout).reshape(self._size, 2)
+            if table[:, 1].any():
+                self._refused_anywhere("allgather_object", text, table[:, 1], timeout)
+            sizes = table[:, 0]
+            out = np.empty(int(sizes.sum()), np.uint8)
+            self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
         return _unpickle_blocks(out, sizes)
 
-    def gather_object(self, obj, root=0):
+    def gather_object(self, obj, root=0, timeout=None):
         """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
         root = self._check_root(root, "gather_object")
-        data = np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8)
-        sizes = self.allgather(np.array([data.size], np.int64)).reshape(-1)
-        out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
-        self.gatherv(data, out, sizes.tolist(), root)
+        with self._inside("gather_object"):
+            data, text = _pickled(obj)
+            table = self.allgather(np.array([data.size, len(text)], np.int64),
+                                   timeout=timeout).reshape(self._size, 2)
+            if table[:, 1].any():
+                self._refused_anywhere("gather_object", text, table[:, 1], timeout)
+            sizes = table[:, 0]
+            out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
+            self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
         return _unpickle_blocks(out, sizes) if self._rank == root else None
 
-    def scatter_object(self, objs=None, root=0):
+    def scatter_object(self, objs=None, root=0, timeout=None):
         """Return ``objs[rank]`` of root's list on every rank (pickle)."""
         root = self._check_root(root, "scatter_object")
-        if self._rank == root:
-            objs = list(objs)
-            if len(objs) != self._size:
-                raise InvalidArgument("scatter_object: root passed %d objects for %d ranks"
-                                      % (len(objs), self._size))
-            blobs = [pickle.dumps(o, protocol=5) for o in objs]
-            sizes = np.array([len(b) for b in blobs], np.int64)
-            data = np.frombuffer(b"".join(blobs), np.uint8)
-        else:
-            sizes, data = np.zeros(self._size, np.int64), None
-        self.broadcast(sizes, root)
-        mine = np.empty(int(sizes[self._rank]), np.uint8)
-        self.scatterv(data, sizes.tolist(), mine, root)
+        with self._inside("scatter_object"):
+            refusal, data, sizes = None, None, np.zeros(self._size + 1, np.int64)
+            if self._rank == root:
+                try:
+                    objs = list(objs)
+                    if len(objs) != self._size:
+                        raise InvalidArgument("root passed %d objects for %d ranks"
+                                              % (len(objs), self._size))
+                    blobs = [pickle.dumps(o, protocol=5) for o in objs]
+                    sizes = np.array([len(b) for b in blobs] + [0], np.int64)
+                    data = np.frombuffer(b"".join(blobs), np.uint8)
+                except Exception as exc:      # raised on every rank below
+                    refusal = str(exc) if isinstance(exc, InvalidArgument) else \
+                        "%s: %s" % (type(exc).__name__, exc)
+            text = _encoded(refusal)
+            sizes[-1] = len(text)
+            self.broadcast(sizes, root, timeout=timeout)
+            if sizes[-1]:
+                self._refused("scatter_object", text, int(sizes[-1]), root, timeout)
+            sizes = sizes[:-1]
+            mine = np.empty(int(sizes[self._rank]), np.uint8)
+            self.scatterv(data, sizes.tolist(), mine, root, timeout=timeout)
         return pickle.loads(mine)
+
+    def _refused(self, what, text, length, root, timeout):
+        """Root refused its arguments (``length`` bytes of reason, ``text`` on root): every
+        rank receives the reason and raises it."""
+        out = np.frombuffer(text, np.uint8).copy() if self._rank == root else \
+            np.empty(length, np.uint8)
+        self.broadcast(out, root, timeout=timeout)
+        raise InvalidArgument("%s: root %d refused its arguments: %s"
+                              % (what, root, bytes(out).decode("utf-8", "replace")))
+
+    def _refused_anywhere(self, what, text, lengths, timeout):
+        """Some ranks refused their arguments (reason ``lengths[r]`` bytes long, ``text``
+        here): every rank receives every reason and raises them."""
+        out = np.empty(int(lengths.sum()), np.uint8)
+        self.allgatherv(np.frombuffer(text, np.uint8), out, lengths.tolist(), timeout=timeout)
+        raise InvalidArgument("%s: %s" % (what, "; ".join(
+            "rank %d refused its arguments: %s" % (r, why)
+            for r, why in enumerate(_unbytes(out, lengths)) if why)))
+
+    @contextlib.contextmanager
+    def _inside(self, what):
+        """Errors of the collectives inside ``what`` name ``what``, the user's call."""
+        try:
+            yield
+        except InvalidArgument as exc:
+            if str(exc).startswith(what + ":"):
+                raise
+            raise InvalidArgument("%s: %s" % (what, exc)) from exc
+        except Error as exc:
+            raise type(exc)("%s: %s" % (what, exc)) from exc
 
     # -- lifecycle --------------------------------------------------------
 
@@ -533,6 +757,9 @@ class Context:
                 fn()
 
     def __enter__(self):
+        if self._closed:
+            raise Error("rank %d: the context is closed; open a new one with pycollect.init()"
+                        % self._rank)
         return self
 
     def __exit__(self, *exc_info):
@@ -628,8 +855,9 @@ class Context:
         name = ALGORITHM_NAMES.get(algo) or None
         if entry is not None:
             Recorder.ended(entry, name)
-        if self._debug:
-            log.debug("rank %d: collective #%d ran %s", self._rank, self._seq,
+        if self._logs:
+            log.debug("rank %d%s: collective #%d ran %s", self._rank,
+                      " of group %s" % self._name if self._name else "", self._seq,
                       name or "its only algorithm")
         return name
 
@@ -647,6 +875,16 @@ class Context:
             except OSError as err:
                 log.warning("rank %d: cannot write the flight recorder into %s: %s",
                             self._rank, self._trace_dir, err)
+
+    def _call_timeout(self, timeout, what):
+        """A call's deadline in seconds: ``timeout`` (seconds or a timedelta), else the context's."""
+        if timeout is None:
+            return self._timeout
+        seconds = wait_seconds(timeout, what)
+        if not 0 < seconds < float("inf"):
+            raise InvalidArgument("%s: timeout must be a positive, finite number of seconds, "
+                                  "got %r" % (what, timeout))
+        return seconds
 
     def _check_rank(self, rank, what, arg="root"):
         if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) \
@@ -696,13 +934,38 @@ def _blocks_like(sendbuf, size, what):
     return np.empty((size,) + arr.shape, dtype=arr.dtype)
 
 
-def _block_of(sendbuf, size, what):
-    """A new flat array of len(sendbuf) / size elements."""
+def _block_of(sendbuf, size, what, squeeze=False):
+    """A new array for one of ``size`` blocks of ``sendbuf``: its first dimension divided by
+    ``size`` (dropped when it equals ``size`` and ``squeeze``), else flat."""
     arr = _as_array(sendbuf, what)
+    if arr.ndim and arr.shape[0] % size == 0:
+        rows = arr.shape[0] // size
+        shape = arr.shape[1:] if squeeze and rows == 1 else (rows,) + arr.shape[1:]
+        return np.empty(shape, dtype=arr.dtype)
     if arr.size % size:
         raise InvalidArgument("%s: 'sendbuf' holds %d elements, not a multiple of the group "
                               "size %d" % (what, arr.size, size))
     return np.empty(arr.size // size, dtype=arr.dtype)
+
+
+def _pickled(obj):
+    """(the pickle of ``obj``, b""), or (nothing, why it does not pickle, encoded)."""
+    try:
+        return np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8), b""
+    except Exception as exc:      # raised on every rank, with the reason
+        return np.zeros(0, np.uint8), _encoded("%s: %s" % (type(exc).__name__, exc))
+
+
+def _encoded(reason):
+    return b"" if reason is None else reason.encode("utf-8", "replace")
+
+
+def _unbytes(data, sizes):
+    out, offset = [], 0
+    for n in sizes:
+        out.append(bytes(data[offset:offset + int(n)]).decode("utf-8", "replace"))
+        offset += int(n)
+    return out
 
 
 def _unpickle_blocks(data, sizes):
@@ -711,3 +974,145 @@ def _unpickle_blocks(data, sizes):
         out.append(pickle.loads(data[offset:offset + int(n)]))
         offset += int(n)
     return out
+
+
+class _Call:
+    """One collective call's buffers: torch tensors hosted as arrays (staged ones copied
+    back when the collective has run), outputs left as None allocated, and the result."""
+
+    __slots__ = ("ctx", "what", "checked", "staged", "tensor_in", "result")
+
+    def __init__(self, ctx, what, checked):
+        self.ctx, self.what, self.checked = ctx, what, checked
+        self.staged = []
+        self.tensor_in = False
+        self.result = None
+
+    def inp(self, obj, arg):
+        """An input the collective only reads."""
+        if is_tensor(obj):
+            self.tensor_in = True
+            return Host(obj, self.what, arg).array
+        return obj
+
+    def inout(self, obj, arg):
+        """A buffer the collective writes (in place, or an output)."""
+        if is_tensor(obj):
+            self.tensor_in = True
+            host = Host(obj, self.what, arg)
+            if host.staging is not None:
+                self.staged.append(host)
+            return host.array
+        return obj
+
+    def output(self, obj, arg, allocate):
+        """The output buffer: ``obj``, or ``allocate()`` when None (a tensor for tensor input)."""
+        if obj is None:
+            arr = allocate()
+            self.result = as_tensor_like(arr) if self.tensor_in else arr
+            return arr
+        self.result = obj
+        return self.inout(obj, arg)
+
+    def out_of_place(self, sendbuf, recvbuf):
+        """``recvbuf`` holding a copy of ``sendbuf`` (same dtype and count), to reduce in place."""
+        send = self.inp(sendbuf, "buf")
+        recv = self.inout(recvbuf, "recvbuf")
+        if recv is send:
+            return recv
+        mine = _buffer.check(send, self.what, "buf", False)
+        theirs = _buffer.check(recv, self.what, "recvbuf", True)
+        if mine != theirs:
+            raise InvalidArgument("%s: recvbuf (%s x %d) must have buf's dtype and element "
+                                  "count (%s x %d)" % (self.what, DTYPES.get(theirs[0], "?"),
+                                                       theirs[1], DTYPES.get(mine[0], "?"),
+                                                       mine[1]))
+        _bytes_of(recv)[...] = _bytes_of(send)
+        return recv
+
+    def submit(self, op, result, async_op, span=1, root=None):
+        staged = self.staged
+        if staged:
+            run = op
+
+            def op(seq):
+                algo = run(seq)
+                for host in staged:     # before the Work completes: its result is final
+                    host.finish()
+                return algo
+        return self.ctx._submit(self.what, op, result, async_op, span, checked=self.checked,
+                                root=root)
+
+
+def _bytes_of(buf):
+    return np.asarray(buf).reshape(-1).view(np.uint8)
+
+
+def _is_buffer(obj):
+    """Whether ``obj`` looks like a buffer (for mpi4py's positional ``(sendbuf, recvbuf)``)."""
+    return isinstance(obj, (np.ndarray, memoryview, bytearray)) or is_tensor(obj) or any(
+        hasattr(obj, a) for a in ("__array_interface__", "__cuda_array_interface__",
+                                  "__dlpack__"))
+
+
+def _is_number(obj):
+    return isinstance(obj, (int, float, complex, np.number)) and not isinstance(obj, bool)
+
+
+def _number_array(value, what):
+    """A one-element array holding ``value`` (Python ints as int64)."""
+    if isinstance(value, np.number):
+        return np.array([value])
+    kind = {int: np.int64, float: np.float64, complex: np.complex128}[
+        int if isinstance(value, int) else float if isinstance(value, float) else complex]
+    try:
+        return np.array([value], kind)
+    except OverflowError:
+        raise InvalidArgument("%s: %d does not fit in an int64; use %s_object for Python's "
+                              "unbounded ints" % (what, value, what)) from None
+
+
+_OBJECT_OPS = {ReduceOp.SUM: operator.add, ReduceOp.PRODUCT: operator.mul,
+               ReduceOp.MIN: min, ReduceOp.MAX: max, ReduceOp.BAND: operator.and_,
+               ReduceOp.BOR: operator.or_, ReduceOp.BXOR: operator.xor}
+
+
+def _object_op(op, what):
+    """A function of two values for ``op`` (a ReduceOp, or already a function)."""
+    if callable(op) and not isinstance(op, ReduceOp):
+        return op
+    try:
+        return _OBJECT_OPS[ReduceOp(op)]
+    except (ValueError, KeyError):
+        raise InvalidArgument("%s: op %r has no meaning on Python values; pass SUM, PRODUCT, "
+                              "MIN, MAX, BAND, BOR, BXOR or a function of two values"
+                              % (what, op)) from None
+
+
+def _check_counts(counts, size, what, arg="counts"):
+    """``counts``, which must be given (the compiled call checks its entries)."""
+    if counts is None:
+        raise InvalidArgument("%s: %s is required (one element count per rank)" % (what, arg))
+    return counts
+
+
+def _total(counts, pick=None):
+    """The element count an output needs for ``counts`` (all of them, or entry ``pick``);
+    0 where they are malformed, which the compiled call then reports."""
+    try:
+        values = [operator.index(c) for c in counts]
+        return max(values[pick] if pick is not None else sum(values), 0)
+    except (TypeError, IndexError):
+        return 0
+
+
+def _needed(buf, what, arg):
+    if buf is None:
+        raise InvalidArgument("%s: recvbuf is None and there is no %s to size it from"
+                              % (what, arg))
+    return buf
+
+
+def _flat_like(sendbuf, count, what):
+    """A new flat array of ``count`` elements of ``sendbuf``'s dtype."""
+    return np.empty(count, dtype=_as_array(sendbuf, what).dtype)

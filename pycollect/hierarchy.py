@@ -147,14 +147,16 @@ class Topology:
             self._by_root[root] = (pair, down)
         return self._by_root[root]
 
-    def allreduce(self, buf, op):
-        """The ``run(seq)`` of a hierarchical allreduce of ``buf`` with ``op``."""
+    def allreduce(self, buf, op, timeout=None):
+        """The ``run(seq)`` of a hierarchical allreduce of ``buf`` with ``op`` (``timeout``:
+        the call's deadline, else the context's)."""
         code, _ = _buffer.check(buf, "allreduce", "buf", True)
         _reduce.check_reduction(code, op, "allreduce")
         nbytes = buffer_bytes(buf)
         up, across, down = self._phases()
         total = ReduceOp.SUM if op == ReduceOp.AVG else op
-        rank, size, timeout = self.rank, self.size, self.timeout
+        rank, size = self.rank, self.size
+        timeout = self.timeout if timeout is None else timeout
 
         def run(seq):
             end, grace = _now() + timeout, _grace(timeout)
@@ -174,8 +176,9 @@ class Topology:
 
         return run
 
-    def broadcast(self, buf, root):
-        """The ``run(seq)`` of a hierarchical broadcast of root's ``buf``."""
+    def broadcast(self, buf, root, timeout=None):
+        """The ``run(seq)`` of a hierarchical broadcast of root's ``buf`` (``timeout``: the
+        call's deadline, else the context's)."""
         rank = self.rank
         _buffer.check(buf, "broadcast", "buf", rank != root)
         nbytes = buffer_bytes(buf)
@@ -186,7 +189,7 @@ class Topology:
             # The root hands the buffer to its leader, and stays out of its host's
             # broadcast (its buffer may be read-only).
             to_leader, down = self._root_groups(root)
-        timeout = self.timeout
+        timeout = self.timeout if timeout is None else timeout
 
         def run(seq):
             end, grace = _now() + timeout, _grace(timeout)

@@ -66,7 +66,9 @@ def _positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        # "-np 4" (mpirun's spelling) reaches here as -n with the value "p".
+        hint = "; mpirun's -np N is -n N here" if text.startswith("p") else ""
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer{hint}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value

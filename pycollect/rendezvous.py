@@ -63,10 +63,10 @@ def _parse(raw, var, parse, what):
 
 
 def _debug_enabled():
-    """False, True (PYCOLLECT_DEBUG=1: log choices), or "detail" (also check every
-    collective's signature across ranks: pycollect/signature.py)."""
+    """False, True (PYCOLLECT_DEBUG=1: log choices), "detail" (check every collective's
+    signature across ranks: pycollect/signature.py), or "all" (1,detail: both)."""
     level = settings.get("PYCOLLECT_DEBUG")
-    if level:
+    if level in (True, "all"):
         if not log.handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("pycollect %(levelname)s %(message)s"))
@@ -199,14 +199,15 @@ def _job(rank, size, store):
     return rank, size, store
 
 
-def init(rank=None, size=None, store=None, transport="auto", timeout=None, interface=None,
+def init(rank=None, size=None, store=None, transport=None, timeout=None, interface=None,
          *, segment_bytes=None, tls_cert=None, tls_key=None, tls_ca=None):
     """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
 
     ``store`` is a URL (``tcp://host:port``, ``file:///dir``, ``redis://host:port``,
     ``mpi://``, ``hash://name``, optionally with ``?prefix=NAME``) or a
     ``pycollect.Store``.  Left out, rank, size and store come from the
-    environment (module docstring).  ``timeout`` (seconds, default 120) bounds
+    environment (module docstring).  ``transport`` (else ``PYCOLLECT_TRANSPORT``, else
+    "auto") names the transport.  ``timeout`` (seconds, default 120) bounds
     the rendezvous and every collective.  With ``transport="tcp+tls"``,
     ``tls_cert``, ``tls_key`` and ``tls_ca`` (else ``PYCOLLECT_TLS_CERT``,
     ``_KEY``, ``_CA``) are this rank's certificate, its key and the CA file.
@@ -221,6 +222,8 @@ def init(rank=None, size=None, store=None, transport="auto", timeout=None, inter
         # Every blocking path has a deadline: an infinite one is refused too.
         raise InvalidArgument("init: timeout must be a positive, finite number of seconds, "
                               "got %r" % (timeout,))
+    if transport is None:
+        transport = settings.get("PYCOLLECT_TRANSPORT")
     if not isinstance(transport, str):
         raise InvalidArgument("init: transport must be a name such as 'tcp', got %r"
                               % (transport,))

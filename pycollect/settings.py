@@ -81,10 +81,13 @@ def _signal_name(raw):
 
 
 def _debug(raw):
-    flag = raw.strip().lower()
-    if flag in ("", "0"):
+    """False; True (logs); "detail" (the cross-rank check alone); "all" (both: "1,detail")."""
+    flags = {f.strip() for f in raw.lower().split(",")} - {"", "0"}
+    if not flags:
         return False
-    return "detail" if flag == "detail" else True
+    if "detail" in flags:
+        return "all" if flags - {"detail"} else "detail"
+    return True
 
 
 _TLS_DOC = ("with `transport=\"tcp+tls\"`: this rank's certificate and key, and the CA that signs "
@@ -102,6 +105,10 @@ SETTINGS = {s.name: s for s in (
             "(`pip install '.[mpi]'`), optionally with `?prefix=NAME`. Without it, `pc.init()` "
             "also reads torchrun's, Open MPI's, MPICH's and SLURM's variables (see "
             "[docs/api.md](docs/api.md))."),
+    Setting("PYCOLLECT_TRANSPORT", _stripped, "auto", "a transport name",
+            "the transport `pc.init()` uses when its `transport` argument is left out: `auto` "
+            "(shared memory between ranks of a host, TCP between hosts), `tcp`, `shm`, "
+            "`tcp+tls`, or a plugin's name"),
     Setting("PYCOLLECT_TIMEOUT", _seconds, 120.0, "a positive, finite number of seconds",
             "seconds (default 120). This bounds the rendezvous and every operation. It is also "
             "the default timeout of any store opened without one."),
@@ -125,12 +132,14 @@ SETTINGS = {s.name: s for s in (
             "how many microseconds the progress engine polls sockets without sleeping before "
             "it blocks in `poll()` (default 50; 0 = block at once). It is read when a context "
             "connects."),
-    Setting("PYCOLLECT_DEBUG", _debug, False, "0, 1 or detail",
-            "any value except `0` sends DEBUG logs of logger `pycollect` to stderr: the listen "
-            "address, the connection, and the algorithm each operation ran. `detail` also "
-            "checks, before every collective, that all ranks called the same one with the same "
-            "arguments: ranks that disagree all raise the same `MismatchError` before any data "
-            "moves ([docs/errors.md](docs/errors.md#pycollect_debugdetail))."),
+    Setting("PYCOLLECT_DEBUG", _debug, False, "0, 1, detail or 1,detail",
+            "`1` sends DEBUG logs of logger `pycollect` to stderr: the listen address, the "
+            "connection, and the algorithm each operation ran (a sub-group's lines name the "
+            "group). `detail` checks, before every collective, that all ranks called the same "
+            "one with the same arguments: ranks that disagree all raise the same "
+            "`MismatchError` before any data moves "
+            "([docs/errors.md](docs/errors.md#pycollect_debugdetail)); it logs nothing by "
+            "itself. `1,detail` does both."),
     Setting("PYCOLLECT_HOST_ID", _stripped, None, "a host name of your choice",
             "ranks that give the same string are one host (shared memory between them, "
             "hierarchical collectives across hosts). Default: host name + boot id + network "

@@ -16,8 +16,9 @@ import zlib
 
 import numpy as np
 
-from ._ext import _allgather, _buffer
+from ._ext import _allgather, _allreduce, _broadcast, _buffer, _rooted
 from .errors import MismatchError
+from .tensors import Host, is_tensor
 from .types import DTYPES, ReduceOp
 
 __all__ = ["COLLECTIVES", "describe", "encode", "verify"]
@@ -47,6 +48,10 @@ COLLECTIVES = {
 }
 _NAMES = sorted(COLLECTIVES)
 _WIDTH = 1 + max(len(f) for f in COLLECTIVES.values())
+# String arguments travel as CRC-32s; these are printed by name (and any a rank encodes).
+_KNOWN_NAMES = {zlib.crc32(n.encode()): n for n in (
+    ("auto", "hierarchical", "None") + tuple(_allreduce.ALGORITHMS) +
+    tuple(_broadcast.ALGORITHMS) + tuple(_rooted.REDUCE_ALGORITHMS))}
 
 
 def encode(name, arguments):
@@ -59,7 +64,8 @@ def encode(name, arguments):
             if value is None:
                 vec[i] = -1
             else:
-                vec[i] = _buffer.check(value, name, arg)[0 if what == _BUF else 1]
+                vec[i] = _buffer.check(_checkable(value, name, arg), name, arg)[
+                    0 if what == _BUF else 1]
         elif what == _VALUE:
             try:
                 vec[i] = int(value)
@@ -67,9 +73,19 @@ def encode(name, arguments):
                 vec[i] = -1         # the collective itself refuses it, with the reason
         elif what == _NAME:
             vec[i] = zlib.crc32(str(value).encode())
+            _KNOWN_NAMES.setdefault(int(vec[i]), str(value))
         else:
             vec[i] = zlib.crc32(repr(_canonical(value)).encode())
     return vec
+
+
+def _checkable(value, name, arg):
+    """What the buffer gatekeeper can look at for ``value`` (a tensor, a number)."""
+    if is_tensor(value):
+        return Host(value, name, arg).array
+    if isinstance(value, (int, float, complex, np.number)) and not isinstance(value, bool):
+        return np.array([value])
+    return value
 
 
 def _canonical(value):
@@ -103,6 +119,8 @@ def describe(vec):
                 parts.append("op#%d" % v)
         elif what == _VALUE:
             parts.append("%s %d" % (arg, v))
+        elif what == _NAME and (v & 0xFFFFFFFF) in _KNOWN_NAMES:
+            parts.append("%s %s" % (arg, _KNOWN_NAMES[v & 0xFFFFFFFF]))
         else:
             parts.append("%s #%08x" % (arg, v & 0xFFFFFFFF))
     return "%s(%s)" % (name, ", ".join(parts))

@@ -20,9 +20,14 @@ JOIN_TIMEOUT = 8.0      # every rank's init timeout; "early" means well inside i
 EARLY_S = JOIN_TIMEOUT / 2
 
 RANK = """
-import sys, time
+import os, sys, time
 import pycollect as pc
 rank, size, url, timeout = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+gate = sys.argv[5] if len(sys.argv) > 5 else None
+for _ in range(2000):       # bounded: at most 20 s for the test to open the gate
+    if gate is None or os.path.exists(gate):
+        break
+    time.sleep(0.01)
 start = time.monotonic()
 try:
     ctx = pc.init(rank=rank, size=size, store=url, timeout=timeout)
@@ -41,11 +46,27 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _start(tmp_path, rank, size, url, timeout=JOIN_TIMEOUT):
+def _start(tmp_path, rank, size, url, timeout=JOIN_TIMEOUT, gate=None):
+    """Start a rank; with ``gate`` (a path), it imports pycollect, then waits for the file."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     return subprocess.Popen([sys.executable, str(script), str(rank), str(size), url,
-                             str(timeout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             str(timeout)] + ([str(gate)] if gate else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _published_runs(url, count):
+    """Wait (bounded) until rank 0 processes have published ``count`` different runs."""
+    host, port = url[len("tcp://"):].rsplit(":", 1)
+    seen = set()
+    with pc.TCPStore(host, int(port), timeout=JOIN_TIMEOUT) as store:
+        for _ in range(1000):       # bounded: 10 s
+            if store.check(["pycollect/ctx0/run"]):
+                seen.add(store.get("pycollect/ctx0/run", timeout=1))
+            if len(seen) >= count:
+                return
+            time.sleep(0.01)
+    raise AssertionError("saw runs %r, wanted %d" % (seen, count))
 
 
 def _outcomes(procs):
@@ -87,12 +108,15 @@ def test_ranks_started_with_different_sizes_say_so_at_once(tmp_path, sizes):
 
 
 def test_two_processes_started_as_rank_zero_are_named_on_both(tmp_path):
+    """Both rank 0s publish a run before rank 1 comes (gates order the starts)."""
     url = "tcp://127.0.0.1:%d" % _free_port()
-    procs = [_start(tmp_path, 0, 2, url)]
-    time.sleep(0.3)
-    procs.append(_start(tmp_path, 0, 2, url))
-    time.sleep(0.3)
-    procs.append(_start(tmp_path, 1, 2, url))
+    second, third = tmp_path / "second", tmp_path / "third"
+    procs = [_start(tmp_path, 0, 2, url), _start(tmp_path, 0, 2, url, gate=second),
+             _start(tmp_path, 1, 2, url, gate=third)]
+    _published_runs(url, 1)
+    second.touch()
+    _published_runs(url, 2)
+    third.touch()
     outcomes = _outcomes(procs)
     for name, seconds, message in outcomes:
         assert name == "MismatchError", message

@@ -270,6 +270,7 @@ def test_a_program_that_cannot_start_is_reported(tmp_path):
     (["-n", "0", "x.py"], "must be at least 1, got 0"),
     (["-n", "-2", "x.py"], "must be at least 1, got -2"),
     (["-n", "two", "x.py"], "'two' is not an integer"),
+    (["-np", "2", "x.py"], "'p' is not an integer; mpirun's -np N is -n N here"),
     (["x.py"], "the following arguments are required: -n"),
     (["-n", "2"], "no program to run"),
     (["-n", "2", "no-such-program-pycollect"], "program not found: no-such-program-pycollect"),

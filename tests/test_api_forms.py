@@ -1,0 +1,264 @@
+"""The forms mpi4py and torch.distributed users reach for: out-of-place and value forms, object
+reductions, a per-call timeout, outputs allocated consistently, local rank and size, torch
+tensors taken directly, and the small slips that used to give wrong or confusing answers."""
+
+import datetime
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+
+
+@pytest.fixture(scope="module")
+def trio():
+    g = ThreadGroup(3, timeout=30)
+    yield g
+    g.close()
+
+
+# -- out-of-place and value forms ----------------------------------------------
+
+def test_allreduce_out_of_place_leaves_the_send_buffer_alone(trio):
+    def body(ctx):
+        send = np.full(4, ctx.rank + 1.0)
+        recv = np.zeros(4)
+        positional = np.zeros(4)
+        out = ctx.allreduce(send, recvbuf=recv)
+        also = ctx.allreduce(send, positional, pc.MAX)     # mpi4py's Allreduce order
+        return send, recv, out is recv, positional, also is positional
+
+    for send, recv, same, positional, also in trio.run(body):
+        assert np.array_equal(recv, np.full(4, 6.0)) and same and also
+        assert np.array_equal(positional, np.full(4, 3.0))
+        assert send[0] in (1.0, 2.0, 3.0)
+
+
+def test_out_of_place_refuses_a_recvbuf_of_another_shape(trio):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match="recvbuf .float64 x 3. must have buf's"):
+            ctx.allreduce(np.ones(4), recvbuf=np.zeros(3))
+        ctx.barrier()
+    trio.run(body)
+
+
+def test_reduce_out_of_place_on_root(trio):
+    def body(ctx):
+        send = np.full(2, ctx.rank + 1.0)
+        recv = np.zeros(2)
+        out = ctx.reduce(send, root=1, recvbuf=recv)
+        return ctx.rank, send, out
+    for rank, send, out in trio.run(body):
+        assert np.array_equal(send, np.full(2, rank + 1.0))
+        if rank == 1:
+            assert np.array_equal(out, [6.0, 6.0])
+
+
+def test_numbers_reduce_to_numbers_of_their_type(trio):
+    def body(ctx):
+        return (ctx.allreduce(3.5), ctx.allreduce(ctx.rank + 1, op=pc.MAX),
+                ctx.allreduce(np.float32(0.5)), ctx.reduce(2, root=0),
+                ctx.allreduce(1.0, async_op=True).result(timeout=20))
+
+    for rank, (f, i, n, r, w) in enumerate(trio.run(body)):
+        assert f == 10.5 and type(f) is float
+        assert i == 3 and type(i) is int
+        assert n == np.float32(1.5) and type(n) is np.float32
+        assert w == 3.0
+        if rank == 0:
+            assert r == 6 and type(r) is int
+
+
+def test_object_reductions_as_mpi4py_does(trio):
+    def body(ctx):
+        return (ctx.allreduce_object(0.5 * (ctx.rank + 1)),
+                ctx.allreduce_object([ctx.rank]),
+                ctx.allreduce_object({"r": ctx.rank}, op=lambda a, b: {"r": a["r"] + b["r"]}),
+                ctx.allreduce_object(ctx.rank, op=pc.MIN),
+                ctx.reduce_object(2 ** 70 + ctx.rank, root=2))
+
+    for rank, (loss, joined, merged, low, big) in enumerate(trio.run(body)):
+        assert loss == 3.0 and joined == [0, 1, 2] and merged == {"r": 3} and low == 0
+        assert big == (3 * 2 ** 70 + 3 if rank == 2 else None)
+
+
+def test_per_call_timeout_bounds_that_call_only(trio):
+    gate = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 0:
+            with pytest.raises(pc.Timeout, match="timed out after 0.3 s"):
+                ctx.barrier(timeout=0.3)
+            gate.set()
+            return None
+        gate.wait(20)
+        return None
+
+    g = ThreadGroup(2, timeout=30)
+    try:
+        g.run(body)
+    finally:
+        g.close()
+    with pytest.raises(pc.InvalidArgument, match="timeout must be a positive"):
+        trio.contexts[0].allreduce(np.ones(1), timeout=-1)
+    trio.run(lambda ctx: ctx.allreduce(np.ones(1), timeout=datetime.timedelta(seconds=20)))
+
+
+# -- outputs allocated consistently (item 3) ------------------------------------
+
+def test_gatherv_allocates_on_root_as_gather_does(trio):
+    counts = [1, 2, 3]
+
+    def body(ctx):
+        mine = np.full(counts[ctx.rank], float(ctx.rank))
+        out = ctx.gatherv(mine, None, counts, root=0)
+        ctx.barrier()       # still in step everywhere
+        return out
+
+    out = trio.run(body)
+    assert np.array_equal(out[0], [0, 1, 1, 2, 2, 2]) and out[1] is None and out[2] is None
+
+
+def test_v_collectives_allocate_their_outputs(trio):
+    counts = [1, 2, 3]
+
+    def body(ctx):
+        mine = np.full(counts[ctx.rank], float(ctx.rank))
+        everywhere = ctx.allgatherv(mine, None, counts)
+        part = ctx.reduce_scatterv(np.ones(6), None, counts)
+        swapped = ctx.alltoallv(np.full(6, float(ctx.rank)), [2, 2, 2], None, [2, 2, 2])
+        block = ctx.scatterv(np.arange(6.0), counts, None, root=0)
+        rows = ctx.scatter(np.arange(6.0).reshape(3, 2), None, root=0)
+        return everywhere, part, swapped, block, rows
+
+    for rank, (everywhere, part, swapped, block, rows) in enumerate(trio.run(body)):
+        assert np.array_equal(everywhere, [0, 1, 1, 2, 2, 2])
+        assert np.array_equal(part, np.full(counts[rank], 3.0))
+        assert np.array_equal(swapped, [0, 0, 1, 1, 2, 2])
+        assert np.array_equal(block, np.arange(6.0)[sum(counts[:rank]):sum(counts[:rank + 1])])
+        assert np.array_equal(rows, [2 * rank, 2 * rank + 1])
+
+
+def test_reduce_scatter_keeps_the_shape_of_a_block(trio):
+    shapes = trio.run(lambda ctx: ctx.reduce_scatter(np.ones((6, 2))).shape)
+    assert shapes == [(2, 2)] * 3
+
+
+@pytest.mark.parametrize("objs, words", [
+    (lambda ctx: [1, 2], "root 0 refused its arguments: root passed 2 objects for 3 ranks"),
+    (lambda ctx: [1, threading.Lock(), 3], "root 0 refused its arguments: TypeError"),
+])
+def test_scatter_object_refused_on_root_fails_every_rank_naming_the_call(trio, objs, words):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument) as info:
+            ctx.scatter_object(objs(ctx) if ctx.rank == 0 else None)
+        assert str(info.value).startswith("scatter_object: ") and words in str(info.value)
+        return ctx.scatter_object(["a", "b", "c"] if ctx.rank == 0 else None)
+
+    assert trio.run(body) == ["a", "b", "c"]
+
+
+def test_an_object_one_rank_cannot_pickle_fails_every_rank(trio):
+    def body(ctx):
+        for call in (ctx.allgather_object, ctx.gather_object):
+            with pytest.raises(pc.InvalidArgument, match="rank 1 refused its arguments: "
+                                                         "TypeError: cannot pickle"):
+                call(threading.Lock() if ctx.rank == 1 else ctx.rank)
+        with pytest.raises(pc.InvalidArgument, match="broadcast_object: root 2 refused"):
+            ctx.broadcast_object(threading.Lock() if ctx.rank == 2 else None, root=2)
+        return ctx.allgather_object(ctx.rank)
+
+    assert trio.run(body) == [[0, 1, 2]] * 3
+
+
+def test_errors_inside_an_object_collective_name_the_users_call():
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                with pytest.raises(pc.Timeout) as info:
+                    ctx.broadcast_object(root=1, timeout=0.3)
+                return str(info.value)
+            return None
+        message = g.run(body)[0]
+        assert message.startswith("broadcast_object: rank 0: "), message
+    finally:
+        g.close()
+
+
+# -- conveniences (item 8) ------------------------------------------------------
+
+def test_local_rank_and_size_count_the_ranks_of_this_host(trio):
+    assert trio.run(lambda ctx: (ctx.local_rank, ctx.local_size)) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_the_transport_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_TRANSPORT", "no-such-transport")
+    with pytest.raises(pc.PluginError, match="no-such-transport"):
+        pc.init(rank=0, size=1)
+    monkeypatch.setenv("PYCOLLECT_TRANSPORT", "tcp")
+    with pc.init(rank=0, size=1) as ctx:
+        assert ctx.allreduce(2.0) == 2.0
+
+
+def test_torch_tensors_are_taken_directly(trio):
+    torch = pytest.importorskip("torch")
+
+    def body(ctx):
+        t = torch.full((4,), float(ctx.rank + 1))
+        ctx.allreduce(t)
+        strided = torch.zeros(4, 2)[:, 0]           # not contiguous: staged, copied back
+        strided += ctx.rank + 1
+        ctx.allreduce(strided, async_op=True).wait(20)
+        gathered = ctx.allgather(torch.tensor([ctx.rank], dtype=torch.int32))
+        half = torch.ones(2, dtype=torch.bfloat16)
+        ctx.allreduce(half)
+        return t, strided, gathered, half
+
+    for t, strided, gathered, half in trio.run(body):
+        assert torch.equal(t, torch.full((4,), 6.0))
+        assert torch.equal(strided, torch.full((4,), 6.0))
+        assert isinstance(gathered, torch.Tensor)
+        assert gathered.reshape(-1).tolist() == [0, 1, 2]
+        assert half.dtype == torch.bfloat16 and half.tolist() == [3.0, 3.0]
+
+
+# -- smaller slips (item 4) -----------------------------------------------------
+
+def test_unknown_algorithms_list_every_choice(trio):
+    ctx = trio.contexts[0]
+    with pytest.raises(pc.InvalidArgument, match="ring_chunked.*hierarchical"):
+        ctx.allreduce(np.ones(2), algorithm="tree")
+    with pytest.raises(pc.InvalidArgument, match="pipelined.*hierarchical"):
+        ctx.broadcast(np.ones(2), algorithm="tree")
+
+
+def test_group_and_split_arguments_are_named(trio):
+    ctx = trio.contexts[0]
+    with pytest.raises(pc.InvalidArgument, match="new_group: rank 5 is not a rank"):
+        ctx.new_group([5])
+    with pytest.raises(pc.InvalidArgument, match="split: color must be an int or None, "
+                                                 "got 'a'"):
+        ctx.split("a")
+    with pytest.raises(pc.InvalidArgument, match="split: key must be an int, got 1.5"):
+        ctx.split(0, key=1.5)
+
+
+def test_a_closed_context_refuses_with():
+    ctx = pc.init(rank=0, size=1)
+    ctx.close()
+    with pytest.raises(pc.Error, match="the context is closed"):
+        with ctx:
+            pass
+
+
+def test_number_forms_and_objects_do_not_pickle_numbers():
+    # Numbers travel as one-element arrays, never pickled.
+    assert pickle.dumps(3.5)      # (the object forms do pickle, by name)
+    with pc.init(rank=0, size=1) as ctx:
+        with pytest.raises(pc.InvalidArgument, match="does not fit in an int64; use "
+                                                     "allreduce_object"):
+            ctx.allreduce(2 ** 70)
