@@ -16,10 +16,12 @@ diagnoses, on every rank, with the real cause:
   which every rank of the run polls while it waits (with the run's join count
   then, so that a rank that joined later, reading an earlier job's keys,
   ignores it);
-* a rank started twice: rank 0 sees a rank's join answer change under its
-  own, fresh run id (each process writes it once per run) and publishes the
-  failure; two processes started as rank 0 see the run id they published
-  replaced by another one and fail both runs;
+* a rank started twice: rank 0 counts more join answers than ranks under its
+  own, fresh run id (each process answers once per run) and publishes the
+  failure; two processes started as rank 0: the first sees the run id it
+  published replaced by another one and fails both runs (the second, which
+  found a run in the store when it started, waits two join slices for that
+  before it answers anyone);
 * a rank that never comes: at the deadline each rank lists which ranks
   joined and which never did.
 
@@ -163,7 +165,21 @@ class _Join:
                               "; the store held another run (%s) when this rank 0 started: "
                               "a second process started as rank 0 earlier, or keys an earlier "
                               "job left" % earlier if earlier else ""), Timeout)
-            time.sleep(min(slice_s, self.deadline.remaining()))
+            try:        # returns as soon as every missing rank has answered
+                scoped.wait(["%s/join/%d" % (run, peer) for peer in range(1, size)
+                             if peer not in answers], timeout=min(slice_s, self.left()))
+            except Timeout:
+                pass
+        if earlier is not None:
+            # The store held a run when this rank 0 started: an earlier job's keys, or
+            # another rank 0 still waiting, which notices this run within one of its
+            # slices.  Give it that long to say so before answering anyone.
+            try:
+                scoped.get("%s/failed" % run, timeout=min(2 * JOIN_SLICE_CAP_S, self.left()))
+            except Timeout:
+                pass
+            self.check_failed(run)
+            self.check_run_is(run)
         for peer, raw in answers.items():
             scoped.set("%s/ack/%d" % (run, peer), _parse_join(raw)[0].encode())
         return run
