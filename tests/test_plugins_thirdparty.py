@@ -12,18 +12,19 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import pycollect as pc
 from pycollect.plugins import available, get_transport, open_store, registry
-from abstract import StoreSuite
+from abstract import StoreSuite, TransportSuite
 from jobs import allreduce_job
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)
 
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin_pkg")
 DISTRIBUTION = "pycollect-testplugin"
-INSTALL_TIMEOUT_S = 50
+INSTALL_TIMEOUT_S = 240     # the build compiles the plugin's Cython channel
 _suite_tables = itertools.count()
 
 
@@ -110,3 +111,68 @@ class TestPluginStore(StoreSuite):
         with open_store(f"memo://suite-{next(_suite_tables)}", timeout=10) as store:
             assert type(store).__module__ == "pycollect_testplugin"
             yield store
+
+
+# -- a transport another package writes in Cython ---------------------------------
+
+
+class TestThirdPartyChannel(TransportSuite):
+    """The plugin's channel (pycollect_testplugin/_sockets.pyx, compiled against the
+    installed .pxd files) passes the suite every built-in channel passes."""
+
+    transport = "testplugin-sockets"
+
+    @pytest.fixture(autouse=True)
+    def _installed(self, plugin_path):
+        pass
+
+
+def _carried(ctx):
+    """Bytes the plugin's channels of this rank wrote and read."""
+    channels = [ctx._transport.channel(p) for p in range(ctx.size) if p != ctx.rank]
+    return sum(c.bytes_sent for c in channels), sum(c.bytes_received for c in channels)
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_the_collective_matrix_runs_on_the_plugin_channel(plugin_path, size):
+    """Every allreduce algorithm, broadcast and reduce algorithm, over counts and ops,
+    checked against NumPy, with the plugin's channel carrying every byte."""
+    from reference import assert_matches, make_input, ops_for, reduce_reference
+
+    from conftest import counts_for
+    from group import ThreadGroup
+    from pycollect.context import ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS
+
+    g = ThreadGroup(size, transport="testplugin-sockets", segment_bytes=64, timeout=30)
+    try:
+        assert all(k in ("self", "testplugin-socket")
+                   for k in g.contexts[0]._transport.pair_kinds())
+        algorithms = [a for a in ALLREDUCE_ALGORITHMS if a != "hierarchical"]
+        cases = [(a, op, n) for a in algorithms for op in ops_for("float32")
+                 for n in counts_for(size)]
+
+        def body(ctx):
+            out = []
+            for algorithm, op, n in cases:
+                buf = make_input("float32", n, ctx.rank, op)
+                ctx.allreduce(buf, op=op, algorithm=algorithm)
+                out.append(buf)
+            for algorithm in [a for a in BROADCAST_ALGORITHMS if a != "hierarchical"]:
+                b = np.arange(1000, dtype=np.int64) if ctx.rank == 1 else np.zeros(1000, np.int64)
+                ctx.broadcast(b, root=1, algorithm=algorithm)
+                out.append(b)
+            return out, _carried(ctx)
+
+        results = g.run(body, timeout=120)
+        for i, (algorithm, op, n) in enumerate(cases):
+            expected = reduce_reference("float32", [make_input("float32", n, r, op)
+                                                    for r in range(size)], op)
+            for rank in range(size):
+                assert_matches("float32", op, results[rank][0][i], expected,
+                               "size %d rank %d %s %s" % (size, rank, algorithm, n))
+        for out, (sent, received) in results:
+            for b in out[len(cases):]:
+                np.testing.assert_array_equal(b, np.arange(1000, dtype=np.int64))
+            assert sent > 0 and received > 0
+    finally:
+        g.close()
