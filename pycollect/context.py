@@ -565,8 +565,8 @@ class Context:
         collective (``pycollect/hierarchy.py``): named by ``recipe`` (the same on every
         member), never numbered like ``split`` and ``new_group``, and run inside a collective
         of this context, under its sequence number and deadline."""
-        gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
-        transport = GroupTransport(self._transport, members, gid)
+        group_id = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
+        transport = GroupTransport(self._transport, members, group_id)
         kinds, host_ids = self._pair_kinds(), self._transport.host_ids
         shm = len(members) > 1 and all(_shared(kinds[m]) for m in members)
         multi = host_ids is not None and multi_level([host_ids[m] for m in members],
@@ -585,8 +585,8 @@ class Context:
         return self._selector.plan(collective, _nbytes(buf))
 
     def _group(self, members, recipe):
-        gid = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
-        transport = GroupTransport(self._transport, members, gid)
+        group_id = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
+        transport = GroupTransport(self._transport, members, group_id)
         if recipe[0] == "split":
             name = "split#%d color %s" % recipe[1:]
         else:
@@ -594,7 +594,7 @@ class Context:
         name = "%s > %s" % (self._name, name) if self._name else name
         group = Context(members.index(self._rank), len(members), transport,
                         timeout=self._timeout, segment_bytes=self._segment_bytes,
-                        debug=self._debug, lock=self._lock, group_id=gid, name=name)
+                        debug=self._debug, lock=self._lock, group_id=group_id, name=name)
         return group
 
     # -- object collectives (pickle: only with trusted peers) -------------

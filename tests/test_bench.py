@@ -109,18 +109,26 @@ def test_injected_fault_caught_in_every_family(name, capsys):
     assert "verification failed" in capsys.readouterr().err
 
 
-def test_no_verify_skips_the_check():
-    assert bench_threads(2, *TINY, "--no-verify", "--inject-fault", "allreduce") == [0, 0]
+def test_no_verify_skips_the_check(capsys):
+    assert bench_threads(2, *TINY, "--no-verify", "--inject-fault", "--json",
+                         "allreduce") == [0, 0]
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verify"] is False
+    assert all(row["verified"] is not True for row in doc["results"])
 
 
 @pytest.mark.parametrize("dtype, op", [("float16", "sum"), ("bfloat16", "avg"),
                                        ("complex64", "product"), ("int8", "sum"),
                                        ("uint16", "bxor"), ("bool", "max"),
                                        ("float64", "min")])
-def test_dtypes_and_ops(dtype, op):
+def test_dtypes_and_ops(dtype, op, capsys):
     pytest.importorskip("ml_dtypes")
-    assert bench_threads(3, *TINY, "--dtype", dtype, "--op", op, "--json=/dev/null",
+    assert bench_threads(3, *TINY, "--dtype", dtype, "--op", op, "--json",
                          "allreduce_ring") == [0] * 3
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["dtype"], doc["op"], doc["algorithm"]) == (dtype, op, "ring")
+    assert [row["elements"] for row in doc["results"]] == [0, 1, 5, 1000]
+    assert all(row["verified"] is True and row["iterations"] == 3 for row in doc["results"])
 
 
 def test_bcube_base(capsys):
@@ -130,8 +138,11 @@ def test_bcube_base(capsys):
     assert "algorithm bcube:3" in capsys.readouterr().out
 
 
-def test_inputs_are_combined_first():
-    assert bench_threads(2, *TINY, "--inputs", "3", "allreduce") == [0, 0]
+def test_inputs_are_combined_first(capsys):
+    assert bench_threads(2, *TINY, "--inputs", "3", "--json", "allreduce") == [0, 0]
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["inputs"] == 3
+    assert all(row["verified"] is True for row in doc["results"])
 
 
 def test_float_tolerance_grows_with_terms_but_catches_errors():

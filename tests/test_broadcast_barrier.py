@@ -56,11 +56,26 @@ def test_broadcast_root_buffer_may_be_read_only(group):
 
 
 def test_barrier_repeated(group):
+    """Twenty barriers in a row, a different rank late to each: none lets a rank through
+    before the late one has entered it."""
+    rounds = 20
+    entered = [dict() for _ in range(rounds)]
+    left = [dict() for _ in range(rounds)]
+    lock = threading.Lock()
+
     def body(ctx):
-        for _ in range(20):
+        for i in range(rounds):
+            if ctx.rank == i % group.size:
+                time.sleep(0.005)
+            with lock:
+                entered[i][ctx.rank] = time.monotonic()
             ctx.barrier()
-        return True
-    assert all(group.run(body))
+            with lock:
+                left[i][ctx.rank] = time.monotonic()
+
+    group.run(body)
+    for i in range(rounds):
+        assert min(left[i].values()) >= max(entered[i].values()), i
 
 
 def test_barrier_waits_for_the_last_rank(group):

@@ -1,5 +1,6 @@
 """Bad input is refused with a clear error; ranks that disagree fail fast, all of them."""
 
+import logging
 import socket
 import threading
 import time
@@ -265,7 +266,7 @@ def test_init_names_the_missing_variable(monkeypatch):
         pc.init(store="hash://x")
 
 
-def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
+def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch, caplog):
     """A connection without the run's token is dropped; the mesh still forms."""
     from pycollect.plugins import mesh
     real_mesh_run = mesh.Mesh.run
@@ -280,10 +281,20 @@ def test_stranger_on_the_listener_does_not_disturb_the_job(monkeypatch):
         return real_mesh_run(self, listener, addrs)
 
     monkeypatch.setattr(mesh.Mesh, "run", run_with_a_stranger)
-    g = ThreadGroup(2, timeout=20)
+    with caplog.at_level(logging.WARNING, logger="pycollect.tcp"):
+        g = ThreadGroup(2, timeout=20)
     try:
         _still_usable(g)
-        assert knocked
+        assert len(knocked) == 1
+        dropped = [r.getMessage() for r in caplog.records if "dropped a connection" in
+                   r.getMessage()]
+        assert len(dropped) == 1 and "not a pycollect hello" in dropped[0], dropped
+        knocked[0].settimeout(5)
+        try:        # closed with the stranger's bytes unread: a reset, or the end
+            gone = knocked[0].recv(1) == b""
+        except ConnectionResetError:
+            gone = True
+        assert gone, "the listener kept the stranger's connection"
     finally:
         g.close()
         for s in knocked:

@@ -7,7 +7,7 @@ Three ways to make several "hosts" on one machine:
 - processes in network namespaces (root and ``ip``, else skipped): each
   namespace is a host because the identity includes the namespace, with no
   override; the namespaces and their addresses in 198.18.0.0/15 come from
-  test_netns.py's fixture and are removed afterwards.
+  the ``hosts`` fixture (tests/netns.py) and are removed afterwards.
 """
 
 import contextlib
@@ -30,7 +30,7 @@ from pycollect.context import ALLREDUCE_ALGORITHMS
 from pycollect.plugins import hosts as host_table
 from pycollect.plugins.hosts import boot_id, check_host_table, host_identity, machine_identity
 from reference import assert_matches, make_input, ops_for, reduce_reference
-from test_netns import SUBNET, hosts  # noqa: F401  (the namespace fixture)
+from netns import SUBNET
 
 pytestmark = pytest.mark.timeout(60)
 

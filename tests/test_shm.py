@@ -1,6 +1,6 @@
 """The shared-memory path: rings, single-copy reads, cleanup, and failure."""
 
-import glob
+import os
 
 import numpy as np
 import pytest
@@ -9,8 +9,14 @@ from group import ThreadGroup
 from jobs import run_victims
 
 
-def _leftovers():
-    return glob.glob("/dev/shm/pycollect-*")
+def _segments(g):
+    """The names in /dev/shm of the segments that ``g``'s rings live in."""
+    return {ctx._transport.channel(p).segment_path for ctx in g.contexts
+            for p in range(g.size) if p != ctx.rank}
+
+
+def _leftovers(paths):
+    return [path for path in paths if os.path.exists(path)]
 
 
 def _check_sums(g, n):
@@ -24,11 +30,13 @@ def test_same_host_pairs_use_shared_memory_by_default():
     g = ThreadGroup(3)
     try:
         assert g.contexts[0]._transport.pair_kinds() == ["self", "shm+cma", "shm+cma"]
-        assert not _leftovers(), "the segment is unlinked once every rank mapped it"
+        paths = _segments(g)
+        assert len(paths) == 1 and all(p.startswith("/dev/shm/pycollect-") for p in paths)
+        assert not _leftovers(paths), "the segment is unlinked once every rank mapped it"
         _check_sums(g, 3 << 20)
     finally:
         g.close()
-    assert not _leftovers()
+    assert not _leftovers(paths)
 
 
 def test_tcp_can_be_forced():
@@ -55,13 +63,21 @@ def test_rings_alone_carry_large_messages(monkeypatch):
         g.close()
 
 
-@pytest.mark.parametrize("cma_min", ["1", "100000000"])
-def test_every_message_size_by_either_path(monkeypatch, cma_min):
+@pytest.mark.parametrize("cma_min,by_address", [("1", True), ("100000000", False)])
+def test_every_message_size_by_either_path(monkeypatch, cma_min, by_address):
+    """From PYCOLLECT_CMA_MIN_BYTES on, messages go by address; below it, through the ring."""
     monkeypatch.setenv("PYCOLLECT_CMA_MIN_BYTES", cma_min)
     g = ThreadGroup(4)
     try:
         for n in (0, 1, 7, 4096, 100003):
+            before = [sum(ctx._transport.messages_by_address()) for ctx in g.contexts]
             _check_sums(g, n)
+            sent = [sum(ctx._transport.messages_by_address()) - b
+                    for ctx, b in zip(g.contexts, before)]
+            if by_address and n > 0:
+                assert all(k > 0 for k in sent), (n, sent)
+            else:
+                assert sent == [0] * 4, (n, sent)
     finally:
         g.close()
 
@@ -72,6 +88,8 @@ import numpy as np
 import pycollect as pc
 rank, store = int(sys.argv[1]), sys.argv[2]
 ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
+with open(os.path.join(os.path.dirname(__file__), "segment%d" % rank), "w") as f:
+    f.write(ctx._transport.channel((rank + 1) % 3).segment_path)
 ctx.barrier()
 buf = np.ones(4 << 20, np.float32)
 t0 = time.monotonic()
@@ -89,9 +107,5 @@ sys.exit("rank %d finished without an error" % rank)
 
 def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
     run_victims(tmp_path, _VICTIM)
-    assert not _leftovers()
-
-
-def test_nothing_left_in_dev_shm():
-    """Run last in this file: no test above left a segment behind."""
-    assert not _leftovers()
+    paths = {(tmp_path / ("segment%d" % r)).read_text() for r in range(3)}
+    assert len(paths) == 1 and not _leftovers(paths), paths

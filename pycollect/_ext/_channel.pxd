@@ -33,7 +33,7 @@ cdef enum:
     CHANNEL_ABI = 1             # the version of ChannelOps below
 
 cdef union HeaderWord:
-    uint32_t group      # data frames: the group (context) id
+    uint32_t group_id   # data frames: the group's id (OpDesc.group_id)
     uint32_t error_kind # abort frames: the kind of the first failure
 
 cdef packed struct MsgHeader:
@@ -93,7 +93,10 @@ ctypedef struct ChannelBase:
 cdef class Channel:
     cdef ChannelBase* base      # what the engine reads and calls (ops, fd, eof, ...)
 
-# Defaults for a kind's table: a plain byte stream with nothing else.
+# A table of defaults (a plain byte stream with nothing else), that a kind then
+# fills with its own byte path (writev, readv, peek) and whatever else it has.
+cdef void default_ops(ChannelOps* ops) noexcept
+# The defaults, one by one.
 cdef int take_peeked_by_reading(ChannelBase* c, MsgHeader* h) noexcept nogil
 cdef size_t held_nothing(ChannelBase* c) noexcept nogil
 cdef short events_as_asked(ChannelBase* c, int want_out, int want_in) noexcept nogil

@@ -61,6 +61,34 @@ cdef class Channel:
             self.base.fd = -1
 
 
+cdef ssize_t _unsupported_io(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    pc_set_errno(ENOSYS)
+    return -1
+
+
+cdef int _unsupported_peek(ChannelBase* c, MsgHeader* h) noexcept nogil:
+    pc_set_errno(ENOSYS)
+    return -1
+
+
+cdef void default_ops(ChannelOps* ops) noexcept:
+    ops.abi = CHANNEL_ABI
+    ops.writev = _unsupported_io
+    ops.readv = _unsupported_io
+    ops.peek = _unsupported_peek
+    ops.take_peeked = take_peeked_by_reading
+    ops.held = held_nothing
+    ops.events = events_as_asked
+    ops.arm = arm_nothing
+    ops.disarm = disarm_nothing
+    ops.woken = woken_nothing
+    ops.send_frame = send_frame_by_writing
+    ops.shut = shut_nothing
+    ops.read_remote = read_remote_unsupported
+    ops.acked = acked_none
+    ops.ack = ack_nothing
+
+
 cdef int take_peeked_by_reading(ChannelBase* c, MsgHeader* h) noexcept nogil:
     cdef iovec iov
     iov.iov_base = h

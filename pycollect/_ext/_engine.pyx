@@ -114,7 +114,7 @@ cdef struct Pair:
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
-    return (h.word.group == d.context and h.coll == d.coll and h.dtype == d.dtype
+    return (h.word.group_id == d.group_id and h.coll == d.coll and h.dtype == d.dtype
             and h.redop == d.redop and h.algo == d.algo and h.root == d.root
             and h.count == d.count)
 
@@ -204,6 +204,11 @@ cdef class Engine(Transport):
     def tls_pairs(self):
         """Which peers this rank talks to through an encrypted channel."""
         return [p != self.rank and self.channels[p].encrypted for p in range(self.size)]
+
+    def messages_by_address(self):
+        """How many messages this rank has sent each peer by address (its memory read by the
+        peer instead of streamed)."""
+        return [self.pairs[p].by_address_sent for p in range(self.size)]
 
     def peer_pids(self):
         """Each peer's process id where its memory can be read (this process's own for
@@ -435,11 +440,11 @@ cdef class Engine(Transport):
             if candidate:
                 n = ch.ops.peek(ch, &h)
                 if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
-                        and h.coll == COLL_P2P and h.word.group == self.op.context \
+                        and h.coll == COLL_P2P and h.word.group_id == self.op.group_id \
                         and (self.op.root < 0 or h.root == self.op.root):
                     out.peer = p
                     out.nbytes = h.nbytes
-                    out.desc.context = h.word.group
+                    out.desc.group_id = h.word.group_id
                     out.desc.seq = h.seq
                     out.desc.coll = h.coll
                     out.desc.dtype = h.dtype
@@ -502,7 +507,7 @@ cdef class Engine(Transport):
     # -- the engine -----------------------------------------------------
 
     cdef inline void _fill_desc(self, MsgHeader* h) noexcept nogil:
-        h.word.group = self.op.context
+        h.word.group_id = self.op.group_id
         h.seq = self.op.seq
         h.coll = self.op.coll
         h.dtype = self.op.dtype
@@ -662,7 +667,7 @@ cdef class Engine(Transport):
                      "(magic 0x%08x)", h.magic)
             return self.set_error(ERR_PEER, peer, "", 0, detail)
         if r.flex:
-            if h.coll != COLL_P2P or h.word.group != r.desc.context or h.dtype != r.desc.dtype \
+            if h.coll != COLL_P2P or h.word.group_id != r.desc.group_id or h.dtype != r.desc.dtype \
                     or (r.desc.root >= 0 and h.root != r.desc.root) or h.nbytes > r.nbytes:
                 self._note_theirs(h)
                 return self.set_error(ERR_MISMATCH, peer, "", 0, "the message does not match "
@@ -686,7 +691,7 @@ cdef class Engine(Transport):
     cdef void _note_theirs(self, const MsgHeader* h) noexcept nogil:
         if self.failed:
             return
-        self.err.theirs.context = h.word.group if h.magic == MAGIC_DATA else self.op.context
+        self.err.theirs.group_id = h.word.group_id if h.magic == MAGIC_DATA else self.op.group_id
         self.err.theirs.seq = h.seq
         self.err.theirs.coll = h.coll
         self.err.theirs.dtype = h.dtype
@@ -819,7 +824,7 @@ cdef class Engine(Transport):
             # carries no collective sequence number).  One of this collective
             # that no receive here will ever match, or one of an earlier
             # collective of this group, means disagreement.
-            if n == HDR_BYTES and h.word.group == self.op.context and h.coll != COLL_P2P and (
+            if n == HDR_BYTES and h.word.group_id == self.op.group_id and h.coll != COLL_P2P and (
                     <int32_t>(h.seq - self.op.seq) < 0 or (
                         h.seq == self.op.seq and not _same_op(&h, &self.op))):
                 self._note_theirs(&h)

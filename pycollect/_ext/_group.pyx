@@ -19,18 +19,18 @@ cdef class GroupTransport(Transport):
     cdef Transport parent
     cdef int* members
     cdef int* index
-    cdef uint32_t gid
+    cdef uint32_t group_id
 
     def __cinit__(self):
         self.members = NULL
         self.index = NULL
 
-    def __init__(self, Transport parent, members, unsigned int gid):
+    def __init__(self, Transport parent, members, unsigned int group_id):
         cdef int i, p
         if parent.rank not in members:
             raise ValueError("GroupTransport: this rank is not a member")
         self.parent = parent
-        self.gid = gid
+        self.group_id = group_id
         self.size = len(members)
         self.rank = list(members).index(parent.rank)
         self.members = <int*>calloc(self.size, sizeof(int))
@@ -60,8 +60,8 @@ cdef class GroupTransport(Transport):
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil:
         self.op = op[0]
-        if self.op.context == 0:
-            self.op.context = self.gid      # a group nested in this one keeps its own id
+        if self.op.group_id == 0:
+            self.op.group_id = self.group_id      # a group nested in this one keeps its own id
         self.timeout_s = timeout_s
         if self.failed:
             return -1
@@ -97,8 +97,8 @@ cdef class GroupTransport(Transport):
 
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
-        if self.op.context == 0:
-            self.op.context = self.gid
+        if self.op.group_id == 0:
+            self.op.group_id = self.group_id
         if self.failed:
             return -1
         return self._mirror(self.parent.set_op(&self.op))

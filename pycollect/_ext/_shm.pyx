@@ -28,7 +28,8 @@ from posix.uio cimport iovec
 
 import os
 
-from pycollect._ext._channel cimport CHANNEL_ABI, HDR_BYTES, ChannelOps, MsgHeader
+from pycollect._ext._channel cimport HDR_BYTES, ChannelOps, MsgHeader, default_ops
+from pycollect._ext._socket cimport socket_shut
 
 cdef extern from "_sys.h" nogil:
     void pc_set_errno(int e)
@@ -41,11 +42,9 @@ cdef extern from "_sys.h" nogil:
 cdef extern from "<sys/socket.h>" nogil:
     ssize_t recv(int fd, void* buf, size_t n, int flags)
     ssize_t send(int fd, const void* buf, size_t n, int flags)
-    int shutdown(int fd, int how)
     enum:
         MSG_NOSIGNAL
         MSG_DONTWAIT
-        SHUT_WR
 
 cdef extern from "<poll.h>" nogil:
     enum:
@@ -318,10 +317,6 @@ cdef void _ring_send_frame(ChannelBase* c, const MsgHeader* h) noexcept nogil:
         _wake_reader(&r.out, c.fd)
 
 
-cdef void _ring_shut(ChannelBase* c) noexcept nogil:
-    shutdown(c.fd, SHUT_WR)
-
-
 cdef ssize_t _ring_read_remote(ChannelBase* c, void* dst, uint64_t addr,
                                size_t n) noexcept nogil:
     return cma_read(_ring(c).peer_pid, dst, addr, n)
@@ -338,7 +333,7 @@ cdef void _ring_ack(ChannelBase* c) noexcept nogil:
 
 
 cdef ChannelOps RING_OPS
-RING_OPS.abi = CHANNEL_ABI
+default_ops(&RING_OPS)
 RING_OPS.writev = _ring_writev
 RING_OPS.readv = _ring_readv
 RING_OPS.peek = _ring_peek
@@ -349,7 +344,7 @@ RING_OPS.arm = _ring_arm
 RING_OPS.disarm = _ring_disarm
 RING_OPS.woken = _ring_woken
 RING_OPS.send_frame = _ring_send_frame
-RING_OPS.shut = _ring_shut
+RING_OPS.shut = socket_shut      # the doorbell's end tells the peer
 RING_OPS.read_remote = _ring_read_remote
 RING_OPS.acked = _ring_acked
 RING_OPS.ack = _ring_ack
@@ -390,3 +385,8 @@ cdef class RingChannel(Channel):
     @property
     def pid(self):
         return self.ring.peer_pid
+
+    @property
+    def segment_path(self):
+        """The name the rings' segment had in /dev/shm (unlinked once every rank mapped it)."""
+        return self.segment.path

@@ -7,10 +7,7 @@ MSG_DONTWAIT``, so a peer that died shows as an error, never as SIGPIPE.
 from libc.string cimport memset
 from posix.uio cimport iovec, readv
 
-from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, ack_nothing, acked_none,
-                                      arm_nothing, disarm_nothing, events_as_asked,
-                                      held_nothing, read_remote_unsupported,
-                                      send_frame_by_writing, woken_nothing)
+from pycollect._ext._channel cimport HDR_BYTES, default_ops
 
 cdef extern from "<sys/socket.h>" nogil:
     ctypedef unsigned int socklen_t
@@ -64,21 +61,12 @@ cdef void socket_shut(ChannelBase* c) noexcept nogil:
 
 
 cdef ChannelOps SOCKET_OPS
-SOCKET_OPS.abi = CHANNEL_ABI
+default_ops(&SOCKET_OPS)
 SOCKET_OPS.writev = _writev
 SOCKET_OPS.readv = _readv
 SOCKET_OPS.peek = _peek
 SOCKET_OPS.take_peeked = _take_peeked
-SOCKET_OPS.held = held_nothing
-SOCKET_OPS.events = events_as_asked
-SOCKET_OPS.arm = arm_nothing
-SOCKET_OPS.disarm = disarm_nothing
-SOCKET_OPS.woken = woken_nothing
-SOCKET_OPS.send_frame = send_frame_by_writing
 SOCKET_OPS.shut = socket_shut
-SOCKET_OPS.read_remote = read_remote_unsupported
-SOCKET_OPS.acked = acked_none
-SOCKET_OPS.ack = ack_nothing
 
 
 cdef void socket_setup(ChannelBase* c, int fd, const ChannelOps* ops) except *:

@@ -13,11 +13,7 @@ close_notify reads as an ordinary end of stream: pycollect's own framing
 carries every message's length, so a cut stream is still detected.
 """
 
-from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, ChannelBase, ChannelOps,
-                                      MsgHeader, ack_nothing, acked_none, arm_nothing,
-                                      disarm_nothing, events_as_asked,
-                                      read_remote_unsupported, send_frame_by_writing,
-                                      woken_nothing)
+from pycollect._ext._channel cimport HDR_BYTES, ChannelBase, ChannelOps, MsgHeader, default_ops
 from pycollect._ext._socket cimport SocketChannel, socket_setup, socket_shut
 from libc.errno cimport EAGAIN, EPIPE, EPROTO, errno
 from libc.stdint cimport uint32_t, uint64_t
@@ -481,23 +477,15 @@ cdef size_t _tls_held(ChannelBase* c) noexcept nogil:
     return _tls(c).npeeked + (1 if tls_pending(_tls(c).ssl) else 0)
 
 
+# The socket channel's table with the byte path through OpenSSL.
 cdef ChannelOps TLS_OPS
-TLS_OPS.abi = CHANNEL_ABI
+default_ops(&TLS_OPS)
 TLS_OPS.writev = _tls_writev
 TLS_OPS.readv = _tls_readv
 TLS_OPS.peek = _tls_peek
 TLS_OPS.take_peeked = _tls_take_peeked
 TLS_OPS.held = _tls_held
-# The rest is the socket's own.
-TLS_OPS.events = events_as_asked
-TLS_OPS.arm = arm_nothing
-TLS_OPS.disarm = disarm_nothing
-TLS_OPS.woken = woken_nothing
-TLS_OPS.send_frame = send_frame_by_writing
 TLS_OPS.shut = socket_shut
-TLS_OPS.read_remote = read_remote_unsupported
-TLS_OPS.acked = acked_none
-TLS_OPS.ack = ack_nothing
 
 
 cdef class TlsChannel(SocketChannel):

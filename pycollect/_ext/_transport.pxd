@@ -44,7 +44,7 @@ cdef enum Collective:
     COLL_P2P = 15
 
 cdef struct OpDesc:
-    uint32_t context    # the group: 0 for a top-level context, a derived id for sub-groups
+    uint32_t group_id   # the group: 0 for a top-level context, a derived id for sub-groups
     uint32_t seq        # the context's collective sequence number
     uint8_t coll
     uint8_t dtype
@@ -139,7 +139,7 @@ cdef enum Algorithm:
 
 cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int redop, int algo,
                            int root, unsigned long long count) noexcept nogil:
-    d.context = 0
+    d.group_id = 0
     d.seq = seq
     d.coll = coll
     d.dtype = dtype

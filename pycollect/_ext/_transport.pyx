@@ -55,8 +55,8 @@ cdef str _desc(const OpDesc* d):
         text = "send/recv(%s x %d, tag %d)" % (DTYPES.get(d.dtype, "?"), d.count, d.root)
     else:
         text = "%s #%d" % (describe_op(d.coll, d.dtype, d.redop, d.algo, d.root, d.count), d.seq)
-    if d.context:
-        text += " in group %08x" % d.context
+    if d.group_id:
+        text += " in group %08x" % d.group_id
     return text
 
 

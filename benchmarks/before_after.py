@@ -1,0 +1,92 @@
+"""Two builds of pycollect side by side in one run, taking turns: is the new one slower?
+
+    python benchmarks/before_after.py --build before=/path/to/old/venv/bin/python \\
+        --build after=/path/to/new/venv/bin/python --ranks 2,4 --transports shm,tcp
+
+Each build is a Python interpreter with its own pycollect installed (two
+virtual environments).  For every round, world size and transport, the
+builds run ``python -P -m pycollect.bench allreduce --local N`` in turn (the
+order rotates from round to round), from a neutral working directory so that
+each imports its own installed package, over the same sizes.  Per build and
+size the table gives the median over rounds of each run's p50 latency, the
+run's own noise (the largest spread between two rounds of one build, relative
+to its median), and after / before.  A ratio above 1 that is larger than the
+noise is a slowdown.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ELEMENTS = (1, 16, 256, 4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
+
+
+def _run(python, ranks, transport, elements, iteration_time, workdir):
+    out = os.path.join(workdir, "bench.json")
+    cmd = [python, "-P", "-m", "pycollect.bench", "allreduce", "--local", str(ranks),
+           "-t", transport, "--elements", ",".join(map(str, elements)),
+           "--iteration-time", iteration_time, "--json=" + out, "--quiet"]
+    subprocess.run(cmd, cwd=workdir, check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    with open(out) as f:
+        return {row["elements"]: row for row in json.load(f)["results"]}
+
+
+def _noise(values):
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle and len(values) > 1 else 0.0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", action="append", required=True, metavar="NAME=PYTHON",
+                        help="a build: its name and interpreter (give exactly two)")
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--transports", default="shm,tcp")
+    parser.add_argument("--elements", default=",".join(map(str, ELEMENTS)))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iteration-time", default="300ms")
+    parser.add_argument("--json", help="write every sample here")
+    args = parser.parse_args(argv)
+    builds = [tuple(b.split("=", 1)) for b in args.build]
+    if len(builds) != 2:
+        parser.error("give exactly two --build NAME=PYTHON")
+    elements = [int(e) for e in args.elements.split(",")]
+    samples = {}    # (ranks, transport, build, elements) -> [p50 per round]
+    with tempfile.TemporaryDirectory() as workdir:
+        for ranks in [int(r) for r in args.ranks.split(",")]:
+            for transport in args.transports.split(","):
+                for rnd in range(args.rounds):
+                    order = builds if rnd % 2 == 0 else builds[::-1]
+                    for name, python in order:
+                        rows = _run(python, ranks, transport, elements, args.iteration_time,
+                                    workdir)
+                        for n, row in rows.items():
+                            samples.setdefault((ranks, transport, name, n), []).append(
+                                row["p50_us"])
+                        print("round %d %s %d ranks %s done" % (rnd + 1, name, ranks,
+                                                                transport), file=sys.stderr)
+    (old, _), (new, _) = builds
+    print("| ranks | transport | elements | %s p50 (us) | %s p50 (us) | %s / %s | noise |"
+          % (old, new, new, old))
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        for transport in args.transports.split(","):
+            for n in elements:
+                a = samples[ranks, transport, old, n]
+                b = samples[ranks, transport, new, n]
+                ma, mb = statistics.median(a), statistics.median(b)
+                print("| %d | %s | %d | %.1f | %.1f | %.2f | %.2f |" % (
+                    ranks, transport, n, ma, mb, mb / ma, max(_noise(a), _noise(b))))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"ranks": k[0], "transport": k[1], "build": k[2], "elements": k[3],
+                        "p50_us": v} for k, v in samples.items()], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
