@@ -28,7 +28,7 @@ from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
 from .hierarchy import PhaseGroup, Topology, multi_level
-from . import recorder, selection, settings, signature
+from . import recorder, recovery, selection, settings, signature
 from .recorder import Recorder
 from .selection import buffer_bytes as _nbytes
 from .tensors import Host, as_tensor_like, is_tensor
@@ -71,6 +71,8 @@ class Context:
         self._selector = None   # auto's rules for this group, found on first use
         self._failure = None
         self._closed = False
+        self._handed_over = False   # shrink() gave the connections to a new context
+        self._recoveries = 0        # shrink() and agree() calls: numbers their exchanges
         self._on_close = list(on_close)
         self._debug = debug
         self._logs = debug in (True, "all")      # PYCOLLECT_DEBUG=1 (or 1,detail)
@@ -597,6 +599,97 @@ class Context:
                         debug=self._debug, lock=self._lock, group_id=group_id, name=name)
         return group
 
+    # -- surviving a lost rank --------------------------------------------
+
+    def shrink(self, exclude=None, timeout=None):
+        """A new Context of the ranks that are neither in ``exclude`` nor gone, renumbered
+        in their old order, over this context's connections (no store, no new listener).
+
+        Call it on every surviving rank after a failure, or on every rank at any time
+        with ``exclude`` to drop ranks on purpose (every rank passes the same list; an
+        excluded rank gets None at once).  The survivors agree on who is gone
+        (pycollect/recovery.py), so each gets the same group; a rank that waits longer
+        than ``timeout`` seconds (default: the context's) to answer is gone too.  This
+        context stays failed.  A rank that dies during the shrink makes it raise
+        ``PeerError``: call shrink again.  None on a rank left out.
+        """
+        exclude = self._check_excluded(exclude, "shrink")
+        if self._rank in exclude:
+            self._retire("rank %d was excluded by shrink()" % self._rank)
+            return None
+        members, _ = self._survivors(exclude, True, timeout, "shrink")
+        if self._rank not in members:
+            self._retire("shrink() left rank %d out (its links to the others broke)"
+                         % self._rank)
+            return None
+        group = self._group(members, ("shrink", self._recoveries, tuple(members)))
+        # The new context owns the connections now: closing it closes them.
+        group._on_close = [self._transport.close] + self._on_close
+        self._on_close = []
+        self._handed_over = True
+        self._retire("rank %d: the context was shrunk to ranks %s of it; use the context "
+                     "shrink() returned" % (self._rank, members))
+        log.info("rank %d: shrunk to %d rank(s) %s", self._rank, len(members), members)
+        return group
+
+    def agree(self, flag, timeout=None):
+        """A fault-tolerant AND of ``flag`` over the ranks that are alive (ULFM's agree):
+        every live rank gets the same answer, even when ranks died before or during the
+        call.  Works on a failed context.  A healthy context stays usable if every rank
+        took part; when some are gone it becomes failed (``shrink()`` goes on without
+        them)."""
+        members, result = self._survivors((), bool(flag), timeout, "agree")
+        if len(members) < self._size and self._failure is None:
+            gone = sorted(set(range(self._size)) - set(members))
+            self._failure = PeerError("rank %d: agree() found rank(s) %s gone; shrink() the "
+                                      "context to go on without them"
+                                      % (self._rank, ", ".join(map(str, gone))))
+        return result
+
+    def _survivors(self, exclude, flag, timeout, what):
+        timeout = self._timeout if timeout is None else timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not timeout > 0:
+            raise InvalidArgument("%s: timeout must be a number of seconds > 0, got %r"
+                                  % (what, timeout))
+        if self._closed:
+            raise Error("rank %d: the context is closed" % self._rank)
+        if self._handed_over:
+            raise Error("rank %d: %s: the context was shrunk already; use the context "
+                        "shrink() returned" % (self._rank, what))
+        entry = None if self._recorder is None else self._recorder.record(
+            what, None, None, None)
+        with self._lock:
+            self._recoveries += 1
+            gid = zlib.crc32(repr((self._group_id, what, self._recoveries)).encode()) or 1
+            if entry is not None:
+                Recorder.started(entry, None)
+            try:
+                found = recovery.survivors(self._transport, self._rank, self._size, exclude,
+                                           flag, float(timeout), gid)
+            except BaseException as exc:
+                if entry is not None:
+                    Recorder.ended(entry, None, exc)
+                raise
+        if entry is not None:
+            Recorder.ended(entry, None)
+        return found
+
+    def _check_excluded(self, exclude, what):
+        if exclude is None:
+            return set()
+        try:
+            ranks = list(exclude)
+        except TypeError:
+            raise InvalidArgument("%s: exclude must be a list of ranks, got %r"
+                                  % (what, exclude)) from None
+        return {self._check_rank(r, what, "excluded rank") for r in ranks}
+
+    def _retire(self, why):
+        """Fail this context for good (shrink replaced it or left this rank out)."""
+        if self._failure is None:
+            self._failure = Aborted(why)
+
     # -- object collectives (pickle: only with trusted peers) -------------
     #
     # Each is made of array collectives; an error names the user's call, and an
@@ -745,12 +838,14 @@ class Context:
             return
         self._closed = True
         runner = self._runner
-        if self._busy or (runner is not None and runner.pending()):
+        if not self._handed_over and (self._busy or (runner is not None and runner.pending())):
             self._transport.abort()       # work in flight or queued fails fast
         if runner is not None:
             runner.stop(self._timeout)
         if self._recorder is not None:
             self._recorder.close()
+        if self._handed_over:
+            return          # the context shrink() made owns the connections
         with self._lock:
             self._transport.close()
             for fn in self._on_close:

@@ -2,6 +2,7 @@
 and three spawned ranks of which one dies or stops."""
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -69,3 +70,17 @@ def run_victims(tmp_path, victim, stopped=False, bound_s=10, min_s=0.0):
         assert "rank 2" in line, line
         assert "PeerError" in line or (stopped and "Timeout" in line), line
         assert min_s < float(line.split(" after ")[1].split(" s")[0]) < bound_s, line
+
+
+def last_json(procs, ranks, timeout):
+    """The last stdout line, parsed as JSON, of each of ``procs[r]`` for r in ``ranks``
+    (each must exit 0 within ``timeout`` seconds); every process is stopped afterwards."""
+    try:
+        outs = [procs[r].communicate(timeout=timeout) for r in ranks]
+    finally:
+        stop(procs)
+    results = []
+    for r, (out, err) in zip(ranks, outs):
+        assert procs[r].returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results

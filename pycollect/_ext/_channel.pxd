@@ -29,8 +29,9 @@ cdef enum:
     MAGIC_BY_ADDRESS = 0x434d4350   # "PCMC": a data message whose payload the receiver
                                     # reads from the sender's memory (the stream carries
                                     # its address)
+    MAGIC_RESET = 0x524d4350    # "PCMR": recover()'s frame: the stream starts afresh after it
     HDR_BYTES = 40
-    CHANNEL_ABI = 1             # the version of ChannelOps below
+    CHANNEL_ABI = 2             # the version of ChannelOps below (2: send_frame says if it sent)
 
 cdef union HeaderWord:
     uint32_t group_id   # data frames: the group's id (OpDesc.group_id)
@@ -67,8 +68,8 @@ ctypedef struct ChannelOps:
     void (*disarm)(ChannelBase* c) noexcept nogil
     # poll() reported fd: consume what only wakes (a doorbell), note the end
     void (*woken)(ChannelBase* c) noexcept nogil
-    # best effort, whole or not at all: one header (an abort frame)
-    void (*send_frame)(ChannelBase* c, const MsgHeader* h) noexcept nogil
+    # best effort, whole or not at all: one header (an abort frame); 1 if it went
+    int (*send_frame)(ChannelBase* c, const MsgHeader* h) noexcept nogil
     # this side ends (after an abort frame)
     void (*shut)(ChannelBase* c) noexcept nogil
     # copy n bytes at addr in the peer's memory to dst: a count, or -1 and errno
@@ -103,7 +104,7 @@ cdef short events_as_asked(ChannelBase* c, int want_out, int want_in) noexcept n
 cdef int arm_nothing(ChannelBase* c, int want_in, int want_out, uint64_t ack_needed) noexcept nogil
 cdef void disarm_nothing(ChannelBase* c) noexcept nogil
 cdef void woken_nothing(ChannelBase* c) noexcept nogil
-cdef void send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil
+cdef int send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil
 cdef void shut_nothing(ChannelBase* c) noexcept nogil
 cdef ssize_t read_remote_unsupported(ChannelBase* c, void* dst, uint64_t addr,
                                      size_t n) noexcept nogil

@@ -121,11 +121,11 @@ cdef void woken_nothing(ChannelBase* c) noexcept nogil:
     pass
 
 
-cdef void send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil:
+cdef int send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil:
     cdef iovec iov
     iov.iov_base = <void*>h
     iov.iov_len = HDR_BYTES
-    c.ops.writev(c, &iov, 1)
+    return c.ops.writev(c, &iov, 1) == HDR_BYTES
 
 
 cdef void shut_nothing(ChannelBase* c) noexcept nogil:

@@ -25,8 +25,12 @@ a receive reads header and payload with one ``readv`` straight into the
 caller's buffer (a channel whose messages may carry an address instead of a
 payload reads the header first).  A failing rank sends an abort frame (a
 header with the ABORT magic and its error kind) to every peer whose stream is
-at a message boundary, then shuts its side down, so the failure spreads in
-milliseconds instead of waiting for every rank's timeout.
+at a message boundary, so the failure spreads in milliseconds instead of
+waiting for every rank's timeout; a stream it cannot end at a boundary (a
+message half written) it shuts down.  The other pairs stay open: ``recover()``
+brings them back to a frame boundary (a reset frame each way, what came before
+it discarded), so the survivors of a failure go on over the same channels
+(``Context.shrink``, ``Context.agree``).
 
 Messages from a channel's ``by_address_min`` bytes go by address: the stream
 carries the header and the sender's buffer address, the receiver copies the
@@ -38,13 +42,13 @@ from libc.errno cimport EAGAIN, EFAULT, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec
 
 from pycollect._ext._transport cimport *
 from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC_BY_ADDRESS,
-                                      MAGIC_DATA, Channel, ChannelBase, MsgHeader)
+                                      MAGIC_DATA, MAGIC_RESET, Channel, ChannelBase, MsgHeader)
 
 import os
 
@@ -81,6 +85,7 @@ cdef extern from "<sched.h>" nogil:
 cdef enum:
     ADDR_CHUNK = 4 << 20        # bytes read from a peer's memory per pass, so other pairs
                                 # keep moving
+    JUNK_BYTES = 65536          # recover() discards payloads in pieces of this size
 
 cdef struct Req:
     char* buf
@@ -111,6 +116,24 @@ cdef struct Pair:
     uint64_t by_address_sent    # messages sent by address
     int ack_head        # sent by address, waiting for the peer to copy them out
     int ack_tail
+    # What recover() needs to find the next frame boundary of a failed stream:
+    int lost            # our side broke the stream mid-frame (shut down): it cannot recover
+    int rs_set          # a frame whose header failed its check was read: what is left of it
+    uint64_t rs_skip    # ... its payload bytes still in the stream
+    int rs_ack          # ... it was a by-address message: acknowledge it once skipped
+    char* rs_carry      # ... bytes read past its end (the stream's next bytes), malloc'd
+    size_t rs_carry_len
+    int rs_reset        # ... it was the peer's reset frame (the peer recovers): its epoch + 1
+
+
+cdef struct Resync:
+    MsgHeader hdr       # the frame header being read
+    uint32_t hdr_done
+    uint64_t skip       # payload bytes of the current frame still to discard
+    int ack             # acknowledge a by-address message once its address is skipped
+    uint32_t sent       # bytes of our reset frame written
+    int got             # the peer's reset frame arrived
+    size_t carry_off
 
 
 cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
@@ -140,6 +163,7 @@ cdef class Engine(Transport):
     cdef list addrs
     cdef unsigned long main_thread
     cdef list channels          # owns the pairs' channels (None for self)
+    cdef uint32_t resets        # recover() calls: the epoch its reset frames carry
 
     def __cinit__(self):
         self.pairs = NULL
@@ -217,7 +241,11 @@ cdef class Engine(Transport):
                 for p in range(self.size)]
 
     def __dealloc__(self):
+        cdef int p
         self._close_fds()
+        if self.pairs != NULL:
+            for p in range(self.size):
+                free(self.pairs[p].rs_carry)
         free(self.pairs)
         free(self.reqs)
         free(self.pfds)
@@ -453,8 +481,8 @@ cdef class Engine(Transport):
                     out.desc.root = h.root
                     out.desc.count = h.count
                     return p
-                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
-                        and peer < 0:
+                if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS
+                                       or h.magic == MAGIC_RESET) and peer < 0:
                     pr.data_waiting = 1     # the head is for another operation
                     candidate = 0
                 elif n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
@@ -517,7 +545,8 @@ cdef class Engine(Transport):
         h.count = self.op.count
 
     cdef void _spread_failure(self) noexcept nogil:
-        """Tell every peer we failed (abort frame where possible), then shut down."""
+        """Tell every peer we failed: an abort frame where the stream is at a message
+        boundary (the pair stays open for recover()), else shut the pair down."""
         cdef MsgHeader h
         cdef Pair* pr
         cdef ChannelBase* ch
@@ -542,12 +571,14 @@ cdef class Engine(Transport):
                 continue
             pr = &self.pairs[p]
             ch = pr.ch
-            if ch.fd < 0:
+            if ch.fd < 0 or pr.lost:
                 continue
             head = pr.send_head
-            if head < 0 or (self.reqs[head].hdr_done == 0):
-                ch.ops.send_frame(ch, &h)
-            ch.ops.shut(ch)
+            if (head >= 0 and self.reqs[head].hdr_done != 0) or not ch.ops.send_frame(ch, &h):
+                # The stream is mid-message (or the frame did not fit): end it, so the peer
+                # fails at once; recover() cannot bring this pair back.
+                pr.lost = 1
+                ch.ops.shut(ch)
 
     cdef int _do_send(self, int peer) noexcept nogil:
         """Write queued messages to ``peer`` until its channel is full; 1 if progress."""
@@ -632,6 +663,46 @@ cdef class Engine(Transport):
         return progressed
 
     cdef int _check_header(self, int peer, Req* r) noexcept nogil:
+        """Validate a complete header against the posted receive; on a failure, note where
+        the stream's next frame starts (recover() resumes there)."""
+        if self._check_frame(peer, r) == 0:
+            return 0
+        self._keep_rest(peer, r)
+        return -1
+
+    cdef void _keep_rest(self, int peer, Req* r) noexcept nogil:
+        """After a header that failed its check: the frame's payload bytes still in the
+        stream, or the bytes ``r`` read past the frame's end (copied out of the caller's
+        buffer while it still exists)."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef uint64_t body
+        if pr.rs_set:
+            return
+        pr.rs_set = 1
+        if r.hdr.magic == MAGIC_ABORT:
+            body = 0
+        elif r.hdr.magic == MAGIC_RESET:
+            body = 0
+            pr.rs_reset = <int>r.hdr.seq + 1
+        elif r.hdr.magic == MAGIC_DATA:
+            body = r.hdr.nbytes
+        elif r.hdr.magic == MAGIC_BY_ADDRESS:
+            body = 8
+            pr.rs_ack = 1
+        else:
+            pr.lost = 1         # not a frame: no boundary to find
+            return
+        if r.done > body:
+            pr.rs_carry_len = r.done - body
+            pr.rs_carry = <char*>realloc(NULL, pr.rs_carry_len)
+            if pr.rs_carry == NULL:
+                pr.lost = 1
+                return
+            memcpy(pr.rs_carry, r.buf + body, pr.rs_carry_len)
+        else:
+            pr.rs_skip = body - r.done
+
+    cdef int _check_frame(self, int peer, Req* r) noexcept nogil:
         """Validate a complete header against the posted receive."""
         cdef MsgHeader* h = &r.hdr
         cdef Pair* pr = &self.pairs[peer]
@@ -662,6 +733,9 @@ cdef class Engine(Transport):
                 snprintf(detail, sizeof(detail), "failed (%s error) and left the group",
                          _kind_name(h.word.error_kind))
             return self.set_error(ERR_PEER, peer, "", 0, detail)
+        if h.magic == MAGIC_RESET:
+            return self.set_error(ERR_MISMATCH, peer, "", 0, "it called shrink() or agree() "
+                                  "while this rank runs this operation")
         if h.magic != MAGIC_DATA and h.magic != MAGIC_BY_ADDRESS:
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
@@ -817,6 +891,9 @@ cdef class Engine(Transport):
                 ch.eof = 1
             return 0
         if n < 4:
+            return 0
+        if h.magic == MAGIC_RESET:
+            pr.data_waiting = 1     # the peer recovers: for this rank's next recover()
             return 0
         if h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS:
             # An early message is normal when the peer is ahead (a later
@@ -1019,6 +1096,226 @@ cdef class Engine(Transport):
             if self._block(now, until_ns) < 0:
                 return -1
 
+
+    # -- recovery after a failure: back to a frame boundary on every live pair --
+
+    def recover(self, peers, double timeout_s):
+        """Bring the streams to ``peers`` back to a message boundary and clear the failure.
+
+        This rank sends a reset frame on each pair and discards what the peer sent
+        before the peer's reset frame: the rest of a message cut short, abort frames,
+        messages nobody will receive.  Then the pair starts afresh (message numbers from
+        0).  Pairs this rank broke mid-message, peers that ended their stream, and peers
+        whose reset frame does not come within ``timeout_s`` seconds are closed, and so
+        is every pair not in ``peers``.  Returns the peers of ``peers`` that could not be
+        brought back.
+        """
+        cdef int p, n = self.size
+        cdef Pair* pr
+        if self.closed:
+            raise ValueError("recover: the transport is closed")
+        cdef char* want = <char*>calloc(n, 1)
+        cdef Resync* rs = <Resync*>calloc(n, sizeof(Resync))
+        if want == NULL or rs == NULL:
+            free(want)
+            free(rs)
+            raise MemoryError()
+        for p in peers:
+            if 0 <= p < n and p != self.rank:
+                want[p] = 1
+        self.resets += 1
+        cdef uint32_t epoch = self.resets
+        cdef int64_t until = pc_now_ns() + <int64_t>(timeout_s * 1e9)
+        with nogil:
+            self._resync(want, rs, epoch, until)
+        lost = [p for p in peers if 0 <= p < n and p != self.rank and want[p] != 2]
+        for p in range(n):
+            if p == self.rank:
+                continue
+            pr = &self.pairs[p]
+            pr.send_head = pr.send_tail = -1
+            pr.recv_head = pr.recv_tail = -1
+            pr.ack_head = pr.ack_tail = -1
+            pr.data_waiting = 0
+            pr.rs_set = 0
+            pr.rs_skip = 0
+            pr.rs_ack = 0
+            pr.rs_reset = 0
+            free(pr.rs_carry)
+            pr.rs_carry = NULL
+            pr.rs_carry_len = 0
+            if want[p] == 2:
+                pr.sent_msgs = 0
+                pr.recv_msgs = 0
+            elif pr.ch.fd >= 0:
+                self.channels[p].close()
+                pr.ch.eof = 1
+                pr.lost = 1
+        free(want)
+        free(rs)
+        self.nreqs = 0
+        self.failed = 0
+        memset(&self.err, 0, sizeof(TransportError))
+        self.err.peer = self.err.blamed = self.err.origin = -1
+        self.interrupt = None
+        pc_atomic_store(&self.abort_flag, 0)
+        return lost
+
+    def unreachable(self):
+        """The peers whose pair has ended (end of stream seen, broken or closed)."""
+        return [p for p in range(self.size) if p != self.rank and (
+            self.pairs[p].ch.eof or self.pairs[p].lost or self.pairs[p].ch.fd < 0)]
+
+    cdef void _resync(self, char* want, Resync* rs, uint32_t epoch,
+                      int64_t until) noexcept nogil:
+        """recover()'s loop: ``want[p]`` becomes 2 for a pair brought back, 0 for one lost."""
+        cdef int p, left, progressed, k
+        cdef Pair* pr
+        cdef Req* r
+        cdef MsgHeader reset
+        memset(&reset, 0, sizeof(reset))
+        reset.magic = MAGIC_RESET
+        reset.seq = epoch
+        for p in range(self.size):
+            if not want[p]:
+                continue
+            pr = &self.pairs[p]
+            if pr.lost or pr.ch.eof or pr.ch.fd < 0:
+                want[p] = 0         # broken here, or the peer ended or broke its side
+                continue
+            # Where the stream stands: a failed frame's rest, or a receive cut short.
+            if pr.rs_reset and <int32_t>(<uint32_t>(pr.rs_reset - 1) - epoch) >= 0:
+                rs[p].got = 1           # its reset frame came during an operation
+                rs[p].carry_off = pr.rs_carry_len
+            elif pr.rs_set:
+                rs[p].skip = pr.rs_skip
+                rs[p].ack = pr.rs_ack
+            elif pr.recv_head >= 0:
+                r = &self.reqs[pr.recv_head]
+                if r.hdr_done < HDR_BYTES:
+                    memcpy(&rs[p].hdr, &r.hdr, r.hdr_done)
+                    rs[p].hdr_done = r.hdr_done
+                elif r.by_address:
+                    if r.addr_done < 8:
+                        rs[p].skip = 8 - r.addr_done
+                        rs[p].ack = 1
+                    else:
+                        pr.ch.ops.ack(pr.ch)
+                else:
+                    rs[p].skip = r.nbytes - r.done
+        while True:
+            left = 0
+            progressed = 0
+            for p in range(self.size):
+                if want[p] != 1:
+                    continue
+                k = self._resync_pair(p, &rs[p], &reset)
+                if k < 0:
+                    want[p] = 0
+                    continue
+                progressed |= k
+                if rs[p].got and rs[p].sent == HDR_BYTES:
+                    want[p] = 2
+                else:
+                    left += 1
+            if not left or pc_now_ns() >= until:
+                break
+            if not progressed:
+                self._resync_wait(want)
+        for p in range(self.size):
+            if want[p] == 1:
+                want[p] = 0         # no reset frame in time: a stopped or absent peer
+
+    cdef int _resync_pair(self, int p, Resync* rs, MsgHeader* reset) noexcept nogil:
+        """Move one pair's recovery on: 1 if it progressed, 0 if not, -1 if it is lost."""
+        cdef Pair* pr = &self.pairs[p]
+        cdef ChannelBase* ch = pr.ch
+        cdef char junk[JUNK_BYTES]
+        cdef iovec iov
+        cdef ssize_t n
+        cdef size_t need
+        cdef int progressed = 0
+        ch.ops.woken(ch)            # a doorbell's bytes; the end of the peer's stream
+        if rs.sent < HDR_BYTES:
+            iov.iov_base = (<char*>reset) + rs.sent
+            iov.iov_len = HDR_BYTES - rs.sent
+            n = ch.ops.writev(ch, &iov, 1)
+            if n < 0 and not (_would_block(errno) or errno == EINTR):
+                return -1
+            if n > 0:
+                rs.sent += <uint32_t>n
+                progressed = 1
+        while not rs.got and rs.carry_off < pr.rs_carry_len:
+            need = self._resync_need(rs)
+            if need > pr.rs_carry_len - rs.carry_off:
+                need = pr.rs_carry_len - rs.carry_off
+            if self._resync_take(p, rs, pr.rs_carry + rs.carry_off, need) < 0:
+                return -1
+            rs.carry_off += need
+            progressed = 1
+        while not rs.got:
+            # Read exactly what the current frame still holds, never past the reset frame:
+            # what follows it belongs to the group the pair serves next.
+            need = self._resync_need(rs)
+            iov.iov_base = junk
+            iov.iov_len = need
+            n = ch.ops.readv(ch, &iov, 1)
+            if n == 0:
+                ch.eof = 1
+                return -1
+            if n < 0:
+                if _would_block(errno) or errno == EINTR:
+                    break
+                return -1
+            if self._resync_take(p, rs, junk, <size_t>n) < 0:
+                return -1
+            progressed = 1
+        return progressed
+
+    cdef inline size_t _resync_need(self, Resync* rs) noexcept nogil:
+        if rs.skip:
+            return JUNK_BYTES if rs.skip > JUNK_BYTES else <size_t>rs.skip
+        return HDR_BYTES - rs.hdr_done
+
+    cdef int _resync_take(self, int p, Resync* rs, const char* src, size_t n) noexcept nogil:
+        """Account ``n`` stream bytes (at most _resync_need): -1 if they are not frames."""
+        cdef ChannelBase* ch = self.pairs[p].ch
+        if rs.skip:
+            rs.skip -= n
+            if rs.skip == 0 and rs.ack:
+                ch.ops.ack(ch)      # a by-address message skipped counts as copied out
+                rs.ack = 0
+            return 0
+        memcpy((<char*>&rs.hdr) + rs.hdr_done, src, n)
+        rs.hdr_done += <uint32_t>n
+        if rs.hdr_done < HDR_BYTES:
+            return 0
+        rs.hdr_done = 0
+        if rs.hdr.magic == MAGIC_RESET:
+            # An older recovery's frame is skipped; this one's (or a later one's) ends it.
+            if <int32_t>(rs.hdr.seq - self.resets) >= 0:
+                rs.got = 1
+        elif rs.hdr.magic == MAGIC_DATA:
+            rs.skip = rs.hdr.nbytes
+        elif rs.hdr.magic == MAGIC_BY_ADDRESS:
+            rs.skip = 8
+            rs.ack = 1
+        elif rs.hdr.magic != MAGIC_ABORT:
+            return -1
+        return 0
+
+    cdef void _resync_wait(self, char* want) noexcept nogil:
+        """Sleep until a recovering pair is readable (at most 1 ms: rings have no doorbell
+        armed here)."""
+        cdef int p, k = 0
+        for p in range(self.size):
+            if want[p] != 1 or self.pairs[p].ch.fd < 0:
+                continue
+            self.pfds[k].fd = self.pairs[p].ch.fd
+            self.pfds[k].events = POLLIN
+            self.pfds[k].revents = 0
+            k += 1
+        poll(self.pfds, k, 1)
 
 
 cdef const char* _kind_name(uint32_t kind) noexcept nogil:

@@ -156,6 +156,20 @@ cdef class GroupTransport(Transport):
         kinds = self.parent.pair_kinds()
         return [kinds[self.members[i]] for i in range(self.size)]
 
+    def unreachable(self):
+        """The members whose pair to this rank has ended."""
+        return [self.index[p] for p in self.parent.unreachable() if self.index[p] >= 0]
+
+    def recover(self, peers, double timeout_s):
+        """The parent's recover() for the members ``peers``; clears this group's failure.
+        Returns the members that could not be brought back."""
+        lost = self.parent.recover([self.members[p] for p in peers], timeout_s)
+        self.failed = 0
+        self.err.kind = 0
+        self.err.peer = self.err.blamed = self.err.origin = -1
+        self.err.has_theirs = 0
+        return [self.index[p] for p in lost]
+
     def abort(self):
         """Abort the shared connections (the parent and every group on them)."""
         self.parent.abort()

@@ -307,7 +307,7 @@ cdef int _ring_arm(ChannelBase* c, int want_in, int want_out, uint64_t ack_neede
     return ready
 
 
-cdef void _ring_send_frame(ChannelBase* c, const MsgHeader* h) noexcept nogil:
+cdef int _ring_send_frame(ChannelBase* c, const MsgHeader* h) noexcept nogil:
     cdef RingState* r = _ring(c)
     cdef iovec iov
     if r.out.size - ring_used(&r.out) >= HDR_BYTES:
@@ -315,6 +315,8 @@ cdef void _ring_send_frame(ChannelBase* c, const MsgHeader* h) noexcept nogil:
         iov.iov_len = HDR_BYTES
         ring_write(&r.out, &iov, 1)
         _wake_reader(&r.out, c.fd)
+        return 1
+    return 0
 
 
 cdef ssize_t _ring_read_remote(ChannelBase* c, void* dst, uint64_t addr,
