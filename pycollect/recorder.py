@@ -23,6 +23,7 @@ import time
 import weakref
 from time import time_ns as _time_ns
 
+from . import trace_torch
 from .errors import InvalidArgument
 
 __all__ = ["Recorder", "FIELDS", "entry_dict", "dump_name", "dump_all", "install_signal", "FORMAT"]
@@ -134,11 +135,15 @@ class Recorder:
         }
 
     def dump(self, path, reason="requested"):
-        """Write the snapshot to the file ``path`` (or, for a directory, its dump file there);
-        return the file name."""
+        """Write the snapshot to the file ``path`` (or, for a directory, its dump file there,
+        and for a top-level context also the file torch's analyzer reads:
+        pycollect/trace_torch.py); return the JSON file's name."""
+        snapshot = self.snapshot(reason)
         if os.path.isdir(path):
+            if not self.group_id:
+                trace_torch.write(path, snapshot)
             path = os.path.join(path, dump_name(self.rank, self.group_id))
-        data = json.dumps(self.snapshot(reason), indent=1)
+        data = json.dumps(snapshot, indent=1)
         tmp = "%s.%d.tmp" % (path, os.getpid())
         with open(tmp, "w") as f:
             f.write(data)

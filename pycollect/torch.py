@@ -28,7 +28,8 @@ import torch.distributed as dist
 import pycollect as pc
 from .plugins.store import Store
 
-__all__ = ["BACKEND_NAME", "ProcessGroupPycollect", "TorchStore", "PycollectWork"]
+__all__ = ["BACKEND_NAME", "ProcessGroupPycollect", "TorchStore", "PycollectWork",
+           "shrink_group"]
 
 BACKEND_NAME = "pycollect"
 
@@ -344,13 +345,19 @@ class PycollectWork(dist.Work):
 class ProcessGroupPycollect(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a pycollect Context."""
 
-    def __init__(self, store, rank, size, timeout):
-        super().__init__(rank, size)
-        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-        if not seconds or seconds <= 0:
-            seconds = pc.DEFAULT_TIMEOUT
-        self._pc_store = TorchStore(store, timeout=seconds)
-        self._ctx = pc.init(rank=rank, size=size, store=self._pc_store, timeout=seconds)
+    def __init__(self, store, rank, size, timeout, *, context=None):
+        if context is not None:     # a group over an existing Context (shrink_group)
+            super().__init__(context.rank, context.size)
+            self._pc_store = None
+            self._ctx = context
+        else:
+            super().__init__(rank, size)
+            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
+                else timeout
+            if not seconds or seconds <= 0:
+                seconds = pc.DEFAULT_TIMEOUT
+            self._pc_store = TorchStore(store, timeout=seconds)
+            self._ctx = pc.init(rank=rank, size=size, store=self._pc_store, timeout=seconds)
         self._group_name = None
         self._group_desc = None
         # What a blocking (asyncOp=False) call returns: dist waits on it and drops it,
@@ -382,14 +389,23 @@ class ProcessGroupPycollect(dist.ProcessGroup):
         return self._ctx
 
     def shutdown(self):
+        """Close the group: work in flight or queued ends at once (Aborted)."""
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.close()
 
     def abort(self):
+        """End blocked and queued work at once (from any thread) and close the group."""
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.abort()
+            ctx.close()
+
+    def shrink(self, ranks_to_exclude=None, timeout=None):
+        """This group without ``ranks_to_exclude`` and without the ranks that are gone
+        (``Context.shrink``): a new ProcessGroupPycollect, or None on a rank left out."""
+        ctx = self._c().shrink(exclude=ranks_to_exclude, timeout=_seconds(timeout))
+        return None if ctx is None else ProcessGroupPycollect(None, 0, 0, None, context=ctx)
 
     def _c(self):
         if self._ctx is None:
@@ -692,6 +708,20 @@ def _counts(t, splits, size, what):
         raise pc.InvalidArgument("pycollect backend: all_to_all_single %s splits %s do not cover "
                          "dim 0 (%d) for %d ranks" % (what, splits, rows, size))
     return [s * row for s in splits]
+
+
+def shrink_group(ranks_to_exclude=None, group=None, timeout=None):
+    """``dist.shrink_group`` for the pycollect backend, which torch does not route to a
+    Python backend (docs/torch.md): the group (default: the world) without
+    ``ranks_to_exclude`` and the ranks that are gone, over the same connections.
+
+    Every surviving rank calls it.  Returns a new ProcessGroupPycollect (call its
+    methods, e.g. ``pg.allreduce([t]).wait()``), or None on a rank left out.
+    """
+    pg = dist.group.WORLD if group is None else group
+    if not isinstance(pg, ProcessGroupPycollect):
+        raise pc.InvalidArgument("shrink_group: %r is not a pycollect process group" % (pg,))
+    return pg.shrink(ranks_to_exclude, timeout)
 
 
 def _create(store, rank, size, timeout):

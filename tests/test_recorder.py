@@ -115,6 +115,31 @@ def test_a_mismatch_dumps_on_every_rank(monkeypatch, tmp_path):
              "name rank 2) at #5 (allreduce float32[10])"),
 ])
 def test_pycollect_trace_names_the_culprit(tmp_path, mode, verdict):
+    _run_victims(tmp_path, mode)
+    out = subprocess.run([sys.executable, "-m", "pycollect.trace", str(tmp_path / "trace")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == verdict, out.stdout
+
+
+def test_torch_analyzer_reads_a_pycollect_desync(tmp_path):
+    pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
+    _run_victims(tmp_path, "mismatch")
+    names = sorted(os.listdir(tmp_path / "trace"))
+    assert [n for n in names if n.startswith("pycollect_fr_rank_")] == [
+        "pycollect_fr_rank_0", "pycollect_fr_rank_1", "pycollect_fr_rank_2"], names
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                          str(tmp_path / "trace")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = out.stdout + out.stderr        # torch logs its findings
+    assert "Collective sequence number: 5 has errors" in report, report
+    assert "COLLECTIVE_TYPE_MISMATCH" in report, report
+    assert "victim.py:17" in report, report      # the broadcast of rank 1
+
+
+def _run_victims(tmp_path, mode):
+    """Three ranks of VICTIM in ``mode``, dumping into tmp_path/trace."""
     script = tmp_path / "victim.py"
     script.write_text(VICTIM)
     env = dict(os.environ, PYCOLLECT_TRACE_DIR=str(tmp_path / "trace"))
@@ -127,11 +152,6 @@ def test_pycollect_trace_names_the_culprit(tmp_path, mode, verdict):
     finally:
         stop(procs)
     assert all(o.strip() in ("PeerError", "MismatchError", "Timeout") for o in outs), outs
-    out = subprocess.run([sys.executable, "-m", "pycollect.trace", str(tmp_path / "trace")],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[-1] == verdict, out.stdout
 
 
 def test_pycollect_trace_on_a_directory_without_dumps(tmp_path, capsys):
