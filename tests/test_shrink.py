@@ -189,3 +189,15 @@ def test_a_second_rank_dies_during_the_shrink(tmp_path):
     results = _processes(tmp_path, 5, "allreduce", "second")
     assert [(r["size"], r["rank"]) for r in results] == [(3, 0), (3, 1), (3, 2)], results
     assert all(r["correct"] for r in results), results
+
+
+def test_the_elastic_example_finishes_with_the_clean_runs_model():
+    # Seed 6 kills rank 0 at step 8 of 12: the new rank 0 reports.
+    example = os.path.join(os.path.dirname(HERE), "examples", "elastic.py")
+    out = subprocess.run([sys.executable, example, "--seed", "6", "--steps", "12"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "4 ranks, 12 steps; rank 0 is killed at step 8", lines
+    assert "the survivors went on at size 3 from step 8" in lines, lines
+    assert lines[-1] == "clean 3-rank run from step 8: identical", lines
