@@ -9,7 +9,7 @@ from .errors import (Aborted, Error, InvalidArgument, MismatchError, PeerError,
                      PluginError, StoreError, Timeout)
 from .types import ReduceOp
 from .context import ANY_SOURCE, ANY_TAG, Context
-from .work import Work
+from .work import Status, Work, wait_all, wait_any
 from .plugins.store import PrefixStore, Store
 from .plugins.stores.hash_store import HashStore
 from .plugins.stores.file_store import FileStore
@@ -29,7 +29,8 @@ BXOR = ReduceOp.BXOR
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "Context", "Work", "DEFAULT_TIMEOUT", "ANY_SOURCE", "ANY_TAG",
+    "init", "Context", "Work", "Status", "wait_all", "wait_any", "DEFAULT_TIMEOUT", "ANY_SOURCE",
+    "ANY_TAG",
     "ReduceOp", "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
     "Store", "PrefixStore", "HashStore", "FileStore", "TCPStore", "TCPStoreServer", "plugins",
     "Error", "InvalidArgument", "PeerError", "Timeout", "MismatchError", "Aborted",

@@ -33,7 +33,7 @@ from .recorder import Recorder
 from .selection import buffer_bytes as _nbytes
 from .tensors import Host, as_tensor_like, is_tensor
 from .types import DTYPES, ReduceOp
-from .work import P2P, Later, Runner, Work, wait_seconds
+from .work import P2P, Later, Runner, Status, Work, wait_all, wait_seconds
 
 __all__ = ["Context", "ALLREDUCE_ALGORITHMS", "BROADCAST_ALGORITHMS", "REDUCE_ALGORITHMS",
            "ANY_SOURCE", "ANY_TAG"]
@@ -84,6 +84,7 @@ class Context:
         self._topology = Topology(rank, size, transport.host_ids, self.phase_group,
                                   self._timeout)
         self._kinds = None      # per rank, how it is reached: read from the transport once
+        self._mailbox = _p2p.Mailbox()  # messages that arrived before their receive
         # The flight recorder (pycollect/recorder.py); None when PYCOLLECT_TRACE_SIZE is 0.
         size_n = settings.get("PYCOLLECT_TRACE_SIZE")
         self._recorder = Recorder(rank, size, size_n, group_id, transport.members_in_parent) \
@@ -449,43 +450,100 @@ class Context:
         return None if values is None else functools.reduce(fn, values)
 
     # -- point to point --------------------------------------------------
+    #
+    # Receives match messages by (source, tag), as MPI's do (pycollect/_ext/_p2p.pyx):
+    # a message that arrives before its receive waits in this context's mailbox.
 
-    def send(self, buf, dst, tag=0, async_op=False):
-        """Send ``buf`` to rank ``dst``; a rank receives another's messages in send order."""
+    def send(self, buf, dst, tag=0, async_op=False, timeout=None):
+        """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
         dst = self._check_peer(dst, "send", "dst")
         tag = self._check_tag(tag, "send", allow_any=False)
+        tmo = self._call_timeout(timeout, "send")
+        buf = _Call(self, "send", None).inp(buf, "buf")
         _buffer.check(buf, "send", "buf", False)
-        t, tmo = self._transport, self._timeout
+        t = self._transport
         return self._submit("send", lambda seq: _p2p.send(t, buf, dst, tag, tmo), None,
                             async_op, span=0,
-                            queued=P2P(False, buf, dst, tag, self._new_batch), peer=dst,
-                            described=buf)
+                            queued=P2P(False, buf, dst, tag, self._new_batch, None, tmo),
+                            peer=dst, described=buf)
 
-    def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False):
-        """Receive a message (at most ``buf``'s size) into ``buf``; return the source rank.
+    def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False, *, status=None, timeout=None):
+        """Receive the first message from ``src`` with ``tag`` (at most ``buf``'s size) into
+        ``buf``; return the source rank, and fill ``status`` (a ``pc.Status``) when given.
 
-        With ``async_op=True`` the Work's result is (source rank, element count).
+        ``src=ANY_SOURCE`` and ``tag=ANY_TAG`` take any.  With ``async_op=True`` the
+        Work's result is the ``Status`` (source, count, tag).
         """
         if src != ANY_SOURCE:
             src = self._check_peer(src, "recv", "src")
         tag = self._check_tag(tag, "recv", allow_any=True)
-        _buffer.check(buf, "recv", "buf", True)
-        t, tmo = self._transport, self._timeout
-        got = Later()
+        tmo = self._call_timeout(timeout, "recv")
+        call = _Call(self, "recv", None)
+        data = call.inout(buf, "buf")
+        _buffer.check(data, "recv", "buf", True)
+        t, box = self._transport, self._mailbox
+        got = Later(status)
 
         def run(seq):
-            got.value = _p2p.recv(t, buf, src, tag, tmo)
+            got.value = got.status._fill(*_p2p.recv(t, box, data, src, tag, tmo))
+            for host in call.staged:
+                host.finish()
             return None
 
-        queued = P2P(True, buf, src, tag, self._new_batch, got)
+        queued = P2P(True, data, src, tag, self._new_batch, got, tmo, call.staged)
         if async_op:
             return self._submit("recv", run, got, True, span=0, queued=queued, peer=src,
-                                described=buf)
-        self._submit("recv", run, None, False, span=0, queued=queued, peer=src, described=buf)
-        return got.value[0]
+                                described=data)
+        self._submit("recv", run, None, False, span=0, queued=queued, peer=src,
+                     described=data)
+        return got.value.source
+
+    def probe(self, src=ANY_SOURCE, tag=ANY_TAG, timeout=None):
+        """Wait for a message from ``src`` with ``tag`` and describe it, without receiving
+        it: a ``Status`` (source, count in elements of its dtype, tag)."""
+        return self._probe("probe", src, tag, timeout, True)
+
+    def iprobe(self, src=ANY_SOURCE, tag=ANY_TAG):
+        """``probe`` that does not wait: the Status of a message here now, or None."""
+        return self._probe("iprobe", src, tag, None, False)
+
+    def _probe(self, what, src, tag, timeout, block):
+        if src != ANY_SOURCE:
+            src = self._check_peer(src, what, "src")
+        tag = self._check_tag(tag, what, allow_any=True)
+        tmo = self._call_timeout(timeout, what)
+        t, box, found = self._transport, self._mailbox, []
+
+        def run(seq):
+            found.append(_p2p.probe(t, box, src, tag, tmo, block))
+            return None
+
+        self._submit(what, run, None, False, span=0, peer=src)
+        if found[0] is None:
+            return None
+        source, nbytes, msg_tag, dtype = found[0]
+        return Status(source, nbytes // _itemsize(dtype), msg_tag)
+
+    def sendrecv(self, sendbuf, dst, recvbuf, src=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, *,
+                 status=None, timeout=None):
+        """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src``, both in
+        flight at once (MPI_Sendrecv); return the source rank, filling ``status``."""
+        sent = self.send(sendbuf, dst, sendtag, async_op=True, timeout=timeout)
+        got = self.recv(recvbuf, src, recvtag, async_op=True, status=status, timeout=timeout)
+        wait_all([sent, got])
+        return got.result().source
+
+    def sendrecv_replace(self, buf, dst, src=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, *,
+                         status=None, timeout=None):
+        """sendrecv with one buffer: ``buf`` goes to ``dst``, and what ``src`` sends
+        replaces it (MPI_Sendrecv_replace); return the source rank."""
+        data = _Call(self, "sendrecv_replace", None).inp(buf, "buf")
+        outgoing = np.array(np.asarray(data), copy=True)
+        return self.sendrecv(outgoing, dst, buf, src, sendtag, recvtag, status=status,
+                             timeout=timeout)
 
     def _new_batch(self):
-        return _p2p.Batch(self._transport, self._timeout)
+        return _p2p.Batch(self._transport, self._mailbox, self._timeout)
 
     def monitored_barrier(self, timeout=None):
         """A barrier whose failure names every rank that did not arrive in ``timeout`` seconds.
@@ -504,13 +562,13 @@ class Context:
                 # Wait longer than rank 0 does, so that rank 0, which knows
                 # who is missing, is the one to time out and report.
                 _p2p.send(t, token, 0, _MONITOR_TAG, 2 * timeout + 1.0)
-                _p2p.recv(t, token, 0, _MONITOR_TAG, 2 * timeout + 1.0)
+                _p2p.recv(t, self._mailbox, token, 0, _MONITOR_TAG, 2 * timeout + 1.0)
                 return None
             arrived, end = {0}, _now() + timeout
             try:
                 while len(arrived) < self._size:
-                    src, _ = _p2p.recv(t, token, ANY_SOURCE, _MONITOR_TAG,
-                                       max(end - _now(), 1e-3))
+                    src, _, _ = _p2p.recv(t, self._mailbox, token, ANY_SOURCE, _MONITOR_TAG,
+                                          max(end - _now(), 1e-3))
                     arrived.add(src)
             except Timeout:
                 missing = sorted(set(range(self._size)) - arrived)
@@ -922,6 +980,8 @@ class Context:
                     "rank %d: the context failed earlier and cannot be used; open a new "
                     "context (%s)" % (self._rank, self._failure))
             seq = (self._seq + 1) & 0xFFFFFFFF
+            if span and len(self._mailbox):
+                self._unreceived(op, seq)
             # A collective consumes its sequence number only once it reaches the
             # wire: arguments refused on one rank must not shift its numbering.
             self._busy = True
@@ -970,6 +1030,21 @@ class Context:
             except OSError as err:
                 log.warning("rank %d: cannot write the flight recorder into %s: %s",
                             self._rank, self._trace_dir, err)
+
+    def _unreceived(self, op, seq):
+        """A collective met point-to-point messages nobody received: the program is out of
+        step.  Fail this context, and the collective at once on every rank (abort frames)."""
+        error = MismatchError(
+            "rank %d: collective #%d began while point-to-point messages that arrived before "
+            "it were never received (%s)" % (self._rank, seq, self._mailbox.unreceived()))
+        self._mailbox.clear()
+        self._failure = error
+        self._transport.abort()
+        try:
+            op(seq)         # fails at once, telling the peers
+        except Error:
+            pass
+        raise error
 
     def _call_timeout(self, timeout, what):
         """A call's deadline in seconds: ``timeout`` (seconds or a timedelta), else the context's."""
@@ -1137,6 +1212,14 @@ class _Call:
                 return algo
         return self.ctx._submit(self.what, op, result, async_op, span, checked=self.checked,
                                 root=root)
+
+
+def _itemsize(dtype_code):
+    """The element size of a wire dtype code (1 where NumPy does not know the name)."""
+    try:
+        return np.dtype(DTYPES.get(dtype_code, "uint8")).itemsize
+    except TypeError:
+        return 2 if DTYPES.get(dtype_code) == "bfloat16" else 1
 
 
 def _bytes_of(buf):

@@ -76,7 +76,7 @@ def test_point_to_point_probe_survives_garbage():
     try:
         theirs.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
         with pytest.raises((pc.PeerError, pc.MismatchError)):
-            _p2p.recv(t, np.zeros(4), 1, 0, 2.0)
+            _p2p.recv(t, _p2p.Mailbox(), np.zeros(4), 1, 0, 2.0)
     finally:
         t.close()
         theirs.close()

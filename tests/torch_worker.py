@@ -335,6 +335,21 @@ class Checks:
             return got
         self.record("batch_isend_irecv", batch)
 
+        def by_tag():
+            # Gloo matches by tag: rank 1 receives the second send first
+            if rank == 0:
+                ws = [dist.isend(torch.full((3,), 7.0), 1, tag=7),
+                      dist.isend(torch.full((4,), 8.0), 1, tag=8)]
+            elif rank == 1:
+                eight, seven = torch.empty(4), torch.empty(3)
+                ws = [dist.irecv(eight, 0, tag=8), dist.irecv(seven, 0, tag=7)]
+            else:
+                return None
+            for w in ws:
+                w.wait()
+            return (eight, seven) if rank == 1 else None
+        self.record("isend/irecv out of tag order", by_tag)
+
         def anysource():
             if rank == 0:
                 seen = []

@@ -1,28 +1,124 @@
-"""Point-to-point send and receive with tags.
+"""Point-to-point sends and receives, matched by (source, tag) as MPI matches them.
 
-Messages between two ranks are received in the order they were sent: a
-receive from a given rank takes that rank's next point-to-point message, and
-its tag must match (a different tag is a MismatchError, not a reordering).  A
-receive from ANY_SOURCE takes the first rank whose next message is a
-point-to-point message of this group with the tag (ANY_TAG: any tag).  A
-message may be smaller than the receive buffer; the receive returns the
-source and the element count.
+On the wire, the messages between two ranks stay in send order, each with its
+header (tag, dtype, byte count).  A receive never posts blindly: it probes the
+head of a stream first.  A head that the receive (or, in a batch, the first
+pending receive that matches it) wants is read straight into that receive's
+buffer; any other point-to-point head is read into this context's ``Mailbox``
+of unexpected messages, which later receives look at first.  So rank 0 may
+send tags 1 then 2 and rank 1 receive tag 2 first, and async receives complete
+in whatever order their messages arrive.
 
-``Batch`` keeps several sends and receives in flight at once: the async
-send/recv of a context, so that two ranks that each post a large send
-before the matching receive do not wait on each other.
+What stays as safe as before: a receive whose message has another dtype, or
+is larger than its buffer, raises ``MismatchError``; a collective that meets a
+point-to-point message on the wire is a ``MismatchError`` as ever; and a
+message left unreceived in the mailbox fails the next collective (the context
+checks ``Mailbox.unreceived``) or is named when a receive times out.
+
+A receive returns (source, element count, tag): the status of MPI.  ``probe``
+describes the next matching message without receiving it.
 """
 
 from libc.stdint cimport int64_t
+from libc.string cimport memcpy
 
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._transport cimport *
+
+from pycollect.errors import MismatchError, Timeout
+from pycollect.types import DTYPES
 
 cdef extern from "_sys.h" nogil:
     int64_t pc_now_ns()
 
 ANY_SOURCE = -1
 ANY_TAG = -1
+
+cdef enum:
+    NOT_POSTED = -1     # a receive's request before its message is matched
+    FROM_MAILBOX = -3   # a receive served from the mailbox
+
+
+cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept:
+    """Whether a receive for (want_src, want_tag) takes a message from src with tag."""
+    return (want_src < 0 or want_src == src) and (
+        want_tag == tag or (want_tag == -1 and tag >= 0))
+
+
+cdef class Mailbox:
+    """Point-to-point messages read off the wire that no receive has taken yet, in arrival
+    order: each (source, tag, dtype code, payload bytes)."""
+
+    cdef list mail
+
+    def __init__(self):
+        self.mail = []
+
+    def __len__(self):
+        return len(self.mail)
+
+    cdef object take(self, int src, int tag):
+        """The first message a receive for (src, tag) takes, removed; or None."""
+        cdef int i
+        for i in range(len(self.mail)):
+            m = self.mail[i]
+            if _wants(src, tag, m[0], m[1]):
+                del self.mail[i]
+                return m
+        return None
+
+    cdef object peek(self, int src, int tag):
+        for m in self.mail:
+            if _wants(src, tag, m[0], m[1]):
+                return m
+        return None
+
+    def unreceived(self):
+        """What is waiting, in words ("" when nothing is)."""
+        return "; ".join("from rank %d, tag %d, %s x %d bytes" % (
+            m[0], m[1], DTYPES.get(m[2], "?"), len(m[3])) for m in self.mail)
+
+    def clear(self):
+        self.mail = []
+
+
+cdef tuple _deliver(object m, Buffer b, str what):
+    """Copy mailbox message ``m`` into ``b``; return (source, element count, tag)."""
+    cdef bytes payload = m[3]
+    cdef Py_ssize_t n = len(payload)
+    if m[2] != b.dtype or <size_t>n > b.nbytes:
+        raise MismatchError(
+            "%s: the message from rank %d with tag %d (%s, %d bytes) does not fit this "
+            "receive (%s, %d bytes)" % (what, m[0], m[1], DTYPES.get(m[2], "?"), n,
+                                        DTYPES.get(b.dtype, "?"), b.nbytes))
+    if n:
+        memcpy(b.ptr, <const char*>payload, n)
+    return m[0], (n // b.itemsize if b.itemsize else 0), m[1]
+
+
+cdef int _park(Transport t, Mailbox box, Probe* pr) except -1:
+    """Read the message ``pr`` describes into the mailbox."""
+    cdef bytearray payload = bytearray(pr.nbytes)
+    cdef char* ptr = payload
+    cdef int req, rc, peer = pr.peer
+    cdef size_t n = pr.nbytes
+    with nogil:
+        rc = t.set_op(&pr.desc)
+        if rc == 0:
+            req = t.post_recv_upto(peer, ptr, n)
+            rc = req if req < 0 else t.wait(req)
+    if rc < 0:
+        raise_error(t)
+    box.mail.append((peer, pr.desc.root, pr.desc.dtype, bytes(payload)))
+    return 0
+
+
+cdef raise_timeout(Transport t, Mailbox box, int src, int tag, double timeout):
+    waiting = box.unreceived()
+    raise Timeout("rank %d: a receive from %s with %s timed out after %g s%s" % (
+        t.rank, "any rank" if src < 0 else "rank %d" % src,
+        "any tag" if tag == -1 else "tag %d" % tag, timeout,
+        "; received meanwhile, and not matched: " + waiting if waiting else ""))
 
 
 def send(Transport t, object buf, int dst, int tag, double timeout):
@@ -42,24 +138,77 @@ def send(Transport t, object buf, int dst, int tag, double timeout):
     return ALGO_NONE
 
 
-def recv(Transport t, object buf, int src, int tag, double timeout):
-    """Receive the next matching message into ``buf``; return (source rank, element count)."""
+cdef int _next_head(Transport t, int src, Probe* pr, int64_t until_ns) except -3:
+    """Wait for the next point-to-point head from ``src`` (-1: any rank), whatever its
+    tag: its peer, or -2 once ``until_ns`` (when not 0) passes."""
+    cdef OpDesc d
+    cdef int peer
+    fill_desc(&d, 0, COLL_P2P, 0, 0, 0, -1, 0)
+    with nogil:
+        t.set_op(&d)
+        peer = t.probe_until(src, pr, until_ns)
+    if peer == -1:
+        raise_error(t)
+    return peer
+
+
+def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
+    """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
+    rank, element count, tag)."""
     cdef Buffer b = as_buffer(buf, "recv", "buf", True)
     cdef OpDesc d
     cdef Probe pr
-    cdef int rc, req = -1, peer = src
+    cdef int rc, req, peer
+    m = box.take(src, tag)
+    if m is not None:
+        return _deliver(m, b, "recv")
     fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
+    peer = _matching_head(t, box, &d, src, tag, timeout, 0, &pr)
+    fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
     with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0 and src < 0:
-            peer = t.probe(-1, &pr)
-            rc = peer if peer < 0 else 0
+        rc = t.set_op(&d)
         if rc == 0:
             req = t.post_recv_upto(peer, b.ptr, b.nbytes)
-            rc = req if req < 0 else t.wait_all()
+            rc = req if req < 0 else t.wait(req)
     if rc < 0:
         raise_error(t)
-    return peer, _count(t, req, b)
+    return peer, _count(t, req, b), pr.desc.root
+
+
+def probe(Transport t, Mailbox box, int src, int tag, double timeout, bint block):
+    """Describe the first message from ``src`` with ``tag`` without receiving it: (source,
+    byte count, tag, dtype code), or None when ``block`` is false and none is here yet."""
+    cdef OpDesc d
+    cdef Probe pr
+    cdef int peer
+    m = box.peek(src, tag)
+    if m is not None:
+        return m[0], len(m[3]), m[1], m[2]
+    fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
+    peer = _matching_head(t, box, &d, src, tag, timeout, 0 if block else pc_now_ns(), &pr)
+    if peer == -2:
+        return None
+    return peer, pr.nbytes, pr.desc.root, pr.desc.dtype
+
+
+cdef int _matching_head(Transport t, Mailbox box, OpDesc* d, int src, int tag, double timeout,
+                        int64_t until_ns, Probe* pr) except -3:
+    """Begin operation ``d``, then wait for the first head from ``src`` with ``tag``,
+    parking the other point-to-point heads in the mailbox: its peer, described in
+    ``pr``; -2 when ``until_ns`` (when not 0) passes first."""
+    cdef int rc, peer
+    with nogil:
+        rc = t.begin(d, timeout)
+    if rc < 0:
+        raise_error(t)
+    while True:     # bounded by the deadline: each turn takes one message off the wire
+        try:
+            peer = _next_head(t, src, pr, until_ns)
+        except Timeout:
+            raise_timeout(t, box, src, tag, timeout)
+        if peer == -2 or _wants(src, tag, peer, pr.desc.root):
+            return peer
+        _park(t, box, pr)
 
 
 cdef Py_ssize_t _count(Transport t, int req, Buffer b):
@@ -67,34 +216,37 @@ cdef Py_ssize_t _count(Transport t, int req, Buffer b):
 
 
 cdef class Batch:
-    """Sends and receives of one context in flight together.
+    """Sends and receives of one context in flight together, completing in any order.
 
-    Sends are posted as they are added.  Receives are posted in the order
-    they are added; one from ANY_SOURCE is posted once a matching message
-    shows up, and receives added after it wait for that.  ``progress`` moves
-    everything for a while and tells how many operations, counted from the
-    first, are complete: they complete in the order they were added.
+    Sends are posted as they are added.  A receive first looks in the mailbox;
+    otherwise it waits for a message: each point-to-point head that shows up
+    goes to the first pending receive (in the order they were added) that
+    takes it, straight into its buffer, or to the mailbox when none does.
+    ``progress`` moves everything for a while and returns the indices of the
+    operations that completed since the last call.
     """
 
     cdef Transport t
+    cdef Mailbox box
     cdef double timeout
     cdef list bufs          # Buffer of each operation
-    cdef list peers         # destination, or source (-1 until an ANY_SOURCE receive is posted)
-    cdef list tags
-    cdef list reqs          # the transport request, -1 until posted
+    cdef list peers         # destination, or source (the sender once matched)
+    cdef list tags          # the tag asked for, then the message's
+    cdef list reqs          # the transport request; NOT_POSTED, or FROM_MAILBOX
+    cdef list counts        # a receive's element count, once known from the mailbox
     cdef list is_recv
-    cdef int unposted       # the first receive not posted yet (len(reqs) when none)
-    cdef int finished       # operations complete, counted from the first
+    cdef list waiting       # receives not matched yet, in the order they were added
+    cdef set open_ops       # operations not reported complete yet
 
-    def __init__(self, Transport t, double timeout):
+    def __init__(self, Transport t, Mailbox box, double timeout):
         cdef OpDesc d
         cdef int rc
         fill_desc(&d, 0, COLL_P2P, 0, 0, 0, 0, 0)
         self.t = t
+        self.box = box
         self.timeout = timeout
         self.bufs, self.peers, self.tags, self.reqs, self.is_recv = [], [], [], [], []
-        self.unposted = 0
-        self.finished = 0
+        self.counts, self.waiting, self.open_ops = [], [], set()
         with nogil:
             rc = t.begin(&d, timeout)
         if rc < 0:
@@ -103,30 +255,35 @@ cdef class Batch:
     def __len__(self):
         return len(self.reqs)
 
-    def add_send(self, object buf, int dst, int tag):
-        """Post a send; returns its index in the batch."""
+    def add_send(self, object buf, int dst, int tag, object timeout=None):
+        """Post a send (``timeout``: its deadline, else the batch's); its index."""
         cdef Buffer b = as_buffer(buf, "send", "buf", False)
         cdef OpDesc d
         cdef int req
+        cdef double tmo = self.timeout if timeout is None else timeout
         fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
         with nogil:
-            self.t.extend_deadline(self.timeout)
+            self.t.extend_deadline(tmo)
             req = self.t.set_op(&d)
             if req == 0:
                 req = self.t.post_send(dst, b.ptr, b.nbytes)
         if req < 0:
             raise_error(self.t)
-        if self.unposted == len(self.reqs):
-            self.unposted += 1
         return self._append(b, dst, tag, req, False)
 
-    def add_recv(self, object buf, int src, int tag):
-        """Queue a receive (posted at once unless an earlier one waits); returns its index."""
+    def add_recv(self, object buf, int src, int tag, object timeout=None):
+        """Add a receive (matched at once from the mailbox when it can be; ``timeout``: its
+        deadline, else the batch's); its index."""
         cdef Buffer b = as_buffer(buf, "recv", "buf", True)
-        cdef int i = self._append(b, src, tag, -1, True)
+        cdef int i = self._append(b, src, tag, NOT_POSTED, True)
+        cdef double tmo = self.timeout if timeout is None else timeout
         with nogil:
-            self.t.extend_deadline(self.timeout)
-        self._post_ready(1)
+            self.t.extend_deadline(tmo)
+        m = self.box.take(src, tag)
+        if m is not None:
+            self._from_mailbox(i, m)
+        else:
+            self.waiting.append(i)
         return i
 
     cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv):
@@ -134,57 +291,70 @@ cdef class Batch:
         self.peers.append(peer)
         self.tags.append(tag)
         self.reqs.append(req)
+        self.counts.append(0)
         self.is_recv.append(is_recv)
+        self.open_ops.add(len(self.reqs) - 1)
         return len(self.reqs) - 1
 
-    cdef int _post_ready(self, int64_t until_ns) except -1:
-        """Post queued receives in order, up to one from ANY_SOURCE with no message yet."""
+    cdef _from_mailbox(self, int i, object m):
+        self.peers[i], self.counts[i], self.tags[i] = _deliver(m, self.bufs[i], "recv")
+        self.reqs[i] = FROM_MAILBOX
+
+    cdef int _match(self, int64_t until_ns) except -1:
+        """Hand the heads that show up before ``until_ns`` to the waiting receives."""
         cdef Buffer b
         cdef OpDesc d
         cdef Probe pr
-        cdef int i, peer, req
-        while self.unposted < len(self.reqs):
-            i = self.unposted
-            if not self.is_recv[i]:
-                self.unposted += 1
+        cdef int i, peer, req, src
+        while self.waiting:
+            srcs = {self.peers[i] for i in self.waiting}
+            src = srcs.pop() if len(srcs) == 1 else -1
+            try:
+                peer = _next_head(self.t, src, &pr, until_ns)
+            except Timeout:
+                i = self.waiting[0]
+                raise_timeout(self.t, self.box, self.peers[i], self.tags[i], self.timeout)
+            if peer == -2:
+                return 0
+            for i in self.waiting:
+                if _wants(self.peers[i], self.tags[i], peer, pr.desc.root):
+                    break
+            else:
+                _park(self.t, self.box, &pr)
                 continue
+            self.waiting.remove(i)
             b = self.bufs[i]
-            peer = self.peers[i]
-            fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, self.tags[i], b.count)
+            fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
             with nogil:
                 req = self.t.set_op(&d)
-                if req == 0 and peer < 0:
-                    peer = self.t.probe_until(-1, &pr, until_ns)
-                    req = peer if peer < 0 else 0
                 if req == 0:
                     req = self.t.post_recv_upto(peer, b.ptr, b.nbytes)
-            if req == -2:
-                return 0        # no message for the ANY_SOURCE receive yet
             if req < 0:
                 raise_error(self.t)
-            self.peers[i] = peer
-            self.reqs[i] = req
-            self.unposted += 1
+            self.peers[i], self.tags[i], self.reqs[i] = peer, pr.desc.root, req
         return 0
 
     def progress(self, double seconds):
-        """Move every request for up to ``seconds``; return how many operations, from the
-        first, are complete.  Raises the transport's error, which fails them all."""
+        """Move every request for up to ``seconds``; return the indices of the operations
+        that completed since the last call.  Raises the transport's error (which fails
+        them all)."""
         cdef int rc = 0
         cdef int64_t until = pc_now_ns() + <int64_t>(seconds * 1e9)
-        self._post_ready(1)
-        if self.unposted == len(self.reqs):
+        if self.waiting:
+            self._match(until)
+        else:
             with nogil:
                 rc = self.t.progress_until(until)
-        else:
-            # An ANY_SOURCE receive waits for its message; the rest move meanwhile.
-            self._post_ready(until)
-        if rc < 0:
-            raise_error(self.t)
-        while self.finished < self.unposted and self.t.done(self.reqs[self.finished]):
-            self.finished += 1
-        return self.finished
+            if rc < 0:
+                raise_error(self.t)
+        done = [i for i in sorted(self.open_ops)
+                if self.reqs[i] == FROM_MAILBOX or (self.reqs[i] >= 0 and
+                                                    self.t.done(self.reqs[i]))]
+        self.open_ops.difference_update(done)
+        return done
 
     def result(self, int i):
-        """A completed receive's (source rank, element count)."""
-        return self.peers[i], _count(self.t, self.reqs[i], self.bufs[i])
+        """A completed receive's (source rank, element count, tag)."""
+        if self.reqs[i] == FROM_MAILBOX:
+            return self.peers[i], self.counts[i], self.tags[i]
+        return self.peers[i], _count(self.t, self.reqs[i], self.bufs[i]), self.tags[i]

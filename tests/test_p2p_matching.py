@@ -1,0 +1,185 @@
+"""MPI's point-to-point: receives match by (source, tag), with a status; probe and iprobe;
+sendrecv; async sends and receives that complete in any order, with wait_all and wait_any.
+The wire stays as safe as before: a message nobody receives fails the next collective, and a
+receive that does not fit its message is a MismatchError."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+
+
+@pytest.fixture(params=["auto", "tcp"])
+def trio(request):
+    g = ThreadGroup(3, timeout=20, transport=request.param)
+    yield g
+    g.close()
+
+
+def test_tags_received_out_of_send_order(trio):
+    """Rank 0 sends tag 1 then tag 2; rank 1 receives tag 2 first: a normal MPI program."""
+    def body(ctx):
+        out = None
+        if ctx.rank == 0:
+            ctx.send(np.full(3, 1.0), 1, tag=1)
+            ctx.send(np.full(5, 2.0), 1, tag=2)
+        elif ctx.rank == 1:
+            two, one = np.zeros(5), np.zeros(3)
+            st2, st1 = pc.Status(), pc.Status()
+            assert ctx.recv(two, 0, tag=2, status=st2) == 0
+            ctx.recv(one, 0, tag=1, status=st1)
+            out = two.tolist(), one.tolist(), (st2.source, st2.tag, st2.count), \
+                (st1.source, st1.tag, st1.count)
+        ctx.barrier()       # nothing left unreceived: the collective runs
+        return out
+
+    results = trio.run(body)
+    assert results[1] == ([2.0] * 5, [1.0] * 3, (0, 2, 5), (0, 1, 3))
+
+
+def test_any_tag_and_any_source_report_what_they_got(trio):
+    def body(ctx):
+        if ctx.rank:
+            ctx.send(np.full(ctx.rank, float(ctx.rank)), 0, tag=10 + ctx.rank)
+            return None
+        got = []
+        for _ in range(2):
+            buf = np.zeros(4)
+            st = pc.Status()
+            ctx.recv(buf, pc.ANY_SOURCE, pc.ANY_TAG, status=st)
+            got.append((st.source, st.tag, st.count))
+        return sorted(got)
+
+    assert trio.run(body)[0] == [(1, 11, 1), (2, 12, 2)]
+
+
+def test_async_receives_complete_in_the_order_their_messages_come(trio):
+    gate = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.full(2, 2.0), 1, tag=2)
+            gate.wait(10)
+            ctx.send(np.full(2, 1.0), 1, tag=1)
+            return None
+        if ctx.rank == 1:
+            one, two = np.zeros(2), np.zeros(2)
+            works = [ctx.recv(one, 0, tag=1, async_op=True),
+                     ctx.recv(two, 0, tag=2, async_op=True)]
+            index, status = pc.wait_any(works, timeout=10)
+            first = (index, status.tag, works[0].is_completed(), two.tolist())
+            gate.set()
+            statuses = pc.wait_all(works, timeout=10)
+            return first, [(s.source, s.tag, s.count) for s in statuses], one.tolist()
+        return None
+
+    first, statuses, one = trio.run(body)[1]
+    assert first == (1, 2, False, [2.0, 2.0])
+    assert statuses == [(0, 1, 2), (0, 2, 2)] and one == [1.0, 1.0]
+
+
+def test_probe_and_iprobe_describe_without_receiving(trio):
+    def body(ctx):
+        if ctx.rank == 2:
+            ctx.send(np.arange(6, dtype=np.int32), 0, tag=4)
+            ctx.send(np.arange(2, dtype=np.int32), 0, tag=5)
+            return None
+        if ctx.rank == 1:
+            return None
+        seen = None
+        for _ in range(2000):       # bounded: the message is on its way
+            seen = ctx.iprobe(2, tag=5)
+            if seen is not None:
+                break
+            time.sleep(0.005)
+        first = ctx.probe(pc.ANY_SOURCE, tag=4, timeout=10)
+        buf = np.zeros(first.count, np.int32)
+        ctx.recv(buf, first.source, first.tag)
+        rest = np.zeros(seen.count, np.int32)
+        ctx.recv(rest, 2, tag=5)
+        return (seen.source, seen.tag, seen.count), (first.source, first.tag, first.count), \
+            buf.tolist(), rest.tolist(), ctx.iprobe()
+
+    seen, first, buf, rest, none_left = trio.run(body)[0]
+    assert seen == (2, 5, 2) and first == (2, 4, 6)
+    assert buf == list(range(6)) and rest == [0, 1] and none_left is None
+
+
+def test_sendrecv_and_sendrecv_replace_around_a_ring(trio):
+    def body(ctx):
+        n, r = ctx.size, ctx.rank
+        got = np.zeros(3)
+        st = pc.Status()
+        src = ctx.sendrecv(np.full(3, float(r)), (r + 1) % n, got, (r - 1) % n, sendtag=3,
+                           recvtag=3, status=st)
+        buf = np.full(100_000, float(r))        # larger than the socket buffers
+        ctx.sendrecv_replace(buf, (r + 1) % n, (r - 1) % n)
+        return src, got[0], st.tag, buf[0], buf[-1]
+
+    for r, (src, got, tag, first, last) in enumerate(trio.run(body)):
+        assert src == (r - 1) % 3 and got == (r - 1) % 3 and tag == 3
+        assert first == last == (r - 1) % 3
+
+
+def test_a_message_nobody_received_fails_the_next_collective_on_every_rank():
+    g = ThreadGroup(2, timeout=20)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.ones(2), 1, tag=1)
+                ctx.send(np.ones(2), 1, tag=2)
+            else:
+                ctx.recv(np.zeros(2), 0, tag=2)     # tag 1 waits in the mailbox
+            start = time.monotonic()
+            try:
+                ctx.barrier()
+            except pc.Error as exc:
+                return type(exc), str(exc), time.monotonic() - start
+            return None
+
+        (kind0, text0, t0), (kind1, text1, t1) = g.run(body)
+        assert kind1 is pc.MismatchError
+        assert "were never received (from rank 0, tag 1, float64 x 16 bytes)" in text1, text1
+        assert issubclass(kind0, pc.Error) and "rank 1" in text0, text0
+        assert t0 < 10 and t1 < 10      # at once, not at the 20 s deadline
+    finally:
+        g.close()
+
+
+def test_a_message_that_does_not_fit_its_receive_is_a_mismatch():
+    g = ThreadGroup(2, timeout=20)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.ones(4), 1, tag=1)
+                ctx.send(np.ones(4), 1, tag=2)
+                return None
+            ctx.recv(np.zeros(4), 0, tag=2)         # tag 1 parked in the mailbox
+            with pytest.raises(pc.MismatchError, match="tag 1 .float64, 32 bytes. does not "
+                                                      "fit this receive .float32, 16 bytes"):
+                ctx.recv(np.zeros(4, np.float32), 0, tag=1)
+            return None
+        g.run(body)
+    finally:
+        g.close()
+
+
+def test_a_receive_that_times_out_names_what_came_instead():
+    g = ThreadGroup(2, timeout=20)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.ones(2), 1, tag=1)
+                return None
+            with pytest.raises(pc.Timeout, match="a receive from rank 0 with tag 3 timed out "
+                                                "after 0.5 s; received meanwhile, and not "
+                                                "matched: from rank 0, tag 1"):
+                ctx.recv(np.zeros(2), 0, tag=3, timeout=0.5)
+            return None
+        g.run(body)
+    finally:
+        g.close()
