@@ -1,4 +1,4 @@
-"""pycollect as a Ray collective backend, on a real local Ray (``ray.init`` once per session).
+"""pycollect as a Ray collective backend, on a real local Ray (``ray.init`` once per module).
 
 Ray's own single-node CPU collective cases (allreduce, reduce, broadcast,
 allgather, reducescatter, send/recv, the group APIs) run with backend
@@ -48,9 +48,9 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster():
-    """One local Ray for the whole session, sized for a 2-core machine."""
+    """One local Ray for this module, sized for a 2-core machine (shut down after it)."""
     path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path}})
