@@ -33,7 +33,7 @@ from pycollect.plugins import open_store  # noqa: E402
 from pycollect.plugins.stores.ray_store import RayStore  # noqa: E402
 from abstract import StoreSuite  # noqa: E402
 from ray_worker import Member  # noqa: E402
-from test_netns import SUBNET, hosts  # noqa: E402,F401  (the namespaces fixture)
+from netns import SUBNET  # noqa: E402  (conftest.py provides the namespaces fixture, hosts)
 
 try:
     import torch
