@@ -10,7 +10,8 @@ order rotates from round to round), from a neutral working directory so that
 each imports its own installed package, over the same sizes.  Per build and
 size the table gives the median over rounds of each run's p50 latency, the
 run's own noise (the largest spread between two rounds of one build, relative
-to its median), and after / before.  A ratio above 1 that is larger than the
+to its median), after / before, and the same ratio of the runs' fastest call
+(less sensitive to a machine shared with other work).  A ratio above 1 that is larger than the
 noise is a slowdown.
 """
 
@@ -56,6 +57,7 @@ def main(argv=None):
         parser.error("give exactly two --build NAME=PYTHON")
     elements = [int(e) for e in args.elements.split(",")]
     samples = {}    # (ranks, transport, build, elements) -> [p50 per round]
+    lows = {}       # ... -> [min per round]
     with tempfile.TemporaryDirectory() as workdir:
         for ranks in [int(r) for r in args.ranks.split(",")]:
             for transport in args.transports.split(","):
@@ -67,20 +69,24 @@ def main(argv=None):
                         for n, row in rows.items():
                             samples.setdefault((ranks, transport, name, n), []).append(
                                 row["p50_us"])
+                            lows.setdefault((ranks, transport, name, n), []).append(
+                                row["min_us"])
                         print("round %d %s %d ranks %s done" % (rnd + 1, name, ranks,
                                                                 transport), file=sys.stderr)
     (old, _), (new, _) = builds
-    print("| ranks | transport | elements | %s p50 (us) | %s p50 (us) | %s / %s | noise |"
-          % (old, new, new, old))
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| ranks | transport | elements | %s p50 (us) | %s p50 (us) | %s / %s | noise "
+          "| min: %s / %s |" % (old, new, new, old, new, old))
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for ranks in [int(r) for r in args.ranks.split(",")]:
         for transport in args.transports.split(","):
             for n in elements:
                 a = samples[ranks, transport, old, n]
                 b = samples[ranks, transport, new, n]
                 ma, mb = statistics.median(a), statistics.median(b)
-                print("| %d | %s | %d | %.1f | %.1f | %.2f | %.2f |" % (
-                    ranks, transport, n, ma, mb, mb / ma, max(_noise(a), _noise(b))))
+                low = (statistics.median(lows[ranks, transport, new, n])
+                       / statistics.median(lows[ranks, transport, old, n]))
+                print("| %d | %s | %d | %.1f | %.1f | %.2f | %.2f | %.2f |" % (
+                    ranks, transport, n, ma, mb, mb / ma, max(_noise(a), _noise(b)), low))
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{"ranks": k[0], "transport": k[1], "build": k[2], "elements": k[3],

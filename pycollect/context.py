@@ -69,6 +69,7 @@ class Context:
         self._group_id = group_id
         self._groups_made = 0
         self._selector = None   # auto's rules for this group, found on first use
+        self._rules = {}        # ... per collective: ((min_bytes, Plan), ...)
         self._failure = None
         self._closed = False
         self._handed_over = False   # shrink() gave the connections to a new context
@@ -639,10 +640,20 @@ class Context:
         "broadcast" or "reduce") runs for ``buf`` with ``algorithm`` in this group."""
         if algorithm != "auto":
             return selection.named(collective, algorithm)
-        if self._selector is None:
-            self._selector = selection.Selector(selection.Facts(
-                self._size, self._all_shared(), self._topology.multi_level))
-        return self._selector.plan(collective, _nbytes(buf))
+        # The rules of this group, scanned here: the small-message path of every collective.
+        rules = self._rules.get(collective)
+        if rules is None:
+            if self._selector is None:
+                self._selector = selection.Selector(selection.Facts(
+                    self._size, self._all_shared(), self._topology.multi_level))
+            rules = self._rules[collective] = self._selector.rules(collective)
+        try:
+            nbytes = buf.nbytes
+        except AttributeError:
+            nbytes = _nbytes(buf)
+        for min_bytes, plan in rules:
+            if nbytes >= min_bytes:
+                return plan
 
     def _group(self, members, recipe):
         group_id = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1

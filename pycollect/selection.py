@@ -203,11 +203,16 @@ class Selector:
         self.facts = facts
         self._rules = {}
 
-    def plan(self, collective, nbytes):
-        """The plan of ``collective`` for a buffer of ``nbytes`` on this rank."""
+    def rules(self, collective):
+        """``choose(collective, facts)``, found once."""
         rules = self._rules.get(collective)
         if rules is None:
             rules = self._rules[collective] = choose(collective, self.facts)
+        return rules
+
+    def plan(self, collective, nbytes):
+        """The plan of ``collective`` for a buffer of ``nbytes`` on this rank."""
+        rules = self._rules.get(collective) or self.rules(collective)
         for min_bytes, plan in rules:
             if nbytes >= min_bytes:
                 return plan
