@@ -100,11 +100,12 @@ def _swap(transport, peers, data, deadline):
     left = deadline - _now()
     if left <= 0:
         raise Timeout("rank %d: the survivors' exchange ran out of time" % transport.rank)
-    batch = _p2p.Batch(transport, left)
+    batch = _p2p.Batch(transport, _p2p.Mailbox(), left)
     for p in peers:
         batch.add_send(data, p, 0)
     for p in peers:
         batch.add_recv(got[p], p, 0)
-    while batch.progress(BATCH_SLICE_S) < len(batch):
-        pass
+    done = 0
+    while done < len(batch):
+        done += len(batch.progress(BATCH_SLICE_S))
     return got
