@@ -311,6 +311,13 @@ cdef class Batch:
             src = srcs.pop() if len(srcs) == 1 else -1
             try:
                 peer = _next_head(self.t, src, &pr, until_ns)
+                if peer == -2 and src < 0:
+                    # A look at any rank's head passes over pairs that ended: look at
+                    # each rank a receive waits for, so that one that left is named.
+                    for src in sorted({self.peers[i] for i in self.waiting} - {-1}):
+                        peer = _next_head(self.t, src, &pr, pc_now_ns())
+                        if peer != -2:
+                            break
             except Timeout:
                 i = self.waiting[0]
                 raise_timeout(self.t, self.box, self.peers[i], self.tags[i], self.timeout)
