@@ -86,7 +86,7 @@ cdef tuple _deliver(object m, Buffer b, str what):
     """Copy mailbox message ``m`` into ``b``; return (source, element count, tag)."""
     cdef bytes payload = m[3]
     cdef Py_ssize_t n = len(payload)
-    if m[2] != b.dtype or <size_t>n > b.nbytes:
+    if m[2] != b.dtype or n > b.nbytes:
         raise MismatchError(
             "%s: the message from rank %d with tag %d (%s, %d bytes) does not fit this "
             "receive (%s, %d bytes)" % (what, m[0], m[1], DTYPES.get(m[2], "?"), n,
@@ -100,7 +100,7 @@ cdef int _park(Transport t, Mailbox box, Probe* pr) except -1:
     """Read the message ``pr`` describes into the mailbox."""
     cdef bytearray payload = bytearray(pr.nbytes)
     cdef char* ptr = payload
-    cdef int req, rc, peer = pr.peer
+    cdef int req = -1, rc, peer = pr.peer
     cdef size_t n = pr.nbytes
     with nogil:
         rc = t.set_op(&pr.desc)
@@ -158,7 +158,7 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     cdef Buffer b = as_buffer(buf, "recv", "buf", True)
     cdef OpDesc d
     cdef Probe pr
-    cdef int rc, req, peer
+    cdef int rc, req = -1, peer
     m = box.take(src, tag)
     if m is not None:
         return _deliver(m, b, "recv")
@@ -196,7 +196,7 @@ cdef int _matching_head(Transport t, Mailbox box, OpDesc* d, int src, int tag, d
     """Begin operation ``d``, then wait for the first head from ``src`` with ``tag``,
     parking the other point-to-point heads in the mailbox: its peer, described in
     ``pr``; -2 when ``until_ns`` (when not 0) passes first."""
-    cdef int rc, peer
+    cdef int rc, peer = -1
     with nogil:
         rc = t.begin(d, timeout)
     if rc < 0:
@@ -305,7 +305,7 @@ cdef class Batch:
         cdef Buffer b
         cdef OpDesc d
         cdef Probe pr
-        cdef int i, peer, req, src
+        cdef int i, peer = -1, req, src
         while self.waiting:
             srcs = {self.peers[i] for i in self.waiting}
             src = srcs.pop() if len(srcs) == 1 else -1
