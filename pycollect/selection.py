@@ -151,6 +151,7 @@ def named(collective, name):
         return Plan(name, table[name])
     except (KeyError, TypeError):
         choices = ("auto",) + tuple(table) + (
+            ("bcube:B",) if collective == "allreduce" else ()) + (
             ("hierarchical",) if collective in ("allreduce", "broadcast") else ())
         raise InvalidArgument("%s: unknown algorithm %r (choose from %s)" % (
             collective, name, ", ".join(choices))) from None

@@ -68,6 +68,14 @@ def test_a_plan_by_name_and_a_hierarchical_plan():
         selection.named("reduce", "hierarchical")
 
 
+def test_the_allreduce_choices_name_bcube_with_a_base():
+    with pytest.raises(pc.InvalidArgument, match=r"choose from .*bcube, .*bcube:B"):
+        selection.named("allreduce", "nope")
+    with pytest.raises(pc.InvalidArgument) as broadcast_error:
+        selection.named("broadcast", "nope")
+    assert "bcube:B" not in str(broadcast_error.value)
+
+
 def test_every_rule_names_an_algorithm_its_collective_runs():
     for rule in selection.RULES:
         assert selection.named(rule.collective, rule.algorithm).name == rule.algorithm
