@@ -19,6 +19,12 @@ backend gloo, torch.distributed with backend "pycollect" (pycollect.torch: the
 same dist calls, tensors handed to pycollect), and mpi4py on Open MPI with its default (shared memory) and with
 TCP forced (--mca pml ob1 --mca btl tcp,self).  A peer that is not installed
 is left out and named in the report.
+
+Beside the peers, the run measures what the machine allows: the NumPy memory
+ceiling (peer "ceiling-shm": ranks whose buffers already lie in shared memory
+do, at the same time, the memory work of a direct allreduce with NumPy, see
+``Ceiling``), a memcpy line, and the TCP ceiling (``iperf3 --bidir`` over
+loopback, per direction; "not measured" where iperf3 is absent).
 """
 
 import argparse
@@ -53,9 +59,10 @@ END_MARK = "<!-- compare.py: end -->"
 TORCH_BEGIN_MARK = ("<!-- compare.py --torch: begin (generated; edit benchmarks/compare.py "
                     "instead) -->")
 TORCH_END_MARK = "<!-- compare.py --torch: end -->"
-COLORS = {"pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf", "gloo": "#ff7f0e",
+CEILING = "ceiling-shm"
+COLORS = {CEILING: "#7f7f7f", "pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf", "gloo": "#ff7f0e",
           "mpi-shm": "#d62728", "mpi-tcp": "#9467bd", "torch-pycollect": "#2ca02c"}
-LABELS = {"gloo": "torch gloo", "mpi-shm": "MPI shm", "mpi-tcp": "MPI TCP",
+LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm", "mpi-tcp": "MPI TCP",
           "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
           "torch-pycollect": "torch pycollect"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
@@ -69,12 +76,136 @@ def label(peer):
 # -- workers ----------------------------------------------------------------------
 
 
+class Ceiling:
+    """The memory's limit on one host: what the collectives' memory work costs in NumPy.
+
+    Every rank's buffers lie in shared memory (files in /dev/shm that every rank maps), so
+    no rank copies anything through a transport.  allreduce: rank r owns slice r (at 2 ranks,
+    half r); it adds every peer's slice r into its own, a barrier, then copies every peer's
+    reduced slice over its own.  broadcast: every rank but the root copies the root's buffer,
+    then a barrier.  allgather: every rank copies each rank's block into place, then a
+    barrier.  The barrier spins on per-rank counters in shared memory (yielding the CPU).
+    """
+
+    def __init__(self, rank, size, name):
+        self.rank, self.size, self.name = rank, size, name
+        self.gen = 0
+        self.case = 0
+        self.mine = []       # paths this rank created, unlinked at close
+        self.maps = []
+        self.ctl = self._open(f"{name}-ctl", size * 16 * 8, rank == 0).view(np.int64)
+        self.flags = self.ctl[::16]         # one 128-byte line per rank
+        self.values = self.ctl[8::16].view(np.float64)
+
+    def _open(self, name, nbytes, create):
+        import mmap
+        path = f"/dev/shm/{name}"
+        if create:
+            with open(path + ".tmp", "wb") as f:
+                f.truncate(max(nbytes, 1))
+            os.rename(path + ".tmp", path)      # others never see a short file
+            self.mine.append(path)
+        deadline = time.monotonic() + SETUP_S
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR)
+                break
+            except FileNotFoundError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ceiling: {path} never appeared") from None
+                time.sleep(0.01)
+        try:
+            m = mmap.mmap(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        self.maps.append(m)
+        return np.frombuffer(m, np.uint8)
+
+    def barrier(self):
+        """Every rank has arrived (a spin on shared counters)."""
+        self.gen += 1
+        self.flags[self.rank] = self.gen
+        deadline = time.monotonic() + SETUP_S
+        while self.flags[:self.size].min() < self.gen:
+            os.sched_yield()
+            if time.monotonic() > deadline:
+                raise TimeoutError("ceiling: a rank never reached the barrier")
+
+    def agree_max(self, value):
+        """The largest ``value`` over the ranks."""
+        self.values[self.rank] = value
+        self.barrier()
+        out = float(self.values[:self.size].max())
+        self.barrier()
+        return out
+
+    def arrays(self, collective, count):
+        """(every rank's send buffer, this rank's receive buffer or None), all in /dev/shm."""
+        self.case += 1
+        n = count * (self.size if collective == "allgather" else 1)
+        name = f"{self.name}-{self.case}"
+        self._open(f"{name}-{self.rank}", count * 4, True)
+        self.barrier()
+        sends = [self._open(f"{name}-{r}", count * 4, False)[:count * 4].view(np.float32)
+                 for r in range(self.size)]
+        recv = np.zeros(n, np.float32) if collective == "allgather" else None
+        return sends, recv
+
+    def call(self, collective, sends, recv):
+        """The memory work of one call of ``collective`` on these buffers."""
+        r, P = self.rank, self.size
+        own = sends[r]
+        n = own.size
+        cuts = [c * (n // P) + min(c, n % P) for c in range(P + 1)]
+        mine = slice(cuts[r], cuts[r + 1])
+        peers = [q for q in range(P) if q != r]
+
+        def allreduce():
+            for q in peers:
+                np.add(own[mine], sends[q][mine], out=own[mine])
+            self.barrier()
+            for q in peers:
+                np.copyto(own[cuts[q]:cuts[q + 1]], sends[q][cuts[q]:cuts[q + 1]])
+
+        def broadcast():
+            if r != 0:
+                np.copyto(own, sends[0])
+            self.barrier()
+
+        def allgather():
+            for q in range(P):
+                np.copyto(recv[q * n:(q + 1) * n], sends[q])
+            self.barrier()
+
+        return {"allreduce": allreduce, "broadcast": broadcast, "allgather": allgather,
+                "barrier": self.barrier}[collective]
+
+    def close(self):
+        """Unmap everything and remove this rank's files."""
+        self.barrier()          # nobody still reads a file about to go
+        self.flags = self.values = self.ctl = None
+        for m in self.maps:
+            try:
+                m.close()
+            except BufferError:
+                pass            # a view still holds it; the process is about to exit
+        for path in self.mine:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
 class Peer:
     """One library's side of a worker: setup, the calls of each case, agree and barrier."""
 
     def __init__(self, kind, rank, size, rdv):
         self.kind = kind
-        if kind.startswith("pycollect-"):
+        if kind == CEILING:
+            self.ceiling = Ceiling(rank, size, rdv)
+            self.rank, self.size = rank, size
+            self.barrier = self.ceiling.barrier
+        elif kind.startswith("pycollect-"):
             import pycollect as pc
             self.pc, self.ctx = pc, pc.init(rank=rank, size=size, store=rdv, transport=kind[10:])
             self.rank, self.size = rank, size
@@ -99,6 +230,8 @@ class Peer:
 
     def agree_max(self, value):
         """The largest ``value`` over the group."""
+        if self.kind == CEILING:
+            return self.ceiling.agree_max(value)
         buf = np.array([value], np.float64)
         if self.kind in TORCH_PEERS:
             t = self.torch.from_numpy(buf)
@@ -111,6 +244,8 @@ class Peer:
 
     def call(self, collective, send, recv):
         """Return a no-argument function that runs one ``collective`` on these buffers."""
+        if self.kind == CEILING:
+            return self.ceiling.call(collective, send, recv)
         if self.kind.startswith("pycollect-"):
             ctx = self.ctx
             return {"allreduce": lambda: ctx.allreduce(send),
@@ -131,9 +266,18 @@ class Peer:
                 "allgather": lambda: comm.Allgather(send, recv),
                 "barrier": comm.Barrier}[collective]
 
+    def arrays(self, collective, count):
+        """The buffers a case runs on: (send, recv or None)."""
+        if self.kind == CEILING:
+            return self.ceiling.arrays(collective, count)
+        recv = np.zeros(count * self.size, np.float32) if collective == "allgather" else None
+        return np.zeros(count, np.float32), recv
+
     def close(self):
         """Leave the group."""
-        if self.kind.startswith("pycollect-"):
+        if self.kind == CEILING:
+            self.ceiling.close()
+        elif self.kind.startswith("pycollect-"):
             self.ctx.close()
         elif self.kind in TORCH_PEERS:
             self.dist.destroy_process_group()
@@ -143,11 +287,12 @@ def run_case(peer, command):
     """Check one call of the case, then time it; return this rank's seconds per call."""
     collective, count = command["collective"], command["count"]
     n, rank = peer.size, peer.rank
-    send = np.zeros(count, np.float32)
-    recv = np.zeros(count * n, np.float32) if collective == "allgather" else None
-    call = peer.call(collective, send, recv)
+    buffers, recv = peer.arrays(collective, count)
+    send = buffers[rank] if peer.kind == CEILING else buffers
+    call = peer.call(collective, buffers, recv)
     # One checked call: every peer must compute the right thing before it is timed.
     send[:] = rank + 1
+    peer.barrier()    # the ceiling reads the peers' buffers: they must be filled first
     call()
     if collective == "allreduce":
         ok = bool(np.all(send == n * (n + 1) / 2))
@@ -160,6 +305,7 @@ def run_case(peer, command):
     if not ok:
         raise RuntimeError(f"{peer.kind} {collective} of {count} gave a wrong result on "
                            f"rank {rank}")
+    peer.barrier()    # ... and nobody may clear a buffer that a peer still reads
     send[:] = 0   # timed calls reduce zeros: nothing grows, no denormals
     times = time_calls(call, peer.barrier, peer.agree_max, command["warmup"], command["budget"],
                        None, command["min_iters"], command["max_iters"])
@@ -226,6 +372,8 @@ class Group:
             return
         if peer in TORCH_PEERS:
             rdv = f"tcp://127.0.0.1:{free_port()}"
+        elif peer == CEILING:
+            rdv = self.shm_name = f"pycollect-ceiling-{size}-{secrets.token_hex(4)}"
         else:
             rdv = f"{store_url}?prefix={peer}-{size}-{secrets.token_hex(4)}"
         self.procs = [subprocess.Popen(me + ["--rank", str(r), "--rdv", rdv], stdout=self.log,
@@ -282,6 +430,9 @@ class Group:
         for conn in self.conns.values():
             conn.close()
         self.log.close()
+        if self.peer == CEILING:     # what ranks that died left behind
+            for path in Path("/dev/shm").glob(self.shm_name + "-*"):
+                path.unlink(missing_ok=True)
 
 
 def connect_groups(listener, groups):
@@ -314,6 +465,10 @@ def connect_groups(listener, groups):
 def available_peers(transports):
     """The peers that can run here, and why the others cannot."""
     peers, missing = [], {}
+    if os.path.isdir("/dev/shm"):
+        peers.append(CEILING)
+    else:
+        missing[CEILING] = "no /dev/shm"
     for t in transports:
         from pycollect.plugins.registry import available
         if t in available()["transports"]:
@@ -360,6 +515,8 @@ def drive(args):
            "missing": missing, "peers": peers, "rounds": args.rounds, "budget_s": args.budget,
            "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
            "results": []}
+    doc["memcpy_GBps"] = memcpy_bandwidth()
+    doc["tcp_ceiling_GBps"], doc["tcp_ceiling_note"] = tcp_ceiling()
     logdir = tempfile.mkdtemp(prefix="pycollect-compare-")
     listener = socket.create_server(("127.0.0.1", 0))
     control = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -416,6 +573,47 @@ def drive(args):
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["pycollect"] = pc.__version__
     return doc
+
+
+def memcpy_bandwidth(counts=(1 << 20, 16 << 20), repeats=20):
+    """{float32 count: GB/s of one process's np.copyto, the median of ``repeats``}."""
+    out = {}
+    for count in counts:
+        a, b = np.ones(count, np.float32), np.zeros(count, np.float32)
+        np.copyto(b, a)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            np.copyto(b, a)
+            times.append(time.perf_counter() - start)
+        out[count] = a.nbytes / float(np.median(times)) / 1e9
+    return out
+
+
+def tcp_ceiling(seconds=3):
+    """``iperf3 --bidir`` over loopback: GB/s per direction (the mean of both), or why not."""
+    if shutil.which("iperf3") is None:
+        return None, "not measured (iperf3 is not installed: apt-get install iperf3)"
+    port = free_port()
+    server = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(20):      # until the server listens (bounded)
+            done = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "--bidir",
+                                   "-t", str(seconds), "-J"], capture_output=True, text=True,
+                                  timeout=seconds + 30)
+            if done.returncode == 0:
+                break
+            time.sleep(0.1)
+        end = json.loads(done.stdout)["end"]
+        rates = [end[k]["bits_per_second"] for k in ("sum_received",
+                                                      "sum_received_bidir_reverse")]
+        return sum(rates) / len(rates) / 8e9, None
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError) as exc:
+        return None, f"not measured (iperf3 failed: {exc})"
+    finally:
+        server.kill()
+        server.wait(10)
 
 
 def machine():
@@ -516,7 +714,8 @@ def ratio_pairs(peers):
         return torch_pairs(peers)
     tcp = "pycollect-tcp" if "pycollect-tcp" in ours else ours[0]
     local = next((p for p in ours if p != tcp), tcp)
-    pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local)]
+    pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local),
+             (CEILING, local)]
     return list(dict.fromkeys((a, b) for a, b in pairs if a in peers))
 
 
@@ -591,9 +790,16 @@ def markdown(doc, images):
         if size in images:
             lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
                           f"({images[size]})"]
+    lines += ["", "### What the machine allows", ""] + ceilings(doc)
     if ours:
         lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""]
         lines += targets(doc, ours)
+    if "pycollect-shm" in peers:
+        lines += ["", "### Issue 18's targets in this run", ""]
+        lines += targets(doc, "pycollect-shm", ISSUE18_SHM_TARGETS)
+        if "pycollect-tcp" in peers:
+            lines += targets(doc, "pycollect-tcp", ISSUE18_TCP_TARGETS)[2:]
+        lines += ["", mpi_faster(doc, "pycollect-shm", "mpi-shm")]
     if torch_pairs(peers):
         lines += ["", "### Issue 8's targets in this run (torch.distributed, backend "
                       "\"pycollect\" against \"gloo\")", ""]
@@ -614,6 +820,81 @@ TARGETS = (
     (2, "barrier", 0, "gloo", 2, "p50"),
     (4, "allreduce", 1, "gloo", 5, "p50"), (4, "allreduce", 256, "gloo", 5, "p50"),
 )
+
+
+# Issue 18's (large and small messages against MPI and the NumPy ceiling). A goal of
+# "≤ 0.8× MPI" in time is a speedup of 1.25.
+ISSUE18_SHM_TARGETS = (
+    (2, "allreduce", 1, "mpi-shm", 1.25, "p50"), (2, "barrier", 0, "mpi-shm", 1, "p50"),
+    (2, "allreduce", 4096, "mpi-shm", 2, "p50"),
+    (4, "allreduce", 1, "mpi-shm", 1, "p50"), (4, "barrier", 0, "mpi-shm", 1, "p50"),
+    (2, "allreduce", 1 << 20, "mpi-shm", 1.15, "busbw"),
+    (2, "allreduce", 1 << 20, CEILING, 0.9, "busbw"),
+    (2, "allreduce", 16 << 20, "mpi-shm", 3, "busbw"),
+    (2, "allreduce", 16 << 20, CEILING, 0.9, "busbw"),
+)
+ISSUE18_TCP_TARGETS = ((2, "allreduce", 1, "mpi-tcp", 1 / 0.6, "p50"),)
+
+
+def mpi_faster(doc, ours, mpi):
+    """A line: in how many rows (every collective, size and world size) ``mpi`` beat ``ours``."""
+    slower = []
+    rows = 0
+    for r in doc["results"]:
+        if r["peer"] != ours:
+            continue
+        theirs = _find(doc, r["ranks"], r["collective"], r["count"], mpi)
+        if theirs is None:
+            continue
+        rows += 1
+        if theirs["p50_us"] < r["p50_us"]:
+            name = f"{r['collective']} {_count_name(r['count'])}" if r["count"] else \
+                r["collective"]
+            slower.append(f"{r['ranks']} ranks {name} "
+                          f"({num(theirs['p50_us'] / r['p50_us'])}×)")
+    return (f"{label(mpi)} faster than {label(ours)} in {len(slower)} of {rows} rows"
+            + (": " + ", ".join(slower) if slower else "") + ".")
+
+
+def ceilings(doc):
+    """Lines on the memory's and the loopback's limits, and how close pycollect comes."""
+    lines = []
+    memcpy = {int(k): v for k, v in doc.get("memcpy_GBps", {}).items()}
+    if memcpy:
+        lines.append("memcpy (one process, `np.copyto`): " + ", ".join(
+            f"{_count_name(c)} floats {num(v)} GB/s" for c, v in sorted(memcpy.items())) + ".")
+    lines.append(f"Shared-memory ceiling: the peer \"{label(CEILING)}\" (ranks whose buffers "
+                 f"already lie in shared memory do the collective's memory work with NumPy: "
+                 f"allreduce = add the peers' slice r into one's own, a barrier, copy the "
+                 f"peers' reduced slices); \"{label(CEILING)} ÷ pycollect shm\" is the "
+                 f"fraction of it that pycollect reaches.")
+    for size in sorted({r["ranks"] for r in doc["results"]}):
+        cells = []
+        for count in sorted({r["count"] for r in doc["results"]
+                             if (r["ranks"], r["collective"]) == (size, "allreduce")}):
+            ceil = _find(doc, size, "allreduce", count, CEILING)
+            ours = _find(doc, size, "allreduce", count, "pycollect-shm")
+            if ceil and ours and count >= 1 << 16:
+                cells.append(f"{_count_name(count)} {num(ceil['busbw_GBps'])} GB/s "
+                             f"(pycollect {num(ceil['p50_us'] / ours['p50_us'])} of it)")
+        if cells:
+            lines.append(f"{size} ranks, allreduce busbw of the ceiling: " + "; ".join(cells)
+                         + ".")
+    tcp = doc.get("tcp_ceiling_GBps")
+    if tcp is None:
+        lines.append("TCP ceiling (`iperf3 --bidir` over loopback): "
+                     + doc.get("tcp_ceiling_note", "not measured") + ".")
+    else:
+        cells = []
+        for r in doc["results"]:
+            if (r["peer"], r["collective"]) == ("pycollect-tcp", "allreduce") and \
+                    r["count"] >= 1 << 20 and r["busbw_GBps"]:
+                cells.append(f"{r['ranks']} ranks {_count_name(r['count'])} "
+                             f"{num(r['busbw_GBps'])} GB/s ({num(r['busbw_GBps'] / tcp)} of it)")
+        lines.append(f"TCP ceiling (`iperf3 --bidir` over loopback): {num(tcp)} GB/s per "
+                     f"direction" + ("; pycollect tcp allreduce busbw: " + "; ".join(cells)
+                                     if cells else "") + ".")
+    return [part for line in lines for part in (line, "")][:-1]   # one paragraph each
 
 
 # Issue 8's: the same dist.all_reduce calls with backend "pycollect" against backend "gloo".
