@@ -1,10 +1,13 @@
-"""Allreduce algorithm crossovers: every fixed algorithm and "auto" over Gloo's sweep.
+"""Algorithm crossovers: every fixed algorithm and "auto" over Gloo's sweep.
 
 Run under the launcher, e.g.
 
     pycollect-run -n 2 python benchmarks/crossover.py
     pycollect-run -n 4 python benchmarks/crossover.py --json crossover-4.json
+    pycollect-run -n 2 python benchmarks/crossover.py --collective broadcast --transport shm
 
+The collective is allreduce (default), broadcast (root 0) or allgather (the
+count is each rank's block).
 Each size runs every algorithm back to back, interleaved round by round so
 drift hits all of them alike; a call's latency is the slowest rank's.  Rank
 0 prints, per algorithm, the p50 of its best round (the lowest per-round
@@ -21,18 +24,32 @@ import time
 import numpy as np
 
 import pycollect as pc
-from pycollect.context import ALLREDUCE_ALGORITHMS
+from pycollect.context import ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS
 
 GLOO_SWEEP = [100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000,
               500000, 1000000, 2000000, 5000000]
 
 
-def measure(ctx, buf, algorithm, iters):
-    """Per-call latencies (seconds) of ``iters`` back-to-back allreduces, slowest rank's."""
+ALGORITHMS = {"allreduce": ALLREDUCE_ALGORITHMS, "broadcast": BROADCAST_ALGORITHMS,
+              "allgather": ALLGATHER_ALGORITHMS}
+
+
+def caller(ctx, collective, buf):
+    """A function of the algorithm name that runs one ``collective`` on ``buf``."""
+    if collective == "broadcast":
+        return lambda a: ctx.broadcast(buf, 0, algorithm=a)
+    if collective == "allgather":
+        out = np.empty(buf.size * ctx.size, buf.dtype)
+        return lambda a: ctx.allgather(buf, out, algorithm=a)
+    return lambda a: ctx.allreduce(buf, algorithm=a)
+
+
+def measure(ctx, call, algorithm, iters):
+    """Per-call latencies (seconds) of ``iters`` back-to-back calls, slowest rank's."""
     times = np.empty(iters)
     for i in range(iters):
         t0 = time.perf_counter()
-        ctx.allreduce(buf, algorithm=algorithm)
+        call(algorithm)
         times[i] = time.perf_counter() - t0
     ctx.allreduce(times, op=pc.MAX)
     return times
@@ -46,26 +63,28 @@ def main():
                         help="seconds per size and algorithm, at most")
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--transport", default="auto", help="tcp, shm or auto (default)")
+    parser.add_argument("--collective", default="allreduce", choices=sorted(ALGORITHMS))
     args = parser.parse_args()
-    algorithms = [a for a in ALLREDUCE_ALGORITHMS if a != "auto"] + ["auto"]
+    algorithms = [a for a in ALGORITHMS[args.collective] if a != "auto"] + ["auto"]
     results = []
     with pc.init(transport=args.transport) as ctx:
         for n in args.elements:
             buf = np.ones(n, np.float32)
+            call = caller(ctx, args.collective, buf)
             for a in algorithms:                      # warm up, and size the rounds
-                measure(ctx, buf, a, 3)
-            probe = measure(ctx, buf, "ring", 3)
+                measure(ctx, call, a, 3)
+            probe = measure(ctx, call, algorithms[0], 3)
             per_round = int(max(3, min(2000, args.budget / args.rounds / max(np.median(probe), 1e-6))))
             per_round = int(ctx.allreduce(np.array([per_round]), op=pc.MIN)[0])
             samples = {a: [] for a in algorithms}
             for _ in range(args.rounds):
                 for a in algorithms:
-                    samples[a].append(measure(ctx, buf, a, per_round))
+                    samples[a].append(measure(ctx, call, a, per_round))
             p50 = {a: float(np.median(np.concatenate(s))) for a, s in samples.items()}
             # The comparison uses each algorithm's best round (the lowest of its per-round
             # medians): a burst of load from elsewhere spoils a round, not the verdict.
             settled = {a: float(min(np.median(r) for r in s)) for a, s in samples.items()}
-            chosen = ctx.plan("allreduce", buf).code
+            chosen = ctx.plan(args.collective, buf).code
             from pycollect._ext._transport import ALGORITHM_NAMES
             fixed = {a: v for a, v in settled.items() if a != "auto"}
             best = min(fixed, key=fixed.get)
@@ -84,7 +103,8 @@ def main():
                     best, row["auto"], row["auto_vs_best"], row["pick_vs_best"]), flush=True)
         if ctx.rank == 0 and args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": ctx.size, "results": results}, f, indent=1)
+                json.dump({"ranks": ctx.size, "collective": args.collective,
+                           "transport": args.transport, "results": results}, f, indent=1)
     return 0
 
 

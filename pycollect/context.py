@@ -46,6 +46,7 @@ log = logging.getLogger("pycollect")
 
 ALLREDUCE_ALGORITHMS = ("auto",) + tuple(_allreduce.ALGORITHMS) + ("hierarchical",)
 BROADCAST_ALGORITHMS = ("auto",) + tuple(_broadcast.ALGORITHMS) + ("hierarchical",)
+ALLGATHER_ALGORITHMS = ("auto",) + tuple(_allgather.ALGORITHMS)
 REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
 # algorithm="auto" is pycollect/selection.py's table.
@@ -227,17 +228,22 @@ class Context:
         return call.submit(lambda seq: _rooted.reduce(
             t, data, root, op, algo, seq, tmo, seg), result, async_op, root=root)
 
-    def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
-        """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere."""
-        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
+    def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None, *,
+                  algorithm="auto"):
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere.
+
+        ``algorithm``: "auto", "ring", or "direct" (every rank on one host: each copies the
+        others' blocks straight out of their memory)."""
+        checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, algorithm=algorithm)
         tmo = self._call_timeout(timeout, "allgather")
         call = _Call(self, "allgather", checked)
         send = call.inp(sendbuf, "sendbuf")
         recv = call.output(recvbuf, "recvbuf", lambda: _blocks_like(send, self._size,
                                                                     "allgather"))
-        t, seg = self._transport, self._segment_bytes
+        t, seg, algo = self._transport, self._segment_bytes, self.plan("allgather", send,
+                                                                       algorithm).code
         return call.submit(lambda seq: _allgather.allgather(
-            t, send, recv, None, seq, tmo, seg), call.result, async_op)
+            t, send, recv, None, seq, tmo, seg, algo), call.result, async_op)
 
     def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
         """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
@@ -637,7 +643,7 @@ class Context:
 
     def plan(self, collective, buf, algorithm="auto"):
         """The ``selection.Plan`` that ``collective`` ("allreduce", "allreduce_coalesced",
-        "broadcast" or "reduce") runs for ``buf`` with ``algorithm`` in this group."""
+        "broadcast", "reduce" or "allgather") runs for ``buf`` with ``algorithm`` in this group."""
         if algorithm != "auto":
             return selection.named(collective, algorithm)
         # The rules of this group, scanned here: the small-message path of every collective.

@@ -24,7 +24,7 @@ sub-groups, ``pycollect/hierarchy.py``) rather than one compiled call.
 ``halving_doubling`` where ``allreduce`` would go hierarchical.
 """
 
-from ._ext import _allreduce, _broadcast, _rooted
+from ._ext import _allgather, _allreduce, _broadcast, _rooted
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import InvalidArgument
 
@@ -37,7 +37,8 @@ MiB = 1 << 20
 HIERARCHICAL = next(code for code, name in ALGORITHM_NAMES.items() if name == "hierarchical")
 # The algorithms each collective runs as one compiled call, by name.
 FLAT = {"allreduce": _allreduce.ALGORITHMS, "allreduce_coalesced": _allreduce.ALGORITHMS,
-        "broadcast": _broadcast.ALGORITHMS, "reduce": _rooted.REDUCE_ALGORITHMS}
+        "broadcast": _broadcast.ALGORITHMS, "reduce": _rooted.REDUCE_ALGORITHMS,
+        "allgather": _allgather.ALGORITHMS}
 TOPOLOGIES = ("any", "shm", "multi-host")
 
 
@@ -127,11 +128,16 @@ RULES = (
     + [
         # A hierarchical broadcast never beat the binomial tree (benchmarks/hierarchy.py):
         # the tree already crosses hosts once per host, so no rule picks it.
+        Rule("broadcast", None, "shm", 256 * KiB, "direct",
+             "every rank copies the root's buffer straight out of its memory"),
         Rule("broadcast", "3+", "any", 256 * KiB, "pipelined",
              "segments forwarded as they land keep every link busy"),
         Rule("broadcast", None, "any", 0, "binomial"),
         Rule("reduce", None, "any", 256 * KiB, "ring"),
         Rule("reduce", None, "any", 0, "binomial"),
+        Rule("allgather", None, "shm", 256 * KiB, "direct",
+             "every rank copies each block straight out of its owner's memory"),
+        Rule("allgather", None, "any", 0, "ring"),
     ]
 )
 

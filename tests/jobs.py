@@ -48,16 +48,22 @@ def stop(procs):
                 proc.wait(5)
 
 
+def run_script(tmp_path, text, size=3):
+    """Start ``text`` as a script of ``size`` ranks (argv: rank, a file store's URL); return
+    the processes, their output piped."""
+    script = tmp_path / "ranks.py"
+    script.write_text(text)
+    store = "file://%s" % (tmp_path / "store")
+    return [subprocess.Popen([sys.executable, str(script), str(r), store],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(size)]
+
+
 def run_victims(tmp_path, victim, stopped=False, bound_s=10, min_s=0.0):
     """Run ``victim`` (argv: rank, store URL) as ranks 0..2, where rank 2 dies by SIGKILL (or,
     ``stopped``, stops): ranks 0 and 1 must print "<error> after <seconds> s: <message>"
     naming it, after at least ``min_s`` and within ``bound_s`` seconds."""
-    script = tmp_path / "victim.py"
-    script.write_text(victim)
-    store = "file://%s" % (tmp_path / "store")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), store],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(3)]
+    procs = run_script(tmp_path, victim)
     try:
         outs = [procs[r].communicate(timeout=60) for r in ((0, 1) if stopped else (0, 1, 2))]
     finally:

@@ -29,7 +29,7 @@ from reference import (BFLOAT16, assert_matches, make_input, ops_for,   # noqa: 
 
 DTYPES = ["float32", "float64", "int64", "uint8", "float16", "bfloat16", "complex64"]
 ALLREDUCE_ALGORITHMS = ["ring", "ring_chunked", "direct", "auto"]
-BROADCAST_ALGORITHMS = ["binomial", "pipelined"]
+BROADCAST_ALGORITHMS = ["binomial", "pipelined", "direct"]
 BROADCAST_DTYPES = ["float64", "uint8"]
 # Exit status of a rank whose check failed or that hit an unexpected error.
 FAILED = 1

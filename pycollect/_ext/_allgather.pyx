@@ -1,9 +1,19 @@
-"""allgather and allgatherv over the ring.
+"""allgather and allgatherv: over the ring, or direct.
 
 Rank r first places its own block at position r of ``recvbuf`` (skipped when
-``sendbuf`` already is that block: the in-place form), then the ring's
-allgather phase circulates the blocks, each received straight into its place
-and forwarded as it lands (see _ring.pyx).
+``sendbuf`` already is that block: the in-place form).
+
+Ring: the ring's allgather phase circulates the blocks, each received straight
+into its place and forwarded as it lands (see _ring.pyx).
+
+Direct (every rank on one host, each able to read the others' memory; one
+copy per block): the ranks exchange the addresses of their blocks
+(``direct_hello``), then rank r copies block q straight out of rank q's
+memory into its place, for q = r+1, r+2, ... (so that the ranks start on
+different owners), and returns once every peer has said it has finished
+reading (``direct_release``): no caller changes a block that a peer still
+reads.  Where some rank may not read every peer's memory, all of them run the
+ring instead, in the same operation.
 """
 
 from libc.stdlib cimport free
@@ -12,12 +22,42 @@ from libc.string cimport memmove
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array)
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_allgather
+from pycollect._ext._direct cimport DirectHello, direct_hello, direct_read, direct_release
 from pycollect._ext._transport cimport *
+
+from pycollect.errors import InvalidArgument
+
+ALGORITHMS = {"ring": ALGO_RING, "direct": ALGO_DIRECT}
+
+
+cdef int direct_allgather(Transport t, char* recv, const char* mine, const Layout* lay,
+                          size_t es) noexcept nogil:
+    """Copy every peer's block out of its memory (see the module notes).
+
+    Returns 1 when some rank's memory was not readable (nothing was read: run the ring).
+    """
+    cdef int P = t.size, r = t.rank, i, q, readable
+    cdef DirectHello* hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
+    if hello == NULL:
+        return -1
+    readable = direct_hello(t, mine, hello)
+    if readable <= 0:
+        return -1 if readable < 0 else 1
+    for i in range(1, P):
+        q = (r + i) % P
+        if lay.len[q] and direct_read(t, q, recv + lay.off[q] * es, hello[q].addr,
+                                      lay.len[q] * es) < 0:
+            return -1
+    return direct_release(t)
 
 
 def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsigned int seq,
-              double timeout, size_t segment_bytes):
-    """Every rank's ``recvbuf`` receives all ``sendbuf`` blocks in rank order (counts: allgatherv)."""
+              double timeout, size_t segment_bytes, int algo=ALGO_RING):
+    """Every rank's ``recvbuf`` receives all ``sendbuf`` blocks in rank order (counts: allgatherv);
+    return the algorithm code that ran (``direct`` falls back to the ring where some rank
+    may not read every peer's memory)."""
+    if algo != ALGO_RING and algo != ALGO_DIRECT:
+        raise InvalidArgument("allgather: unknown algorithm code %d" % algo)
     name = "allgather" if counts is None else "allgatherv"
     cdef Buffer sb = as_buffer(sendbuf, name, "sendbuf", False)
     cdef Buffer rb = as_buffer(recvbuf, name, "recvbuf", True)
@@ -43,15 +83,21 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     finally:
         free(lens)
     fill_desc(&d, seq, COLL_ALLGATHER if counts is None else COLL_ALLGATHERV, sb.dtype, 0,
-              ALGO_RING, 0, sb.count if counts is None else total)
+              algo, 0, sb.count if counts is None else total)
     with nogil:
         rc = t.begin(&d, timeout)
         mine = rb.ptr + lay.off[r] * es
         if rc == 0 and mine != sb.ptr and lay.len[r]:
             memmove(mine, sb.ptr, lay.len[r] * es)
         if rc == 0 and P > 1 and total > 0:
-            rc = ring_allgather(t, rb.ptr, &lay, es, seg)
+            if algo == ALGO_DIRECT:
+                rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es)
+                if rc == 1:
+                    algo = ALGO_RING
+                    rc = 0
+            if rc == 0 and algo == ALGO_RING:
+                rc = ring_allgather(t, rb.ptr, &lay, es, seg)
         layout_free(&lay)
     if rc < 0:
         raise_error(t)
-    return ALGO_RING
+    return algo

@@ -54,6 +54,7 @@ owns slice r of the buffer (the same near-equal split as the ring's chunks).
 4. Finished: every rank tells every peer it has copied everything; a rank
    returns (and its caller may overwrite the buffer) only once every peer has
    said so.
+Steps 1, 4 and the reads of step 3 are the shared ones of _direct.pyx.
 Each rank reads (P-1)/P of the buffer twice and reduces (P-1)/P of it; three
 rounds of empty-ish messages carry the synchronisation.  A peer that dies
 makes the read fail (process_vm_readv: ESRCH/EFAULT): PeerError naming it.
@@ -63,6 +64,7 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._direct cimport DirectHello, direct_hello, direct_read, direct_release
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
@@ -77,10 +79,6 @@ ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
 DEFAULT_BCUBE_BASE = 4
 # direct: bytes read from a peer and reduced at a time (fits in L2 with the own chunk).
 DIRECT_CHUNK_BYTES = 256 << 10
-
-cdef struct DirectHello:
-    uint64_t addr       # the sender's buffer
-    uint64_t readable   # 1: the sender may read every peer's memory
 
 cdef enum:
     MAX_BCUBE_BASE = 16
@@ -316,9 +314,8 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
 
     Returns 1 when some rank's memory was not readable and halving-doubling ran instead.
     """
-    cdef int P = t.size, r = t.rank, i, p, all_readable
+    cdef int P = t.size, r = t.rank, i, p, readable
     cdef size_t lo, length, off, c, take
-    cdef DirectHello mine
     cdef DirectHello* hello
     cdef int* final_req
     cdef char* other
@@ -329,22 +326,10 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
         return -1
     final_req = <int*>(hello + P)
     # 1. Hello: addresses, and whether direct reads work between every pair.
-    mine.addr = <uint64_t>buf
-    mine.readable = 1
-    for p in range(P):
-        if p != r and not t.can_read_remote(p):
-            mine.readable = 0
-    all_readable = <int>mine.readable
-    for p in range(P):
-        if p != r and (t.post_send(p, &mine, sizeof(DirectHello)) < 0 or
-                       t.post_recv(p, &hello[p], sizeof(DirectHello)) < 0):
-            return -1
-    if t.wait_all() < 0:
+    readable = direct_hello(t, buf, hello)
+    if readable < 0:
         return -1
-    for p in range(P):
-        if p != r and not hello[p].readable:
-            all_readable = 0
-    if not all_readable:
+    if not readable:
         return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
     # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer.
     chunk = chunk // es if chunk >= es else 1
@@ -376,13 +361,10 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
         if t.wait(final_req[p]) < 0:
             return -1
         off = chunk_offset(n, P, p) * es
-        if t.read_remote(p, buf + off, hello[p].addr + off, chunk_length(n, P, p) * es) < 0:
+        if direct_read(t, p, buf + off, hello[p].addr + off, chunk_length(n, P, p) * es) < 0:
             return -1
     # 4. Nobody returns while a peer may still read its buffer.
-    for p in range(P):
-        if p != r and (t.post_send(p, NULL, 0) < 0 or t.post_recv(p, NULL, 0) < 0):
-            return -1
-    return t.wait_all()
+    return direct_release(t)
 
 
 def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,

@@ -9,17 +9,28 @@ Pipelined: ranks form the chain root, root+1, ...; the message is cut into
 segments, each received straight into the caller's buffer and forwarded to
 the next rank as soon as it lands, so all links carry data at once.  Time is
 about one message plus (size-2) segments: the bandwidth choice.
+
+Direct (ranks of one host that may read the root's memory; one copy): the
+root sends every rank its buffer's address.  Each rank that may read the
+root's memory (the transport's ``can_read_remote``) copies the buffer
+straight out of it (``direct_read``, in pieces) and then answers "done"; a
+rank that may not answers "send it" and receives the buffer as a message
+instead.  The root returns, and its caller may change the buffer, only once
+every rank has answered and every message has gone: each byte crosses once,
+and all receivers copy at the same time.
 """
 
 from libc.stdlib cimport free, malloc
 
 from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._direct cimport DirectHello, direct_read
 from pycollect._ext._transport cimport *
+from libc.stdint cimport uint64_t
 
 from pycollect.errors import InvalidArgument
 
-ALGORITHMS = {"binomial": ALGO_BINOMIAL, "pipelined": ALGO_PIPELINED}
+ALGORITHMS = {"binomial": ALGO_BINOMIAL, "pipelined": ALGO_PIPELINED, "direct": ALGO_DIRECT}
 
 
 cdef int binomial_broadcast(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
@@ -74,6 +85,39 @@ cdef int pipelined_broadcast(Transport t, char* buf, size_t nbytes, int root,
     return t.wait_all()
 
 
+cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
+    """One copy: every rank reads the root's buffer itself (see the module notes)."""
+    cdef int P = t.size, p
+    cdef DirectHello hello
+    cdef uint64_t* answers
+    if t.rank != root:
+        if t.wait(t.post_recv(root, &hello, sizeof(DirectHello))) < 0:
+            return -1
+        hello.readable = <uint64_t>t.can_read_remote(root)
+        if hello.readable and direct_read(t, root, buf, hello.addr, nbytes) < 0:
+            return -1
+        if t.post_send(root, &hello.readable, sizeof(uint64_t)) < 0:
+            return -1
+        if not hello.readable and t.post_recv(root, buf, nbytes) < 0:
+            return -1
+        return t.wait_all()
+    answers = <uint64_t*>t.work_area(P * sizeof(uint64_t))
+    if answers == NULL:
+        return -1
+    hello.addr = <uint64_t>buf
+    hello.readable = 1
+    for p in range(P):
+        if p != root and (t.post_send(p, &hello, sizeof(DirectHello)) < 0 or
+                          t.post_recv(p, &answers[p], sizeof(uint64_t)) < 0):
+            return -1
+    if t.wait_all() < 0:
+        return -1
+    for p in range(P):
+        if p != root and not answers[p] and t.post_send(p, buf, nbytes) < 0:
+            return -1
+    return t.wait_all()
+
+
 def broadcast(Transport t, object buf, int root, int algo, unsigned int seq, double timeout,
               size_t segment_bytes):
     """Copy root's ``buf`` into every rank's ``buf`` (one nogil call); return the algorithm code."""
@@ -83,13 +127,15 @@ def broadcast(Transport t, object buf, int root, int algo, unsigned int seq, dou
     cdef size_t nbytes = b.nbytes
     cdef size_t seg = segment_bytes if segment_bytes > 0 else 1
     cdef int rc
-    if algo != ALGO_BINOMIAL and algo != ALGO_PIPELINED:
+    if algo != ALGO_BINOMIAL and algo != ALGO_PIPELINED and algo != ALGO_DIRECT:
         raise InvalidArgument("broadcast: unknown algorithm code %d" % algo)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and t.size > 1 and nbytes > 0:
             if algo == ALGO_BINOMIAL:
                 rc = binomial_broadcast(t, b.ptr, nbytes, root)
+            elif algo == ALGO_DIRECT:
+                rc = direct_broadcast(t, b.ptr, nbytes, root)
             else:
                 rc = pipelined_broadcast(t, b.ptr, nbytes, root, seg)
     if rc < 0:
