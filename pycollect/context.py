@@ -651,7 +651,8 @@ class Context:
         if rules is None:
             if self._selector is None:
                 self._selector = selection.Selector(selection.Facts(
-                    self._size, self._all_shared(), self._topology.multi_level))
+                    self._size, self._all_shared(), self._topology.multi_level,
+                    self._transport.flag_area is not None))
             rules = self._rules[collective] = self._selector.rules(collective)
         try:
             nbytes = buf.nbytes

@@ -14,6 +14,9 @@ Topology, as every rank of a group sees it alike:
 ``multi-host``
     the ranks span several hosts and some host holds several (the hierarchy
     has something to do);
+``flags``
+    every pair is on one host's shared memory and the transport has a flag
+    area for small messages (``pycollect/_ext/_flags.pyx``; a sub-group has none);
 ``any``
     whatever the topology.
 
@@ -25,6 +28,7 @@ sub-groups, ``pycollect/hierarchy.py``) rather than one compiled call.
 """
 
 from ._ext import _allgather, _allreduce, _broadcast, _rooted
+from ._ext._flags import MAX_BYTES as FLAGS_MAX_BYTES
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import InvalidArgument
 
@@ -39,7 +43,7 @@ HIERARCHICAL = next(code for code, name in ALGORITHM_NAMES.items() if name == "h
 FLAT = {"allreduce": _allreduce.ALGORITHMS, "allreduce_coalesced": _allreduce.ALGORITHMS,
         "broadcast": _broadcast.ALGORITHMS, "reduce": _rooted.REDUCE_ALGORITHMS,
         "allgather": _allgather.ALGORITHMS}
-TOPOLOGIES = ("any", "shm", "multi-host")
+TOPOLOGIES = ("any", "shm", "multi-host", "flags")
 
 
 class Plan:
@@ -64,14 +68,16 @@ class Plan:
 
 
 class Facts:
-    """What the rules may ask of a group: its size and its topology (``shm``, ``multi-host``)."""
+    """What the rules may ask of a group: its size and its topology (``shm``, ``multi-host``,
+    ``flags``)."""
 
-    __slots__ = ("size", "shm", "multi_host")
+    __slots__ = ("size", "shm", "multi_host", "flags")
 
-    def __init__(self, size, shm=False, multi_host=False):
+    def __init__(self, size, shm=False, multi_host=False, flags=False):
         self.size = size
         self.shm = shm
         self.multi_host = multi_host
+        self.flags = flags
 
     def matches(self, rule):
         if rule.ranks is not None and not (
@@ -79,7 +85,8 @@ class Facts:
                 else self.size >= int(rule.ranks.rstrip("+"))):
             return False
         return (rule.topology == "any" or (rule.topology == "shm" and self.shm)
-                or (rule.topology == "multi-host" and self.multi_host))
+                or (rule.topology == "multi-host" and self.multi_host)
+                or (rule.topology == "flags" and self.flags))
 
 
 class Rule:
@@ -111,6 +118,10 @@ def _allreduce_rules(collective, large_multi_host, why):
         Rule(collective, 4, "any", 256 * KiB, "bcube",
              "base 4 at 4 ranks is one exchange step among all four"),
         Rule(collective, 2, "shm", 16 * KiB + 1, "halving_doubling"),
+        Rule(collective, None, "flags", FLAGS_MAX_BYTES + 1, "halving_doubling"),
+        Rule(collective, None, "flags", 0, "flags",
+             "copy into shared memory, raise a flag, reduce every rank's copy: one "
+             "synchronisation"),
         Rule(collective, 2, "any", 64 * KiB + 1, "halving_doubling"),
         Rule(collective, 2, "any", 0, "recursive_doubling",
              "at 2 ranks one message each way instead of two"),
@@ -132,6 +143,9 @@ RULES = (
              "every rank copies the root's buffer straight out of its memory"),
         Rule("broadcast", "3+", "any", 256 * KiB, "pipelined",
              "segments forwarded as they land keep every link busy"),
+        Rule("broadcast", None, "flags", FLAGS_MAX_BYTES + 1, "binomial"),
+        Rule("broadcast", None, "flags", 0, "flags",
+             "the root's copy in shared memory, one synchronisation"),
         Rule("broadcast", None, "any", 0, "binomial"),
         Rule("reduce", None, "any", 256 * KiB, "ring"),
         Rule("reduce", None, "any", 0, "binomial"),

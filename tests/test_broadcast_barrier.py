@@ -13,7 +13,17 @@ from reference import BFLOAT16, np_dtype
 BCAST_DTYPES = ["uint8", "int32", "float16", "bfloat16", "float64", "complex128", "bool"]
 
 
-@pytest.mark.parametrize("algorithm", ["binomial", "pipelined", "auto"])
+def _expected(ctx, algorithm, buf):
+    """What a broadcast of ``buf`` must run: auto's plan; flags only where the transport has
+    a flag area and the buffer fits (else the binomial tree)."""
+    if algorithm == "auto":
+        return ctx.plan("broadcast", buf).name
+    if algorithm == "flags" and (ctx._transport.flag_area is None or buf.nbytes > 16384):
+        return "binomial"
+    return algorithm
+
+
+@pytest.mark.parametrize("algorithm", ["binomial", "pipelined", "flags", "auto"])
 @pytest.mark.parametrize("dtype", BCAST_DTYPES)
 def test_broadcast_matrix(group, algorithm, dtype):
     if dtype == "bfloat16" and BFLOAT16 is None:
@@ -30,7 +40,9 @@ def test_broadcast_matrix(group, algorithm, dtype):
         for root in range(size):          # roots rotate
             for n in counts:
                 buf = payload(n, root) if ctx.rank == root else np.zeros(n, dtype=dt)
-                assert ctx.broadcast(buf, root=root, algorithm=algorithm) is buf
+                work = ctx.broadcast(buf, root=root, algorithm=algorithm, async_op=True)
+                assert work.wait(timeout=60) is buf
+                assert size == 1 or work.algorithm == _expected(ctx, algorithm, buf)
                 out.append(buf)
         return out
 
@@ -69,7 +81,11 @@ def test_barrier_repeated(group):
                 time.sleep(0.005)
             with lock:
                 entered[i][ctx.rank] = time.monotonic()
-            ctx.barrier()
+            work = ctx.barrier(async_op=True)
+            work.wait(timeout=60)
+            # One host's shared memory: the flags; otherwise dissemination.
+            assert group.size == 1 or work.algorithm == (
+                "flags" if ctx._transport.flag_area is not None else "dissemination")
             with lock:
                 left[i][ctx.rank] = time.monotonic()
 

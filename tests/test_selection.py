@@ -49,6 +49,20 @@ def test_a_coalesced_allreduce_stays_flat_where_allreduce_goes_hierarchical():
                 _pick("allreduce", nbytes, size, shm)
 
 
+@pytest.mark.parametrize("size", [2, 3, 4, 8])
+def test_small_messages_of_a_group_with_a_flag_area_take_flags(size):
+    """Up to the flag area's 16 KiB, on one host's shared memory with a flag area; above
+    it, and for a group on shared memory without one (a sub-group), as before."""
+    with_area, without = Selector(Facts(size, True, False, True)), Selector(Facts(size, True))
+    for nbytes in (0, 1, 4 * KiB, 16 * KiB):
+        for collective in ("allreduce", "allreduce_coalesced", "broadcast"):
+            assert with_area.plan(collective, nbytes).name == "flags", (collective, nbytes)
+            assert without.plan(collective, nbytes).name != "flags"
+    for nbytes in (16 * KiB + 1, 256 * KiB - 1, MiB, 16 * MiB):
+        for collective in ("allreduce", "broadcast"):
+            assert with_area.plan(collective, nbytes) == without.plan(collective, nbytes)
+
+
 def test_broadcast_and_reduce_plans():
     assert _pick("broadcast", 256 * KiB, 2) == "binomial"
     assert _pick("broadcast", 256 * KiB - 1, 3) == "binomial"

@@ -58,6 +58,12 @@ Steps 1, 4 and the reads of step 3 are the shared ones of _direct.pyx.
 Each rank reads (P-1)/P of the buffer twice and reduces (P-1)/P of it; three
 rounds of empty-ish messages carry the synchronisation.  A peer that dies
 makes the read fail (process_vm_readv: ESRCH/EFAULT): PeerError naming it.
+
+``flags`` (every pair on one host's shared memory, up to _flags.FLAGS_MAX_BYTES):
+every rank copies its buffer into its slot of the transport's flag area and
+posts its flag; once all have, each reduces every slot in rank order into its
+buffer (_flags.pyx).  Where the transport has no flag area, or the buffer does
+not fit, ``flags`` runs recursive doubling.
 """
 
 from pycollect._ext._algo cimport chunk_length, chunk_offset
@@ -66,6 +72,7 @@ from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgat
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport DirectHello, direct_hello, direct_read, direct_release
 from pycollect._ext._dtypes cimport OP_AVG
+from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
@@ -75,7 +82,8 @@ from pycollect.errors import InvalidArgument
 
 ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
               "halving_doubling": ALGO_HALVING_DOUBLING, "bcube": ALGO_BCUBE,
-              "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED, "direct": ALGO_DIRECT}
+              "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED, "direct": ALGO_DIRECT,
+              "flags": ALGO_FLAGS}
 DEFAULT_BCUBE_BASE = 4
 # direct: bytes read from a peer and reduced at a time (fits in L2 with the own chunk).
 DIRECT_CHUNK_BYTES = 256 << 10
@@ -377,6 +385,11 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef OpDesc d
+    cdef Flags* fl = NULL
+    if algo == ALGO_FLAGS:
+        fl = flags_fit(t, b.nbytes)
+        if fl == NULL:
+            algo = ALGO_RECURSIVE_DOUBLING
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
     cdef size_t es = b.itemsize
     cdef size_t n = b.count
@@ -384,7 +397,8 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     cdef int window, rc
     if algo == ALGO_BCUBE and not 2 <= base <= MAX_BCUBE_BASE:
         raise InvalidArgument("allreduce: bcube base %d is outside 2..%d" % (base, MAX_BCUBE_BASE))
-    if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING or algo == ALGO_BCUBE:
+    if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING or algo == ALGO_BCUBE \
+            or algo == ALGO_FLAGS:
         seg = 0
         window = 0
     elif algo == ALGO_RING:
@@ -401,7 +415,9 @@ def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, doubl
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0:
-            if algo == ALGO_RECURSIVE_DOUBLING:
+            if algo == ALGO_FLAGS:
+                rc = flags_allreduce(t, fl, b.ptr, n, es, b.dtype, op)
+            elif algo == ALGO_RECURSIVE_DOUBLING:
                 rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
             elif algo == ALGO_HALVING_DOUBLING:
                 rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)

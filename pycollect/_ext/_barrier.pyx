@@ -1,12 +1,15 @@
-"""Barrier: dissemination.
+"""Barrier: dissemination, or the shared-memory flags where the transport has them.
 
 In round k (distance d = 2^k, while d < size) rank r sends an empty message to
 r+d and waits for one from r-d.  After ceil(log2(size)) rounds every rank has
 heard, directly or through others, from every rank, so none leaves before all
-have arrived.  Works for any size, no root.
+have arrived.  Works for any size, no root.  Where every pair is on one host's
+shared memory (the transport's flag area, _flags.pyx) every rank posts its flag
+and waits for all the others' instead.
 """
 
 from pycollect._ext._algo cimport wrap
+from pycollect._ext._flags cimport Flags, flags_barrier, flags_fit
 from pycollect._ext._transport cimport *
 
 
@@ -25,12 +28,14 @@ cdef int dissemination_barrier(Transport t) noexcept nogil:
 def barrier(Transport t, unsigned int seq, double timeout):
     """Return once every rank of ``t`` has entered the barrier (one nogil call)."""
     cdef OpDesc d
-    fill_desc(&d, seq, COLL_BARRIER, 0, 0, ALGO_DISSEMINATION, 0, 0)
+    cdef Flags* fl = flags_fit(t, 0)
+    cdef int algo = ALGO_FLAGS if fl != NULL else ALGO_DISSEMINATION
+    fill_desc(&d, seq, COLL_BARRIER, 0, 0, algo, 0, 0)
     cdef int rc
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and t.size > 1:
-            rc = dissemination_barrier(t)
+            rc = flags_barrier(t, fl) if fl != NULL else dissemination_barrier(t)
     if rc < 0:
         raise_error(t)
-    return ALGO_DISSEMINATION
+    return algo

@@ -18,6 +18,12 @@ rank that may not answers "send it" and receives the buffer as a message
 instead.  The root returns, and its caller may change the buffer, only once
 every rank has answered and every message has gone: each byte crosses once,
 and all receivers copy at the same time.
+
+Flags (every pair on one host's shared memory, up to _flags.FLAGS_MAX_BYTES):
+the root copies the buffer into its slot of the transport's flag area, every
+rank posts its flag, and the others copy the root's slot out once all have
+(_flags.pyx).  Where the transport has no flag area, or the buffer does not
+fit, ``flags`` runs the binomial tree.
 """
 
 from libc.stdlib cimport free, malloc
@@ -25,12 +31,14 @@ from libc.stdlib cimport free, malloc
 from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport DirectHello, direct_read
+from pycollect._ext._flags cimport Flags, flags_broadcast, flags_fit
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
 
 from pycollect.errors import InvalidArgument
 
-ALGORITHMS = {"binomial": ALGO_BINOMIAL, "pipelined": ALGO_PIPELINED, "direct": ALGO_DIRECT}
+ALGORITHMS = {"binomial": ALGO_BINOMIAL, "pipelined": ALGO_PIPELINED, "direct": ALGO_DIRECT,
+              "flags": ALGO_FLAGS}
 
 
 cdef int binomial_broadcast(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
@@ -123,16 +131,24 @@ def broadcast(Transport t, object buf, int root, int algo, unsigned int seq, dou
     """Copy root's ``buf`` into every rank's ``buf`` (one nogil call); return the algorithm code."""
     cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
     cdef OpDesc d
+    cdef Flags* fl = NULL
+    if algo == ALGO_FLAGS:
+        fl = flags_fit(t, b.nbytes)
+        if fl == NULL:
+            algo = ALGO_BINOMIAL
     fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, algo, root, b.count)
     cdef size_t nbytes = b.nbytes
     cdef size_t seg = segment_bytes if segment_bytes > 0 else 1
     cdef int rc
-    if algo != ALGO_BINOMIAL and algo != ALGO_PIPELINED and algo != ALGO_DIRECT:
+    if algo != ALGO_BINOMIAL and algo != ALGO_PIPELINED and algo != ALGO_DIRECT \
+            and algo != ALGO_FLAGS:
         raise InvalidArgument("broadcast: unknown algorithm code %d" % algo)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and t.size > 1 and nbytes > 0:
-            if algo == ALGO_BINOMIAL:
+            if algo == ALGO_FLAGS:
+                rc = flags_broadcast(t, fl, b.ptr, nbytes, root)
+            elif algo == ALGO_BINOMIAL:
                 rc = binomial_broadcast(t, b.ptr, nbytes, root)
             elif algo == ALGO_DIRECT:
                 rc = direct_broadcast(t, b.ptr, nbytes, root)

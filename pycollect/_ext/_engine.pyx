@@ -82,6 +82,12 @@ cdef extern from "pythread.h" nogil:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<sys/socket.h>" nogil:
+    ssize_t send(int fd, const void* buf, size_t n, int flags)
+    enum:
+        MSG_NOSIGNAL
+        MSG_DONTWAIT
+
 cdef enum:
     ADDR_CHUNK = 4 << 20        # bytes read from a peer's memory per pass, so other pairs
                                 # keep moving
@@ -233,6 +239,16 @@ cdef class Engine(Transport):
         """How many messages this rank has sent each peer by address (its memory read by the
         peer instead of streamed)."""
         return [self.pairs[p].by_address_sent for p in range(self.size)]
+
+    @property
+    def spin_us(self):
+        """How long a wait polls without sleeping, in microseconds."""
+        return self.spin_ns / 1000.0
+
+    @property
+    def yields_spin(self):
+        """Whether a spinning wait yields the core between passes (more ranks than cores)."""
+        return bool(self.yield_spin)
 
     def peer_pids(self):
         """Each peer's process id where its memory can be read (this process's own for
@@ -501,6 +517,35 @@ cdef class Engine(Transport):
                 k += 1
         npfds[0] = k
         return -2
+
+    cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil:
+        cdef MsgHeader h
+        cdef ChannelBase* ch
+        if self.failed:
+            return -1
+        if pc_atomic_load(&self.abort_flag):
+            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+        if 0 <= waiting_for < self.size and waiting_for != self.rank:
+            ch = self.pairs[waiting_for].ch
+            if ch.ops.peek(ch, &h) == HDR_BYTES and h.coll != COLL_P2P and (
+                    h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS):
+                self._note_theirs(&h)
+                return self.set_error(ERR_MISMATCH, waiting_for, "", 0, "")
+        if self._block(pc_now_ns(), until_ns, until_ns != 0) < 0:
+            return -1
+        if pc_atomic_load(&self.abort_flag):
+            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+        return 0
+
+    cdef int peer_left(self, int peer) noexcept nogil:
+        cdef Pair* pr = &self.pairs[peer]
+        return pr.ch.eof or pr.lost or pr.ch.fd < 0
+
+    cdef void ring_bell(self, int peer) noexcept nogil:
+        cdef char bell = 1
+        cdef ChannelBase* ch = self.pairs[peer].ch
+        if ch.fd >= 0 and not ch.eof:
+            send(ch.fd, &bell, 1, MSG_NOSIGNAL | MSG_DONTWAIT)
 
     cdef int can_read_remote(self, int peer) noexcept nogil:
         return 0 <= peer < self.size and peer != self.rank and self.pairs[peer].ch.reads_remote
@@ -949,9 +994,9 @@ cdef class Engine(Transport):
                 break
         return self.set_error(ERR_TIMEOUT, first, "", 0, detail)
 
-    cdef int _block(self, int64_t now, int64_t until_ns) noexcept nogil:
+    cdef int _block(self, int64_t now, int64_t until_ns, int sleep) noexcept nogil:
         """Sleep in poll() until some pair can move, the deadline (or ``until_ns``, when
-        not 0), or abort()."""
+        not 0), or abort(); with ``sleep`` 0, only look (poll() returns at once)."""
         cdef int n = 0, p, i, rc
         cdef short ev
         cdef Pair* pr
@@ -959,7 +1004,7 @@ cdef class Engine(Transport):
         cdef uint64_t drained
         cdef int64_t end = self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns \
             else until_ns
-        cdef int64_t left_ms = (end - now) // 1000000 + 1
+        cdef int64_t left_ms = (end - now) // 1000000 + 1 if sleep else 0
         self.pfds[0].fd = self.wake_fd
         self.pfds[0].events = POLLIN
         self.pfds[0].revents = 0
@@ -978,7 +1023,7 @@ cdef class Engine(Transport):
                     return 0
                 if self._peek_idle(p) < 0:
                     return -1
-        if self._arm():
+        if sleep and self._arm():
             return 0        # something arrived while we got ready to sleep
         for p in range(self.size):
             if p == self.rank:
@@ -997,11 +1042,12 @@ cdef class Engine(Transport):
                 n += 1
         if left_ms > 1000:
             left_ms = 1000
-        if self._signalled():
+        if sleep and self._signalled():
             self._disarm()
             return -1
         rc = poll(self.pfds, n, <int>left_ms)
-        self._disarm()
+        if sleep:
+            self._disarm()
         if rc < 0:
             if errno == EINTR:
                 return -1 if self._signalled() else 0
@@ -1093,7 +1139,7 @@ cdef class Engine(Transport):
                 if self.yield_spin:
                     sched_yield()
                 continue
-            if self._block(now, until_ns) < 0:
+            if self._block(now, until_ns, 1) < 0:
                 return -1
 
 
@@ -1154,6 +1200,7 @@ cdef class Engine(Transport):
         free(want)
         free(rs)
         self.nreqs = 0
+        self.flag_area = None       # the flags path ends with the group that used it
         self.failed = 0
         memset(&self.err, 0, sizeof(TransportError))
         self.err.peer = self.err.blamed = self.err.origin = -1

@@ -30,3 +30,17 @@ static inline void pc_store_u32_sc(uint32_t *p, uint32_t v) { __atomic_store_n(p
 static inline uint32_t pc_exchange_u32(uint32_t *p, uint32_t v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 static inline void pc_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 #endif
+
+#ifndef PYCOLLECT_SYS_SPIN
+#define PYCOLLECT_SYS_SPIN
+/* Spinning on shared memory (the flags path, _flags.pyx): a relaxed-cost load of a
+ * 32-bit word and the CPU's spin-wait hint. */
+static inline uint32_t pc_load_u32(uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void pc_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+#endif

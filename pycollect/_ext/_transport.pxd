@@ -83,6 +83,9 @@ cdef class Transport:
     cdef size_t scratch_cap[2]
     cdef object interrupt       # a KeyboardInterrupt (or other signal exception) that ended an op
     cdef public list host_ids   # rendezvous' host identity of every rank, or None
+    # The shared-memory flag area of the small-message path (_flags.FlagArea), set at
+    # connect time where every pair is on one host's shared memory; None elsewhere.
+    cdef public object flag_area
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil
@@ -110,6 +113,19 @@ cdef class Transport:
     # after set_error.
     cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
                          size_t nbytes) noexcept nogil
+    # Waiting on shared memory instead of messages (the flags path, _flags.pyx):
+    # watch looks at every pair without a posted receive, as wait does while it
+    # waits (abort frames, disagreement, abort(), the ends of streams), without
+    # sleeping when ``until_ns`` is 0, else sleeping in poll() until a pair's fd
+    # or abort() wakes it, ``until_ns`` or the deadline: 0, or -1 after set_error.
+    # ``waiting_for`` (or -1) has not entered this operation, which it owes no
+    # message: a collective's message at the head of its stream is a disagreement.
+    # peer_left(p): p's side of the pair has ended.  ring_bell(p): wake p if it
+    # sleeps in watch (a byte on the pair's doorbell: only where flag_area is set,
+    # whose pairs are all doorbell channels).
+    cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil
+    cdef int peer_left(self, int peer) noexcept nogil
+    cdef void ring_bell(self, int peer) noexcept nogil
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil
@@ -135,6 +151,7 @@ cdef enum Algorithm:
     ALGO_PAIRWISE = 12
     ALGO_DIRECT = 13
     ALGO_HIERARCHICAL = 14
+    ALGO_FLAGS = 15         # small messages through the shared-memory flag area (_flags.pyx)
 
 
 cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int redop, int algo,

@@ -27,7 +27,7 @@ ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_ch
                    ALGO_HALVING_DOUBLING: "halving_doubling", ALGO_BCUBE: "bcube",
                    ALGO_BINOMIAL_REDUCE: "binomial", ALGO_LINEAR: "linear",
                    ALGO_PAIRWISE: "pairwise", ALGO_DIRECT: "direct",
-                   ALGO_HIERARCHICAL: "hierarchical"}
+                   ALGO_HIERARCHICAL: "hierarchical", ALGO_FLAGS: "flags"}
 ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
                ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
 
@@ -160,6 +160,15 @@ cdef class Transport:
         self.scratch_buf[which] = <char*>p
         self.scratch_cap[which] = nbytes
         return <char*>p
+
+    cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, -1, "", 0, "transport does not implement watch")
+
+    cdef int peer_left(self, int peer) noexcept nogil:
+        return 0
+
+    cdef void ring_bell(self, int peer) noexcept nogil:
+        pass
 
     cdef int can_read_remote(self, int peer) noexcept nogil:
         return 0

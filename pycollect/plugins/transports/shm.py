@@ -7,6 +7,10 @@ other's memory (cross-memory attach) for single-copy large messages.  The
 lowest rank of the host creates the segment under a name derived from the
 run's secret token; it is unlinked as soon as every local rank has mapped it,
 so nothing is left behind, even after a crash.
+
+Where every rank of the transport is on this host, the segment also holds the
+flag area of the small-message path (``pycollect/_ext/_flags.pyx``), after the
+rings; the transport's ``flag_area`` is then set (None elsewhere).
 """
 
 import hashlib
@@ -44,6 +48,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     When the host's first rank cannot create the segment (no /dev/shm, say),
     every rank of the host stays on TCP, unless ``required``.
     """
+    from ..._ext._flags import FlagArea, area_bytes
     from ..._ext._shm import RING_HEADER_BYTES, RingChannel, Segment, cma_probe
 
     def left():
@@ -56,7 +61,10 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     nlocal = len(local)
     local_of = [local.index(p) if p in local else -1 for p in range(len(addrs))]
     ring_bytes = ring_bytes_for(nlocal)
-    length = nlocal * nlocal * (RING_HEADER_BYTES + ring_bytes)
+    rings = nlocal * nlocal * (RING_HEADER_BYTES + ring_bytes)
+    # The flag area: only where the whole transport is on this host (every rank maps it).
+    flags_at = (rings + 4095) & ~4095 if nlocal == len(addrs) else rings
+    length = flags_at + (area_bytes(nlocal) if nlocal == len(addrs) else 0)
     tag = hashlib.sha256(secret + hostid.encode()).hexdigest()[:24]
     path = "/dev/shm/pycollect-%s" % tag
     leader = local[0]
@@ -106,8 +114,12 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
             transport.set_channel(p, RingChannel(
                 transport.channel(p), segment, me, local_of[p], nlocal, ring_bytes,
                 addrs[p].get("pid", 0), p in readers, p in readable, cma_min))
-    log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s",
-              rank, [p for p in local if p != rank], ring_bytes >> 10, sorted(readers))
+    if nlocal == len(addrs):
+        transport.flag_area = FlagArea(segment, segment.address + flags_at, me, nlocal,
+                                       transport.spin_us, transport.yields_spin)
+    log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s%s",
+              rank, [p for p in local if p != rank], ring_bytes >> 10, sorted(readers),
+              ", flag area for small messages" if nlocal == len(addrs) else "")
     # Every local rank has read every probe once all 'readable' lists exist.
     try:
         count = store.add("shm/attached/%s" % tag, 1)

@@ -1,0 +1,46 @@
+# The small-message path of one host: collectives through a shared-memory flag
+# area (_flags.pyx) instead of messages.  The entry points of _barrier.pyx,
+# _broadcast.pyx and _allreduce.pyx call these where the transport has a flag
+# area (Transport.flag_area) and the message fits (flags_fit).
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+from pycollect._ext._transport cimport OpDesc, Transport
+
+cdef enum:
+    FLAGS_MAX_BYTES = 16384     # the data area of a slot: the largest message of the path
+
+cdef struct AreaHeader:
+    uint32_t failed             # 1 + the first rank whose flags operation failed; 0: none
+    char pad[60]
+
+cdef struct FlagLine:           # one rank's flag (one cache line, written by that rank)
+    uint64_t posted             # flags operations the rank has entered (its data is in)
+    uint32_t sleeping           # it sleeps in poll(): ring its bell after posting
+    char pad[52]
+
+cdef struct SlotHeader:         # before each of a rank's two data buffers
+    OpDesc desc                 # the operation whose data the buffer holds
+    char pad[40]
+
+cdef struct Flags:
+    AreaHeader* hdr
+    FlagLine* lines             # one per rank
+    char* slots                 # per rank, two (SlotHeader, data) buffers
+    int me
+    int n
+    uint64_t ops                # flags operations this rank has run
+    int64_t spin_ns
+    int yield_spin
+
+cdef class FlagArea:
+    cdef Flags f
+    cdef object owner           # keeps the shared mapping alive
+
+# The flags path's object of ``t`` for a message of ``nbytes``, or NULL (no area, or too
+# large); called with the GIL, before the nogil call.
+cdef Flags* flags_fit(Transport t, size_t nbytes)
+cdef int flags_barrier(Transport t, Flags* f) noexcept nogil
+cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
+                         int root) noexcept nogil
+cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
+                         int op) noexcept nogil

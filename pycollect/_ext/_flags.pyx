@@ -1,0 +1,289 @@
+"""Small messages of one host through shared-memory flags instead of messages.
+
+Where every pair of a transport is on one host's shared memory, the transport
+(``pycollect/plugins/transports/shm.py``) maps a flag area beside the rings and
+sets ``Transport.flag_area``.  The area holds, for each rank, one flag line (a
+count of the flags operations it has entered, and a "sleeping" word) and two
+slots, each an operation descriptor and FLAGS_MAX_BYTES of data; one line
+above them all says whether some rank's flags operation failed.
+
+Every collective of the path is one synchronisation point.  For the k-th flags
+operation (k counted alike on every rank, from 0), rank r
+
+1. writes its descriptor, and the data it contributes, into its slot k % 2;
+2. posts: its flag becomes k + 1 (a release store), and it rings the doorbell
+   of each peer that sleeps;
+3. waits until every peer's flag is at least k + 1, checking each peer's
+   descriptor in the peer's slot k % 2 against its own (MismatchError when
+   they differ, as the message path reports it);
+4. reads what it needs from the peers' slots k % 2: allreduce reduces every
+   rank's slot, in rank order, into its output (so all ranks get the same
+   bits); broadcast copies the root's slot; barrier reads nothing.
+
+No trailing barrier is needed and slots never need a "read by all" count: a
+rank writes its slot k % 2 again only in operation k + 2, which it enters
+after operation k + 1 completed, which needed every peer's flag at k + 2,
+which each peer posts only after it has finished reading operation k.  So a
+peer at most one operation ahead writes the other slot.
+
+Waiting spins on the flags with the CPU's pause hint (yielding the core
+between passes where the host runs more ranks than cores), looks at the pairs
+without sleeping every LOOK_NS (an abort frame, a peer's end, a message that
+shows disagreement, abort() from another thread), and after the transport's
+spin time sleeps in ``Transport.watch`` (poll() on the pairs' doorbells and the
+abort eventfd) with its "sleeping" word set, so that a posting peer wakes it.
+A peer that has not arrived by the deadline is named in the Timeout; one whose
+pair ended fails the call with PeerError; any failure of a flags operation
+sets the area's failure word, which every spinner checks on each pass, and the
+transport's abort frames tell the peers what happened.
+"""
+
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdio cimport snprintf
+from libc.string cimport memcpy
+
+from pycollect._ext._reduce cimport reduce_into
+from pycollect._ext._transport cimport *
+
+cdef extern from "_sys.h" nogil:
+    int64_t pc_now_ns()
+    uint64_t pc_load_u64(uint64_t* p)
+    void pc_store_u64(uint64_t* p, uint64_t v)
+    uint32_t pc_load_u32(uint32_t* p)
+    void pc_store_u32_sc(uint32_t* p, uint32_t v)
+    uint32_t pc_exchange_u32(uint32_t* p, uint32_t v)
+    void pc_fence()
+    void pc_pause()
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef enum:
+    SLOT_BYTES = sizeof(SlotHeader) + FLAGS_MAX_BYTES
+    CLOCK_EVERY = 8             # spins between looks at the clock
+    LOOK_NS = 50000             # between looks at the pairs while spinning
+    NAP_NS = 100000000          # the longest sleep in watch (then look again)
+    RELAY_NS = 200000000        # how long a failure seen in the area waits for its report
+
+MAX_BYTES = FLAGS_MAX_BYTES
+
+
+def area_bytes(int nlocal):
+    """The bytes of a flag area for ``nlocal`` ranks (a multiple of 64)."""
+    return sizeof(AreaHeader) + nlocal * (sizeof(FlagLine) + 2 * SLOT_BYTES)
+
+
+cdef class FlagArea:
+    """The flag area at ``address`` (64-byte aligned, ``area_bytes(n)`` long, zeroed when
+    first mapped) in a shared mapping that ``owner`` keeps alive, for rank ``me`` of ``n``."""
+
+    def __init__(self, owner, size_t address, int me, int n, double spin_us=50.0,
+                 bint yield_spin=False):
+        if n < 2 or not 0 <= me < n or address % 64:
+            raise ValueError("FlagArea: inconsistent rank, size or address")
+        self.owner = owner
+        self.f.hdr = <AreaHeader*>address
+        self.f.lines = <FlagLine*>(address + sizeof(AreaHeader))
+        self.f.slots = <char*>(address + sizeof(AreaHeader) + n * sizeof(FlagLine))
+        self.f.me = me
+        self.f.n = n
+        self.f.ops = 0
+        self.f.spin_ns = <int64_t>(spin_us * 1000.0)
+        self.f.yield_spin = yield_spin
+
+    @property
+    def operations(self):
+        """How many collectives this rank has run through the area."""
+        return self.f.ops
+
+    @property
+    def max_bytes(self):
+        """The largest message the area carries."""
+        return FLAGS_MAX_BYTES
+
+
+cdef Flags* flags_fit(Transport t, size_t nbytes):
+    cdef FlagArea area
+    if t.flag_area is None or nbytes > FLAGS_MAX_BYTES:
+        return NULL
+    area = <FlagArea>t.flag_area
+    if area.f.n != t.size or area.f.me != t.rank:
+        return NULL
+    return &area.f
+
+
+cdef inline SlotHeader* _slot(Flags* f, int rank, uint64_t k) noexcept nogil:
+    return <SlotHeader*>(f.slots + (2 * <size_t>rank + (k & 1)) * SLOT_BYTES)
+
+
+cdef inline char* _data(SlotHeader* s) noexcept nogil:
+    return (<char*>s) + sizeof(SlotHeader)
+
+
+cdef inline int _same(const OpDesc* a, const OpDesc* b) noexcept nogil:
+    return (a.group_id == b.group_id and a.seq == b.seq and a.coll == b.coll
+            and a.dtype == b.dtype and a.redop == b.redop and a.algo == b.algo
+            and a.root == b.root and a.count == b.count)
+
+
+cdef void _post(Transport t, Flags* f, uint64_t value) noexcept nogil:
+    """Raise this rank's flag to ``value`` and wake the peers that sleep."""
+    cdef int p
+    pc_store_u64(&f.lines[f.me].posted, value)
+    pc_fence()      # the flag before the sleeping words: a peer about to sleep sees one
+    for p in range(f.n):
+        if p != f.me and pc_load_u32(&f.lines[p].sleeping) \
+                and pc_exchange_u32(&f.lines[p].sleeping, 0):
+            t.ring_bell(p)
+
+
+cdef int _fail(Flags* f) noexcept nogil:
+    """Note in the area that this rank's flags operation failed; -1."""
+    if pc_load_u32(&f.hdr.failed) == 0:
+        pc_store_u32_sc(&f.hdr.failed, <uint32_t>(f.me + 1))
+    return -1
+
+
+cdef int _check(Transport t, Flags* f, int p, uint64_t k) noexcept nogil:
+    """Peer ``p`` has entered operation ``k``: its descriptor must be ours."""
+    cdef SlotHeader* s = _slot(f, p, k)
+    if _same(&s.desc, &t.op):
+        return 0
+    if not t.failed:
+        t.err.theirs = s.desc
+        t.err.has_theirs = 1
+    return t.set_error(ERR_MISMATCH, p, "", 0, "")
+
+
+cdef int _left(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+    """-1 after set_error if a peer that has not arrived has ended its pair, else 0."""
+    cdef int p
+    for p in range(first, f.n):
+        if p != f.me and pc_load_u64(&f.lines[p].posted) < want and t.peer_left(p):
+            return t.set_error(ERR_PEER, p, "", 0, "closed its connection (the process "
+                               "exited or closed its context)")
+    return 0
+
+
+cdef int _late(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+    """The deadline passed: ERR_TIMEOUT naming every peer that has not arrived."""
+    cdef char detail[200]
+    cdef int p, off
+    off = snprintf(detail, sizeof(detail), "waiting for")
+    for p in range(first, f.n):
+        if p != f.me and pc_load_u64(&f.lines[p].posted) < want \
+                and off < <int>sizeof(detail) - 40:
+            off += snprintf(detail + off, sizeof(detail) - off, " rank %d (to arrive)", p)
+    t.err.blamed = -1
+    return t.set_error(ERR_TIMEOUT, first, "", 0, detail)
+
+
+cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+    """Another rank's flags operation failed: wait (briefly) for its abort frame to say
+    why, then report the failure as the area shows it."""
+    cdef char detail[200]
+    cdef int origin = <int>pc_load_u32(&f.hdr.failed) - 1
+    cdef int64_t now = pc_now_ns(), until = now + RELAY_NS
+    while now < until and now < t.deadline_ns:
+        if t.watch(now + 1000000, -1) < 0 or _left(t, f, want, first) < 0:
+            return -1
+        now = pc_now_ns()
+    snprintf(detail, sizeof(detail), "failed (seen in the shared flag area) and left the "
+             "group")
+    return t.set_error(ERR_PEER, origin if 0 <= origin < f.n else -1, "", 0, detail)
+
+
+cdef int _wait_all(Transport t, Flags* f, uint64_t k) noexcept nogil:
+    """Wait until every peer has entered operation ``k`` (flag >= k + 1), checking each
+    one's descriptor; 0, or -1 after set_error."""
+    cdef uint64_t want = k + 1
+    cdef int p = 0, rc
+    cdef unsigned int spins = 0
+    cdef int64_t now = pc_now_ns()
+    cdef int64_t spin_end = now + f.spin_ns, look_at = now + LOOK_NS, until
+    while True:
+        while p < f.n and (p == f.me or pc_load_u64(&f.lines[p].posted) >= want):
+            if p != f.me and _check(t, f, p, k) < 0:
+                return -1
+            p += 1
+        if p == f.n:
+            return 0
+        if pc_load_u32(&f.hdr.failed):
+            return _failed_elsewhere(t, f, want, p)
+        spins += 1
+        if spins % CLOCK_EVERY:
+            pc_pause()
+            continue
+        now = pc_now_ns()
+        if now >= t.deadline_ns:
+            return _late(t, f, want, p)
+        if now >= look_at:
+            # Without sleeping: abort(), abort frames, disagreement (a message from the
+            # peer we wait for), a peer's end.
+            if t.watch(0, p) < 0 or _left(t, f, want, p) < 0:
+                return -1
+            look_at = now + LOOK_NS
+        if now < spin_end:
+            if f.yield_spin:
+                sched_yield()
+            else:
+                pc_pause()
+            continue
+        # Sleep until a peer posts (it rings our bell), a pair or abort() wakes us.
+        pc_store_u32_sc(&f.lines[f.me].sleeping, 1)
+        rc = 0
+        if pc_load_u64(&f.lines[p].posted) < want and not pc_load_u32(&f.hdr.failed):
+            until = now + NAP_NS
+            rc = t.watch(until if until < t.deadline_ns else t.deadline_ns, p)
+        pc_exchange_u32(&f.lines[f.me].sleeping, 0)
+        if rc < 0 or _left(t, f, want, p) < 0:
+            return -1
+        now = pc_now_ns()
+        spin_end = now + f.spin_ns
+        look_at = now + LOOK_NS
+
+
+cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
+    """Steps 1 to 3 for this rank's next operation (``src``: its contribution, if any)."""
+    cdef uint64_t k = f.ops
+    cdef SlotHeader* mine = _slot(f, f.me, k)
+    if t.failed:
+        return -1
+    mine.desc = t.op
+    if nbytes:
+        memcpy(_data(mine), src, nbytes)
+    f.ops = k + 1
+    _post(t, f, k + 1)
+    if _wait_all(t, f, k) < 0:
+        return _fail(f)
+    return 0
+
+
+cdef int flags_barrier(Transport t, Flags* f) noexcept nogil:
+    """Every rank posts; each returns once it has seen every flag."""
+    return _enter(t, f, NULL, 0)
+
+
+cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
+                         int root) noexcept nogil:
+    """The root copies ``buf`` into its slot; the others copy it out once all have posted."""
+    if _enter(t, f, buf if t.rank == root else NULL, nbytes if t.rank == root else 0) < 0:
+        return -1
+    if t.rank != root:
+        memcpy(buf, _data(_slot(f, root, f.ops - 1)), nbytes)
+    return 0
+
+
+cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
+                         int op) noexcept nogil:
+    """Every rank copies ``buf`` into its slot; once all have posted each reduces every
+    slot, rank 0's first, into ``buf`` (AVG sums: the caller divides)."""
+    cdef uint64_t k
+    cdef int p
+    if _enter(t, f, buf, n * es) < 0:
+        return -1
+    k = f.ops - 1
+    reduce_into(buf, _data(_slot(f, 0, k)), _data(_slot(f, 1, k)), n, dtype, op)
+    for p in range(2, f.n):
+        reduce_into(buf, buf, _data(_slot(f, p, k)), n, dtype, op)
+    return 0

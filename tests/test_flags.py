@@ -1,0 +1,236 @@
+"""The small-message path of one host: barrier, broadcast and allreduce through the
+shared-memory flag area (pycollect/_ext/_flags.pyx), its results and its failures."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+from jobs import run_victims
+from reference import (BFLOAT16, DTYPES, assert_matches, make_input, ops_for,
+                       reduce_reference)
+
+MAX_BYTES = 16384
+
+
+def _operations(g):
+    return [ctx._transport.flag_area.operations for ctx in g.contexts]
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4, 5, 7, 8], ids=lambda n: "size%d" % n)
+def local_group(request):
+    g = ThreadGroup(request.param, timeout=60)
+    yield g
+    g.close()
+
+
+def test_only_a_transport_all_on_shared_memory_has_a_flag_area():
+    g, tcp = ThreadGroup(3), ThreadGroup(2, transport="tcp")
+    try:
+        assert all(ctx._transport.flag_area.max_bytes == MAX_BYTES for ctx in g.contexts)
+        assert all(ctx._transport.flag_area is None for ctx in tcp.contexts)
+
+        def run(ctx):
+            work = ctx.allreduce(np.ones(4), algorithm="flags", async_op=True)
+            return work.wait(timeout=30)[0], work.algorithm, ctx._transport.flag_area
+
+        # A sub-group, or pairs over TCP, keep the message path: "flags" runs recursive
+        # doubling there.
+        sub = g.run(lambda ctx: ctx.split(0))
+        assert g.run(lambda ctx: run(sub[ctx.rank])) == [(3.0, "recursive_doubling", None)] * 3
+        assert tcp.run(run) == [(2.0, "recursive_doubling", None)] * 2
+        assert g.run(run)[0][:2] == (3.0, "flags")
+    finally:
+        g.close()
+        tcp.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_allreduce_every_dtype_and_op(local_group, dtype):
+    if dtype == "bfloat16" and BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    g, size = local_group, local_group.size
+    itemsize = np.dtype(make_input(dtype, 1, 0, pc.SUM).dtype).itemsize
+    cases = [(op, n) for op in ops_for(dtype) for n in (1, 3, 100, MAX_BYTES // itemsize)]
+    before = _operations(g)
+
+    def body(ctx):
+        out = []
+        for op, n in cases:
+            buf = make_input(dtype, n, ctx.rank, op)
+            assert ctx.plan("allreduce", buf).name == "flags"
+            work = ctx.allreduce(buf, op=op, async_op=True)
+            assert work.wait(timeout=60) is buf and work.algorithm == "flags"
+            out.append(buf)
+        return out
+
+    results = g.run(body)
+    assert all(a - b == len(cases) for a, b in zip(_operations(g), before))
+    for i, (op, n) in enumerate(cases):
+        expected = reduce_reference(dtype, [make_input(dtype, n, r, op) for r in range(size)], op)
+        for rank in range(size):
+            assert_matches(dtype, op, results[rank][i], expected,
+                           "size %d rank %d count %d" % (size, rank, n))
+        # Every rank reduced the slots in the same order: the same bits everywhere.
+        assert all(results[r][i].tobytes() == results[0][i].tobytes() for r in range(size))
+
+
+def test_broadcast_and_barrier(local_group):
+    g, size = local_group, local_group.size
+    before = _operations(g)
+
+    def body(ctx):
+        got = []
+        for i, n in enumerate((1, 5, 1000, MAX_BYTES // 8)):
+            root = i % size
+            buf = np.arange(n, dtype=np.float64) * (i + 1) if ctx.rank == root \
+                else np.zeros(n)
+            work = ctx.broadcast(buf, root=root, async_op=True)
+            assert work.wait(timeout=60) is buf and work.algorithm == "flags"
+            got.append(buf)
+            work = ctx.barrier(async_op=True)
+            work.wait(timeout=60)
+            assert work.algorithm == "flags"
+        return got
+
+    for res in g.run(body):
+        for i, n in enumerate((1, 5, 1000, MAX_BYTES // 8)):
+            assert np.array_equal(res[i], np.arange(n, dtype=np.float64) * (i + 1))
+    assert all(a - b == 8 for a, b in zip(_operations(g), before))
+
+
+def test_larger_messages_take_the_message_path(local_group):
+    def body(ctx):
+        big = np.ones(MAX_BYTES // 4 + 1, np.float32)
+        work = ctx.allreduce(big, async_op=True)
+        work.wait(timeout=60)
+        bcast = ctx.broadcast(np.ones(MAX_BYTES + 1, np.uint8), async_op=True)
+        bcast.wait(timeout=60)
+        return work.algorithm, bcast.algorithm, big[0]
+    for ran, bcast, first in local_group.run(body):
+        assert ran != "flags" and bcast != "flags" and first == local_group.size
+
+
+def test_back_to_back_calls_never_overtake_a_slow_reader():
+    """Hundreds of consecutive flags calls of varying sizes, each with its own values, mixed
+    with collectives of the message path: every result exact (no trailing barrier needed)."""
+    size = 4
+    g = ThreadGroup(size, timeout=60)
+    try:
+        def body(ctx):
+            rng = np.random.default_rng(ctx.rank)
+            bad = []
+            for i in range(400):
+                n = 1 + (i * 613) % (MAX_BYTES // 8)
+                if ctx.rank == i % size:
+                    time.sleep(rng.random() * 1e-4)     # one rank late each time
+                buf = np.full(n, i * 10.0 + ctx.rank)
+                ctx.allreduce(buf)
+                if not np.all(buf == i * 10.0 * size + size * (size - 1) / 2):
+                    bad.append(("allreduce", i))
+                b = np.full(7, float(i)) if ctx.rank == i % size else np.zeros(7)
+                ctx.broadcast(b, root=i % size)
+                if not np.all(b == i):
+                    bad.append(("broadcast", i))
+                if i % 50 == 0:
+                    ctx.barrier()
+                    big = np.full(50000, float(i))
+                    ctx.allreduce(big)                  # the message path in between
+                    gathered = ctx.allgather(np.array([i, ctx.rank]))
+                    if not (np.all(big == i * size)
+                            and gathered.tolist() == [[i, r] for r in range(size)]):
+                        bad.append(("message path", i))
+            return bad
+        assert g.run(body, timeout=300) == [[]] * size
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("odd", ["dtype", "count", "root", "collective", "message path"])
+def test_disagreement_is_a_mismatch_on_every_rank(odd):
+    g = ThreadGroup(3, timeout=20)
+    try:
+        def body(ctx):
+            mine = ctx.rank == 1
+            if odd == "dtype":
+                return ctx.allreduce(np.ones(8, np.float32 if mine else np.float64))
+            if odd == "count":
+                return ctx.allreduce(np.ones(9 if mine else 8))
+            if odd == "root":
+                return ctx.broadcast(np.ones(8), root=1 if mine else 0)
+            if odd == "collective":
+                return ctx.barrier() if mine else ctx.allreduce(np.ones(8))
+            return ctx.allreduce(np.ones(MAX_BYTES if mine else 8))
+
+        t0 = time.monotonic()
+        res = g.outcomes(body, timeout=60)
+        assert time.monotonic() - t0 < 15
+        for rank, exc in enumerate(res):
+            assert isinstance(exc, pc.MismatchError), (rank, exc)
+        text = str(res[0])
+        assert "rank 0" in text and "disagrees with rank" in text and "flags" in text, text
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("spin_us", ["50", "1000000"], ids=["sleeping", "spinning"])
+def test_abort_from_another_thread_while_waiting_on_flags(monkeypatch, spin_us):
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", spin_us)
+    g = ThreadGroup(2, timeout=60)
+    try:
+        ctx = g.contexts[0]
+        assert ctx.plan("allreduce", np.ones(4)).name == "flags"
+        threading.Timer(0.3, ctx.abort).start()
+        started = time.monotonic()
+        with pytest.raises(pc.Aborted, match="rank 0"):
+            ctx.allreduce(np.ones(4))
+        assert time.monotonic() - started < 5 and ctx._transport.flag_area.operations == 1
+        # Rank 0 had posted its part: the peer's first call may complete, a later one
+        # fails at once (the failure word, then rank 0's abort frame), naming rank 0.
+        peer, started = g.contexts[1], time.monotonic()
+        with pytest.raises(pc.PeerError, match="rank 0"):
+            for _ in range(2):
+                peer.allreduce(np.full(4, 2.0))
+        assert time.monotonic() - started < 5
+    finally:
+        g.close()
+
+
+_VICTIM = r"""
+import os, signal, sys, time
+import numpy as np
+import pycollect as pc
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=3, store=store, timeout=%(timeout)s, transport="shm")
+assert ctx.plan("allreduce", np.ones(16, np.float32)).name == "flags"
+ctx.barrier()
+try:
+    for i in range(100000):
+        if rank == 2 and i == 300:
+            os.kill(os.getpid(), signal.%(signal)s)
+        t0 = time.monotonic()   # the failing call's own duration is reported
+        buf = ctx.allreduce(np.full(16, i + rank, np.float32))
+        assert np.all(buf == 3 * i + 3), buf
+except (pc.PeerError, pc.Timeout) as exc:
+    assert ctx._transport.flag_area.operations >= 300
+    print("rank %%d %%s after %%.2f s: %%s" %% (rank, type(exc).__name__, time.monotonic() - t0, exc))
+    sys.exit(0)
+sys.exit("rank %%d finished without an error" %% rank)
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["50", "1000000"], ids=["sleeping", "spinning"])
+def test_a_rank_killed_while_the_others_wait_on_flags(tmp_path, monkeypatch, spin_us):
+    """PeerError naming the dead rank within a fraction of the 30 s deadline (and, where the
+    survivors spin for a whole second, before they would ever sleep)."""
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", spin_us)
+    run_victims(tmp_path, _VICTIM % {"timeout": 30, "signal": "SIGKILL"},
+                bound_s=0.9 if spin_us == "1000000" else 5, min_s=-1)
+
+
+def test_a_stopped_rank_is_named_in_the_timeout(tmp_path):
+    run_victims(tmp_path, _VICTIM % {"timeout": 3, "signal": "SIGSTOP"}, stopped=True,
+                bound_s=20, min_s=2.5)
