@@ -74,8 +74,8 @@ def main():
     t0 = time.perf_counter()
     for _ in range(n):
         e = rec.record("allreduce", result, None, None)
-        Recorder.started(e, 1)
-        Recorder.ended(e, "ring")
+        rec.started(e, 1)
+        rec.ended(e, "ring")
     bare = (time.perf_counter() - t0) / n * 1e6
     med_off, med_on = statistics.median(times["off"]), statistics.median(times["on"])
     print("ranks %d, %d calls x %d rounds, 1-float allreduce" % (args.ranks, args.calls,

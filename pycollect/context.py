@@ -24,6 +24,7 @@ import numpy as np
 
 from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer, _p2p,
                    _reduce_scatter, _rooted)
+from ._ext._call import CallLock, CallPath
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
@@ -53,20 +54,26 @@ REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 DEFAULT_SEGMENT_BYTES = 1 << 20
 
 
-class Context:
-    """A connected group of ``size`` ranks, seen from ``rank``."""
+class Context(CallPath):
+    """A connected group of ``size`` ranks, seen from ``rank``.
+
+    Its hot state and its commonest calls (blocking ``allreduce``, ``broadcast`` and
+    ``barrier`` on NumPy arrays) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).
+    Every other form of those calls arrives at ``_allreduce_any`` and its kin here.
+    """
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,
                  on_close=(), debug=False, lock=None, group_id=0, name=""):
+        seg = DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes
+        if not isinstance(seg, int) or isinstance(seg, bool) or seg < 1:
+            raise InvalidArgument("segment_bytes must be an int >= 1, got %r" % (segment_bytes,))
+        self._segment_bytes = seg
         self._rank = rank
         self._size = size
         self._transport = transport
         self._timeout = float(timeout)
-        self._segment_bytes = DEFAULT_SEGMENT_BYTES if segment_bytes is None else segment_bytes
-        if not isinstance(self._segment_bytes, int) or self._segment_bytes < 1:
-            raise InvalidArgument("segment_bytes must be an int >= 1, got %r" % (segment_bytes,))
         self._seq = 0
-        self._lock = lock or threading.Lock()     # shared with sub-groups
+        self._lock = lock or CallLock()     # shared with sub-groups
         self._group_id = group_id
         self._groups_made = 0
         self._selector = None   # auto's rules for this group, found on first use
@@ -140,14 +147,14 @@ class Context:
     # or CPU torch tensors (pycollect/tensors.py); an output left as None is
     # allocated, shaped like the input.
 
-    def barrier(self, async_op=False, timeout=None):
-        """Block until every rank has called barrier."""
+    def _barrier_any(self, async_op=False, timeout=None):
+        # barrier() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         t, tmo = self._transport, self._call_timeout(timeout, "barrier")
         return self._submit("barrier", lambda seq: _barrier.barrier(t, seq, tmo), None,
                             async_op, checked=self._detail and {})
 
-    def broadcast(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
-        """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
+    def _broadcast_any(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
+        # broadcast() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(buf=buf, root=root, algorithm=algorithm)
         root = self._check_root(root, "broadcast")
         tmo = self._call_timeout(timeout, "broadcast")
@@ -161,20 +168,9 @@ class Context:
         return call.submit(lambda seq: _broadcast.broadcast(
             t, data, root, algo, seq, tmo, seg), buf, async_op, root=root)
 
-    def allreduce(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
-                  recvbuf=None, timeout=None):
-        """Reduce ``buf`` element-wise across ranks with ``op``; return the result.
-
-        In place, unless ``recvbuf`` is given: then ``buf`` is only read and the
-        result lands in ``recvbuf`` (``ctx.allreduce(send, recv)`` and
-        ``ctx.allreduce(send, recv, op)`` mean the same, as in mpi4py).  A Python
-        or NumPy number returns the reduced number: ``ctx.allreduce(3.5)``.
-
-        ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
-        "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "direct" (every rank on
-        one host: each reduces its slice straight from the others' memory), or
-        "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
-        """
+    def _allreduce_any(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
+                       recvbuf=None, timeout=None):
+        # allreduce() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         if recvbuf is None and _is_buffer(op):
             # mpi4py's order, Allreduce(sendbuf, recvbuf, op)
             recvbuf, op, algorithm = op, (ReduceOp.SUM if algorithm == "auto" else algorithm), \
@@ -647,13 +643,7 @@ class Context:
         if algorithm != "auto":
             return selection.named(collective, algorithm)
         # The rules of this group, scanned here: the small-message path of every collective.
-        rules = self._rules.get(collective)
-        if rules is None:
-            if self._selector is None:
-                self._selector = selection.Selector(selection.Facts(
-                    self._size, self._all_shared(), self._topology.multi_level,
-                    self._transport.flag_area is not None))
-            rules = self._rules[collective] = self._selector.rules(collective)
+        rules = self._rules.get(collective) or self._auto_rules(collective)
         try:
             nbytes = buf.nbytes
         except AttributeError:
@@ -661,6 +651,18 @@ class Context:
         for min_bytes, plan in rules:
             if nbytes >= min_bytes:
                 return plan
+
+    def _auto_rules(self, collective):
+        """auto's rules of ``collective`` in this group: ((min_bytes, Plan), ...), found once
+        (the compiled call path copies them too)."""
+        rules = self._rules.get(collective)
+        if rules is None:
+            if self._selector is None:
+                self._selector = selection.Selector(selection.Facts(
+                    self._size, self._all_shared(), self._topology.multi_level,
+                    self._transport.flag_area is not None))
+            rules = self._rules[collective] = self._selector.rules(collective)
+        return rules
 
     def _group(self, members, recipe):
         group_id = zlib.crc32(repr((self._group_id, recipe)).encode()) or 1
@@ -739,16 +741,16 @@ class Context:
             self._recoveries += 1
             gid = zlib.crc32(repr((self._group_id, what, self._recoveries)).encode()) or 1
             if entry is not None:
-                Recorder.started(entry, None)
+                self._recorder.started(entry, None)
             try:
                 found = recovery.survivors(self._transport, self._rank, self._size, exclude,
                                            flag, float(timeout), gid)
             except BaseException as exc:
                 if entry is not None:
-                    Recorder.ended(entry, None, exc)
+                    self._recorder.ended(entry, None, exc)
                 raise
         if entry is not None:
-            Recorder.ended(entry, None)
+            self._recorder.ended(entry, None)
         return found
 
     def _check_excluded(self, exclude, what):
@@ -950,7 +952,8 @@ class Context:
         """
         sig = signature.encode(name, checked) if self._detail and checked is not None \
             else None
-        entry = None if self._recorder is None else self._recorder.record(
+        rec = self._recorder
+        entry = None if rec is None else rec.record(
             name, result if described is None else described, root,
             None if peer is None else [peer])
         if async_op or (self._runner is not None and self._runner.pending()):
@@ -961,8 +964,8 @@ class Context:
                 self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
             if queued is not None and entry is not None:
                 # A queued send or receive runs inside a batch: it ends with its Work.
-                Recorder.started(entry, None)
-                work.add_done_callback(lambda w: Recorder.ended(entry, None, w.exception()))
+                rec.started(entry, None)
+                work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
             self._runner.submit(queued if queued is not None else (op, span, sig, entry), work)
             return work if async_op else work.wait()
         self._execute((op, span, sig, entry))
@@ -1012,14 +1015,14 @@ class Context:
                         raise clash
                     seq = (seq + 1) & 0xFFFFFFFF
                 if entry is not None:
-                    Recorder.started(entry, seq if span else None)
+                    self._recorder.started(entry, seq if span else None)
                 algo = op(seq)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 if self._transport.is_failed:
                     self._failure = exc if isinstance(exc, Error) else Aborted(
                         "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
                 if entry is not None:
-                    Recorder.ended(entry, None, exc)
+                    self._recorder.ended(entry, None, exc)
                     self._failed_trace(exc)
                 raise
             finally:
@@ -1027,7 +1030,7 @@ class Context:
             self._seq = (self._seq + span) & 0xFFFFFFFF
         name = ALGORITHM_NAMES.get(algo) or None
         if entry is not None:
-            Recorder.ended(entry, name)
+            self._recorder.ended(entry, name)
         if self._logs:
             log.debug("rank %d%s: collective #%d ran %s", self._rank,
                       " of group %s" % self._name if self._name else "", self._seq,

@@ -17,29 +17,20 @@ import json
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import weakref
-from time import time_ns as _time_ns
 
 from . import trace_torch
+from ._ext._record import FIELDS, Ring
 from .errors import InvalidArgument
 
 __all__ = ["Recorder", "FIELDS", "entry_dict", "dump_name", "dump_all", "install_signal", "FORMAT"]
 
 FORMAT = "pycollect-trace/1"
-QUEUED, STARTED, COMPLETED, FAILED = "queued", "started", "completed", "failed"
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _live = weakref.WeakSet()           # every recorder of the process, for the signal dump
 _live_lock = threading.Lock()
-
-
-# An entry is a list (the cheapest object to make and fill), indexed by these fields.
-FIELDS = ("id", "seq", "name", "algorithm", "dtype", "count", "root", "peers", "state",
-          "queued_ns", "started_ns", "ended_ns", "frame", "error")
-_SEQ, _ALGO, _STATE, _STARTED, _ENDED, _ERROR = 1, 3, 8, 10, 11, 13
 
 
 def entry_dict(e):
@@ -52,69 +43,30 @@ def entry_dict(e):
     return d
 
 
-def _caller():
-    """(code, line) of the first frame outside the pycollect package."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PACKAGE_DIR):
-        f = f.f_back
-    return None if f is None else (f.f_code, f.f_lineno)
+class Recorder(Ring):
+    """The last ``capacity`` operations of one context (rank ``rank`` of ``size``).
 
-
-class Recorder:
-    """The last ``capacity`` operations of one context (rank ``rank`` of ``size``)."""
+    The ring itself (``record``, ``started``, ``ended``, ``entries``) is compiled
+    (pycollect/_ext/_record.pyx), so that the Context's compiled call path fills
+    a slot without leaving C; this class adds who the ring belongs to and its dump.
+    """
 
     def __init__(self, rank, size, capacity, group_id=0, members=None):
-        if not isinstance(capacity, int) or capacity < 0:
-            raise InvalidArgument("recorder capacity must be an int >= 0, got %r" % (capacity,))
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise InvalidArgument("recorder capacity must be an int >= 1, got %r" % (capacity,))
+        super().__init__(capacity)
         self.rank = rank
         self.size = size
         self.group_id = group_id
         self.members = members      # this group's ranks in the parent (None: top level)
-        self.capacity = capacity
-        self._ring = [None] * capacity
-        self._next = 0              # entries ever recorded
         self.failure = None         # the error that failed the context, as text
         with _live_lock:
             _live.add(self)
-
-    def record(self, name, result, root, peers):
-        """A new queued entry for operation ``name`` whose output is ``result``."""
-        dtype = getattr(result, "dtype", None)
-        e = [self._next, None, name, None, dtype,
-             None if dtype is None else result.size, root, peers, QUEUED, _time_ns(),
-             None, None, _caller(), None]
-        self._ring[self._next % self.capacity] = e
-        self._next += 1
-        return e
-
-    @staticmethod
-    def started(e, seq):
-        e[_SEQ] = seq
-        e[_STATE] = STARTED
-        e[_STARTED] = _time_ns()
-
-    @staticmethod
-    def ended(e, algorithm, error=None):
-        e[_ALGO] = algorithm
-        e[_ENDED] = _time_ns()
-        if error is None:
-            e[_STATE] = COMPLETED
-        else:
-            e[_STATE] = FAILED
-            e[_ERROR] = "%s: %s" % (type(error).__name__, error)
 
     def close(self):
         """Leave the process's live recorders (a closed context dumps on no signal)."""
         with _live_lock:
             _live.discard(self)
-
-    def entries(self):
-        """The recorded entries, oldest first."""
-        n, cap = self._next, self.capacity
-        if n <= cap:
-            return self._ring[:n]
-        i = n % cap
-        return self._ring[i:] + self._ring[:i]
 
     def snapshot(self, reason):
         """The dump's content: who, why, and the entries."""
@@ -129,7 +81,7 @@ class Recorder:
             "time_ns": time.time_ns(),
             "reason": reason,
             "failure": self.failure,
-            "recorded": self._next,
+            "recorded": self.recorded,
             "capacity": self.capacity,
             "entries": [entry_dict(e) for e in self.entries()],
         }

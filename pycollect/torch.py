@@ -450,6 +450,14 @@ class ProcessGroupPycollect(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         a = _is_async(opts)
         ctx = self._c()
+        if len(tensors) == 1 and not a:
+            t = tensors[0]
+            if type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided \
+                    and t.is_contiguous():
+                # the common case, kept short: one contiguous CPU tensor, blocking
+                ctx.broadcast(_cached_view(t), opts.rootRank)
+                self._done_work._outputs = tensors
+                return self._done_work
         bufs = [_Buf(t, "broadcast tensor") for t in tensors]
         works = [ctx.broadcast(b.array, opts.rootRank, async_op=a) for b in bufs]
         return self._work(a, list(tensors), works, _finish_all(bufs))
@@ -655,6 +663,10 @@ class ProcessGroupPycollect(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         a = _is_async(opts)
+        if not a:
+            self._c().barrier()
+            self._done_work._outputs = []
+            return self._done_work
         return self._work(a, [], [self._c().barrier(async_op=a)])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):

@@ -375,8 +375,8 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     return direct_release(t)
 
 
-def allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
-              size_t segment_bytes, int base=DEFAULT_BCUBE_BASE):
+cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
+                    size_t segment_bytes, int base=DEFAULT_BCUBE_BASE) except? -1:
     """Reduce ``buf`` in place across all ranks of ``t`` (one nogil call); return the algorithm code.
 
     ``direct`` reads the peers' buffers with ``t.read_remote``; where some rank may not read

@@ -25,7 +25,7 @@ cdef int dissemination_barrier(Transport t) noexcept nogil:
     return t.wait_all()
 
 
-def barrier(Transport t, unsigned int seq, double timeout):
+cpdef int barrier(Transport t, unsigned int seq, double timeout) except? -1:
     """Return once every rank of ``t`` has entered the barrier (one nogil call)."""
     cdef OpDesc d
     cdef Flags* fl = flags_fit(t, 0)

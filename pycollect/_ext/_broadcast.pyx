@@ -126,8 +126,8 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
     return t.wait_all()
 
 
-def broadcast(Transport t, object buf, int root, int algo, unsigned int seq, double timeout,
-              size_t segment_bytes):
+cpdef int broadcast(Transport t, object buf, int root, int algo, unsigned int seq, double timeout,
+                    size_t segment_bytes) except? -1:
     """Copy root's ``buf`` into every rank's ``buf`` (one nogil call); return the algorithm code."""
     cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
     cdef OpDesc d

@@ -1,0 +1,166 @@
+"""The call path alone: one-rank collectives of pycollect beside mpi4py and torch, in one run.
+
+    python benchmarks/callpath.py                   # every peer found, 5 rounds
+    python benchmarks/callpath.py --peers pycollect,mpi4py --rounds 3 --json out.json
+
+On a group of one rank no byte moves, so what a call costs is the library's
+own path: argument checks, the plan, the sequence number, the flight
+recorder, the call into compiled code and back.  Every peer runs in a process
+of its own (mpi4py under ``mpirun -n 1``); the peers take turns, in an order
+that rotates from round to round.  A peer times each operation in batches of
+``--calls`` back-to-back calls (one clock read per batch, so the clock is not
+part of the figure) and reports the median and the fastest batch, per call.
+The table gives, per operation and peer, the median over rounds of those
+medians, the fastest batch seen, and the ratio of each peer's median to
+pycollect's.
+
+Peers: ``pycollect`` (``ctx.allreduce(buf)``, ``ctx.barrier()``,
+``ctx.broadcast(buf)`` on a NumPy float32 array of one element),
+``mpi4py`` (``Allreduce(IN_PLACE, buf)``, ``Barrier()``, ``Bcast(buf)`` on
+Open MPI), ``torch-pycollect`` and ``torch-gloo`` (``dist.all_reduce``,
+``dist.barrier``, ``dist.broadcast`` of a one-element float32 tensor with
+backend ``"pycollect"`` and ``"gloo"``).  A peer that is not installed is left
+out and named.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+OPS = ("allreduce", "barrier", "broadcast")
+PEERS = ("pycollect", "mpi4py", "torch-pycollect", "torch-gloo")
+BATCHES = 30
+
+
+def _calls(peer):
+    """The three zero-argument calls of ``peer`` on a one-rank group, and a closer."""
+    import numpy as np
+    if peer == "pycollect":
+        import pycollect as pc
+        ctx = pc.init(rank=0, size=1, store="hash://callpath", timeout=30)
+        buf = np.zeros(1, np.float32)
+        return {"allreduce": lambda: ctx.allreduce(buf), "barrier": ctx.barrier,
+                "broadcast": lambda: ctx.broadcast(buf)}, ctx.close
+    if peer == "mpi4py":
+        from mpi4py import MPI
+        comm, buf = MPI.COMM_WORLD, np.zeros(1, np.float32)
+        in_place = MPI.IN_PLACE
+        return {"allreduce": lambda: comm.Allreduce(in_place, buf), "barrier": comm.Barrier,
+                "broadcast": lambda: comm.Bcast(buf, 0)}, lambda: None
+    import torch
+    import torch.distributed as dist
+    if peer == "torch-pycollect":
+        import pycollect.torch  # noqa: F401  (registers the backend)
+    store = dist.HashStore()
+    dist.init_process_group(peer.split("-", 1)[1], store=store, rank=0, world_size=1)
+    t = torch.zeros(1, dtype=torch.float32)
+    return {"allreduce": lambda: dist.all_reduce(t), "barrier": dist.barrier,
+            "broadcast": lambda: dist.broadcast(t, 0)}, dist.destroy_process_group
+
+
+def _time(call, calls):
+    """Per-call seconds of each of BATCHES batches of ``calls`` calls, after a warmup."""
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        call()
+    out = []
+    for _ in range(BATCHES):
+        start = clock()
+        for _ in range(calls):
+            call()
+        out.append((clock() - start) / calls / 1e9)
+    return out
+
+
+def worker(peer, calls, out):
+    table, close = _calls(peer)
+    result = {}
+    for op in OPS:
+        per_call = _time(table[op], calls)
+        result[op] = {"median": statistics.median(per_call), "best": min(per_call)}
+    close()
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def available(peer):
+    """Whether ``peer`` can run here (its packages import, mpirun exists)."""
+    probe = {"pycollect": "pycollect", "mpi4py": "mpi4py",
+             "torch-pycollect": "torch, pycollect.torch", "torch-gloo": "torch"}[peer]
+    if peer == "mpi4py" and shutil.which("mpirun") is None:
+        return False
+    return subprocess.run([sys.executable, "-c", "import %s" % probe], capture_output=True,
+                          timeout=120).returncode == 0
+
+
+def _command(peer, calls, out):
+    me = [sys.executable, os.path.abspath(__file__), "--worker", peer, "--calls", str(calls),
+          "--out", out]
+    if peer == "mpi4py":
+        return ["mpirun", "--allow-run-as-root", "-n", "1"] + me
+    return me
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=2000, help="calls per timed batch")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.calls, args.out)
+
+    wanted = [p for p in args.peers.split(",") if p]
+    unknown = sorted(set(wanted) - set(PEERS))
+    if unknown:
+        ap.error("unknown peer(s) %s (choose from %s)" % (", ".join(unknown), ", ".join(PEERS)))
+    peers = [p for p in wanted if available(p)]
+    missing = [p for p in wanted if p not in peers]
+    runs = {p: [] for p in peers}
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = peers[r % len(peers):] + peers[:r % len(peers)]
+            for peer in order:
+                out = os.path.join(tmp, "%s.json" % peer)
+                subprocess.run(_command(peer, args.calls, out), check=True, timeout=600,
+                               env=env, cwd=tmp, stdout=subprocess.DEVNULL)
+                with open(out) as f:
+                    runs[peer].append(json.load(f))
+    figures = {p: {op: {"median": statistics.median(run[op]["median"] for run in runs[p]),
+                        "best": min(run[op]["best"] for run in runs[p])} for op in OPS}
+               for p in peers}
+    base = figures.get("pycollect")
+    print("one-rank call path, µs per call (median over %d rounds of each run's median "
+          "batch; fastest batch in brackets)" % args.rounds)
+    print("| operation | " + " | ".join(peers) + " |")
+    print("|---|" + "---:|" * len(peers))
+    for op in OPS:
+        cells = []
+        for p in peers:
+            f = figures[p][op]
+            cell = "%.2f (%.2f)" % (f["median"] * 1e6, f["best"] * 1e6)
+            if base is not None and p != "pycollect":
+                cell += " = %.2f× pycollect" % (f["median"] / base[op]["median"])
+            cells.append(cell)
+        print("| %s | %s |" % (op, " | ".join(cells)))
+    if missing:
+        print("not installed here: %s" % ", ".join(missing))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rounds": args.rounds, "calls": args.calls, "figures": figures,
+                       "missing": missing}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

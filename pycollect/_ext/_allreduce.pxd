@@ -1,0 +1,5 @@
+# allreduce's compiled entry point, for the compiled call path (_call.pyx).
+from pycollect._ext._transport cimport Transport
+
+cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
+                    size_t segment_bytes, int base=*) except? -1

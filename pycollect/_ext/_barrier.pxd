@@ -1,0 +1,4 @@
+# barrier's compiled entry point, for the compiled call path (_call.pyx).
+from pycollect._ext._transport cimport Transport
+
+cpdef int barrier(Transport t, unsigned int seq, double timeout) except? -1

@@ -1,0 +1,251 @@
+"""The compiled call path: a Context's hot state, and its blocking calls on NumPy arrays.
+
+``CallPath`` is the base class of ``pycollect.Context``.  It holds what every
+call reads (the transport, the sequence number, the failure state, the
+flight recorder, the lock) as C fields, and answers the commonest calls
+itself: a blocking ``allreduce`` (in place, ``algorithm="auto"``), ``broadcast``
+and ``barrier`` on a C-contiguous NumPy array with the context's deadline.
+For those the checks, the plan (auto's rules of this group, copied into C
+arrays on first use), the flight recorder's slot, the sequence number and
+the call into the algorithm stay in C; the algorithm releases the GIL for the
+collective itself.
+
+Every other form (async handles, ``recvbuf=``, numbers, torch tensors, a
+``timeout=``, a named algorithm, a hierarchical plan, ``PYCOLLECT_DEBUG``, a
+context with queued work or unreceived messages, or one that is failed or
+closed) goes to the Context's Python method of the same name with a
+leading ``_`` and trailing ``_any`` (``_allreduce_any``...), which validates and
+reports exactly as before.  Both paths number, record and fail a collective
+alike: ``_execute`` in pycollect/context.py and ``run`` here are the same
+steps.
+"""
+
+cimport numpy as cnp
+from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock,
+                               PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_release_lock, PyThread_type_lock)
+
+from pycollect._ext._allreduce cimport allreduce as run_allreduce
+from pycollect._ext._barrier cimport barrier as run_barrier
+from pycollect._ext._broadcast cimport broadcast as run_broadcast
+from pycollect._ext._record cimport NONE, Ring
+from pycollect._ext._transport cimport Transport
+
+import numpy as np
+
+from pycollect._ext._transport import ALGORITHM_NAMES
+from pycollect.errors import Aborted, Error
+from pycollect.types import ReduceOp
+
+cnp.import_array()
+
+__all__ = ["CallPath", "CallLock"]
+
+cdef enum:
+    K_BARRIER = 0
+    K_BROADCAST = 1
+    K_ALLREDUCE = 2
+    N_KINDS = 3
+    MAX_RULES = 16
+
+cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce")
+cdef object _SUM = ReduceOp.SUM
+cdef object _REDUCE_OP = ReduceOp
+cdef object _ALGORITHM_NAMES = ALGORITHM_NAMES
+cdef str _AUTO = "auto"
+cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
+
+
+cdef class CallLock:
+    """The lock that runs the collectives of a context and its sub-groups one at a time: a
+    C lock, so that the compiled path takes it without a Python call; ``with lock:`` from
+    Python.  A wait for it releases the GIL."""
+
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self):
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    cdef inline void take(self) noexcept:
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+
+    cdef inline void give(self) noexcept:
+        PyThread_release_lock(self.lock)
+
+    def __enter__(self):
+        self.take()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.give()
+        return False
+
+
+cdef class CallPath:
+    """A Context's hot state and its compiled blocking calls (see the module's text)."""
+
+    cdef public Transport _transport
+    cdef public int _rank
+    cdef public int _size
+    cdef public double _timeout
+    cdef public Py_ssize_t _segment_bytes
+    cdef public unsigned int _seq
+    cdef public object _failure
+    cdef public bint _closed
+    cdef public bint _busy          # a collective of this context is running
+    cdef public CallLock _lock      # shared with sub-groups
+    cdef public object _runner      # the thread of queued operations, or None
+    cdef public bint _detail        # PYCOLLECT_DEBUG=detail: the Python path checks calls
+    cdef public bint _logs          # PYCOLLECT_DEBUG=1: the Python path logs every call
+    cdef public Ring _recorder      # the flight recorder, or None
+    cdef public object _mailbox     # point-to-point messages not yet received
+    # auto's rules, per kind: from min_bytes[i] on, run code[i] (-1: hierarchical)
+    cdef int n_rules[N_KINDS]
+    cdef Py_ssize_t min_bytes[N_KINDS][MAX_RULES]
+    cdef int code[N_KINDS][MAX_RULES]
+
+    def __cinit__(self, *args, **kwargs):
+        cdef int k
+        for k in range(N_KINDS):
+            self.n_rules[k] = -1        # not read yet
+
+    # -- the calls --------------------------------------------------------
+
+    def barrier(self, async_op=False, timeout=None):
+        """Block until every rank has called barrier."""
+        if async_op or timeout is not None or not self.ready():
+            return self._barrier_any(async_op, timeout)
+        result = self.run(K_BARRIER, None, 0, 0, 0)
+        if result is _TAKE_SLOW:
+            return self._barrier_any(async_op, timeout)
+        return None
+
+    def broadcast(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
+        """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
+        cdef int code
+        if (type(buf) is not np.ndarray or async_op or timeout is not None
+                or type(root) is not int or not 0 <= root < self._size
+                or not (algorithm is _AUTO or algorithm == _AUTO) or not self.ready()):
+            return self._broadcast_any(buf, root, algorithm, async_op, timeout)
+        code = self.auto(K_BROADCAST, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
+        if code < 0 or self.run(K_BROADCAST, buf, code, 0, root) is _TAKE_SLOW:
+            return self._broadcast_any(buf, root, algorithm, async_op, timeout)
+        return buf
+
+    def allreduce(self, buf, op=_SUM, algorithm="auto", async_op=False, *, recvbuf=None,
+                  timeout=None):
+        """Reduce ``buf`` element-wise across ranks with ``op``; return the result.
+
+        In place, unless ``recvbuf`` is given: then ``buf`` is only read and the
+        result lands in ``recvbuf`` (``ctx.allreduce(send, recv)`` and
+        ``ctx.allreduce(send, recv, op)`` mean the same, as in mpi4py).  A Python
+        or NumPy number returns the reduced number: ``ctx.allreduce(3.5)``.
+
+        ``algorithm``: "auto", "recursive_doubling", "halving_doubling", "ring",
+        "ring_chunked", "bcube" (base 4; "bcube:B" for base B), or "direct" (every rank on
+        one host: each reduces its slice straight from the others' memory), or
+        "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
+        """
+        cdef int code
+        if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
+                or async_op or timeout is not None
+                or not (algorithm is _AUTO or algorithm == _AUTO) or not self.ready()):
+            return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
+                                       timeout=timeout)
+        code = self.auto(K_ALLREDUCE, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
+        if code < 0 or self.run(K_ALLREDUCE, buf, code, op, 0) is _TAKE_SLOW:
+            return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
+                                       timeout=timeout)
+        return buf
+
+    # -- the steps --------------------------------------------------------
+
+    cdef inline bint ready(self):
+        """Nothing stands in the compiled path's way (the Python path handles the rest)."""
+        return not (self._closed or self._failure is not None or self._detail or self._logs
+                    or (self._runner is not None and self._runner.pending())
+                    or len(self._mailbox))
+
+    cdef int auto(self, int kind, Py_ssize_t nbytes) except -2:
+        """auto's algorithm code for ``nbytes`` (-1 for a hierarchical plan)."""
+        cdef int i, n = self.n_rules[kind]
+        if n < 0:
+            n = self.load_rules(kind)
+        for i in range(n):
+            if nbytes >= self.min_bytes[kind][i]:
+                return self.code[kind][i]
+        return -1
+
+    cdef int load_rules(self, int kind) except -1:
+        cdef int n = 0
+        if kind == K_BARRIER:
+            self.n_rules[kind] = 0
+            return 0
+        rules = self._auto_rules(_COLLECTIVES[kind])
+        if len(rules) > MAX_RULES:
+            rules = ()          # more than the C table holds: every call takes the Python path
+        for min_bytes, plan in rules:
+            self.min_bytes[kind][n] = min_bytes
+            self.code[kind][n] = -1 if plan.hierarchical else plan.code
+            n += 1
+        self.n_rules[kind] = n
+        return n
+
+    cdef object run(self, int kind, object buf, int code, int op, int root):
+        """Record, number and run one collective under the context lock; the algorithm's
+        name, or _TAKE_SLOW when the context stopped being ready while this call waited."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t entry = -1
+        cdef unsigned int seq
+        cdef Transport t = self._transport
+        cdef CallLock lock = self._lock
+        lock.take()
+        try:
+            if self._closed or self._failure is not None:
+                return _TAKE_SLOW
+            if rec is not None:
+                if buf is None:
+                    entry = rec.add(_COLLECTIVES[kind], None, NONE, NONE, None)
+                else:
+                    entry = rec.add(_COLLECTIVES[kind],
+                                    <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
+                                    cnp.PyArray_SIZE(<cnp.ndarray>buf),
+                                    root if kind == K_BROADCAST else NONE, None)
+            seq = self._seq + 1
+            self._busy = True
+            try:
+                if entry >= 0:
+                    rec.begin(entry, seq)
+                if kind == K_ALLREDUCE:
+                    code = run_allreduce(t, buf, op, code, seq, self._timeout,
+                                         self._segment_bytes)
+                elif kind == K_BROADCAST:
+                    code = run_broadcast(t, buf, root, code, seq, self._timeout,
+                                         self._segment_bytes)
+                else:
+                    code = run_barrier(t, seq, self._timeout)
+            except BaseException as exc:    # KeyboardInterrupt fails the context too
+                if t.is_failed:
+                    self._failure = exc if isinstance(exc, Error) else Aborted(
+                        "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+                if entry >= 0:
+                    rec.end(entry, None, exc)
+                    self._failed_trace(exc)
+                raise
+            finally:
+                self._busy = False
+            self._seq = seq
+        finally:
+            lock.give()
+        name = _ALGORITHM_NAMES.get(code)
+        if entry >= 0:
+            rec.end(entry, name, None)
+        return name

@@ -1,0 +1,258 @@
+"""The flight recorder's ring: a context's last N operations, written from compiled code.
+
+A ``Ring`` holds ``capacity`` preallocated slots; recording an operation
+fills the next slot in place (numbers in C arrays, the few objects in one
+list each), so that a call costs no allocation but the caller's line number.
+An operation is named by its id, the count of operations recorded before it;
+``started`` and ``ended`` on an id whose slot has been reused do nothing.
+``entries()`` returns the live slots, oldest first, as lists of FIELDS
+(pycollect/recorder.py turns them into the dump).
+
+The caller's frame is the first Python frame whose file lies outside the
+pycollect package: the user's line, even when the call came through
+``pycollect.torch`` or a sub-group.
+"""
+
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_XDECREF
+from cpython.unicode cimport PyUnicode_Tailmatch
+from libc.stdlib cimport calloc, free
+
+import os
+import time
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <time.h>
+    /* The recorder's clock: the CPU's tick counter where there is one (a few ns to read,
+       where clock_gettime costs ~100 ns in a virtual machine), else the monotonic clock. */
+    #if defined(__x86_64__) || defined(__i386__)
+    #include <x86intrin.h>
+    static inline int64_t pc_ticks(void) { return (int64_t)__rdtsc(); }
+    #elif defined(__aarch64__)
+    static inline int64_t pc_ticks(void) {
+        uint64_t v; __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v)); return (int64_t)v;
+    }
+    #else
+    static inline int64_t pc_ticks(void) {
+        struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    #endif
+    static inline int64_t pc_wall_ns(void) {
+        struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    }
+    /* Where a frame is: its last instruction's byte offset from 3.11 on (the line is
+       found from it only when a dump asks), its line before. */
+    #if PY_VERSION_HEX >= 0x030B0000
+    #define PC_FRAME_LASTI 1
+    static inline int pc_frame_where(PyFrameObject* f) { return PyFrame_GetLasti(f); }
+    #else
+    #define PC_FRAME_LASTI 0
+    static inline int pc_frame_where(PyFrameObject* f) { return PyFrame_GetLineNumber(f); }
+    #endif
+    """
+    int64_t pc_ticks() nogil
+    int64_t pc_wall_ns() nogil
+    bint PC_FRAME_LASTI
+
+cdef extern from "Python.h":
+    ctypedef struct PyFrameObject:
+        pass
+    ctypedef struct PyCodeObject:
+        pass
+    PyFrameObject* PyEval_GetFrame()                    # borrowed
+    PyFrameObject* PyFrame_GetBack(PyFrameObject* f)    # new reference
+    PyCodeObject* PyFrame_GetCode(PyFrameObject* f)     # new reference
+
+cdef extern from *:
+    int pc_frame_where(PyFrameObject* f)
+
+__all__ = ["Ring", "FIELDS", "QUEUED", "STARTED", "COMPLETED", "FAILED"]
+
+# An entry, as entries() gives it, is a list of these fields.
+FIELDS = ("id", "seq", "name", "algorithm", "dtype", "count", "root", "peers", "state",
+          "queued_ns", "started_ns", "ended_ns", "frame", "error")
+QUEUED, STARTED, COMPLETED, FAILED = "queued", "started", "completed", "failed"
+_STATES = (QUEUED, STARTED, COMPLETED, FAILED)
+
+cdef enum:
+    S_QUEUED = 0
+    S_STARTED = 1
+    S_COMPLETED = 2
+    S_FAILED = 3
+
+cdef str _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+cdef enum:
+    CALIBRATION_NS = 20000000   # ticks are turned into times over at least this long
+
+
+cdef class Ring:
+    """The last ``capacity`` operations of one context."""
+
+    def __cinit__(self, *args, **kwargs):
+        self.slots = NULL
+
+    def __init__(self, Py_ssize_t capacity):
+        if capacity < 1:
+            raise ValueError("a ring needs capacity >= 1, got %d" % capacity)
+        if self.slots != NULL:
+            raise RuntimeError("Ring.__init__ called twice")
+        self.capacity = capacity
+        self.recorded = 0
+        self.slots = <Slot*>calloc(capacity, sizeof(Slot))
+        if self.slots == NULL:
+            raise MemoryError()
+        self.objects = [None] * (capacity * N_OBJECTS)
+        self.tick0 = pc_ticks()
+        self.wall0 = pc_wall_ns()
+
+    def __dealloc__(self):
+        free(self.slots)
+
+    cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
+                        object peers) except -1:
+        """A new queued entry; its id."""
+        cdef Py_ssize_t i = self.recorded % self.capacity, o = i * N_OBJECTS
+        cdef Slot* s = &self.slots[i]
+        cdef PyFrameObject* f = PyEval_GetFrame()
+        cdef PyFrameObject* back
+        cdef PyObject* code
+        cdef object code_obj = None
+        cdef int line = 0
+        s.id = self.recorded
+        s.seq = NONE
+        s.count = count
+        s.root = root
+        s.queued_ns = pc_ticks()
+        s.started_ns = NONE
+        s.ended_ns = NONE
+        s.state = S_QUEUED
+        # The first frame outside the package (the walk holds a reference to each frame it
+        # steps back to, and drops it on leaving).
+        back = NULL
+        while f != NULL:
+            code = <PyObject*>PyFrame_GetCode(f)
+            if PyUnicode_Tailmatch((<object>code).co_filename, _PACKAGE_DIR, 0,
+                                   len(_PACKAGE_DIR), -1) != 1:
+                code_obj = <object>code
+                Py_XDECREF(code)
+                line = pc_frame_where(f)
+                break
+            Py_XDECREF(code)
+            f = PyFrame_GetBack(f)
+            Py_XDECREF(<PyObject*>back)
+            back = f
+        Py_XDECREF(<PyObject*>back)
+        s.line = line
+        objects = self.objects
+        objects[o] = name
+        objects[o + 1] = None               # algorithm
+        objects[o + 2] = dtype
+        objects[o + 3] = peers
+        objects[o + 4] = code_obj
+        objects[o + 5] = None               # error
+        self.recorded += 1
+        return s.id
+
+    cdef Slot* live(self, Py_ssize_t id) noexcept:
+        cdef Slot* s
+        if id < 0:
+            return NULL
+        s = &self.slots[id % self.capacity]
+        return s if s.id == id and id < self.recorded else NULL
+
+    cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept:
+        cdef Slot* s = self.live(id)
+        if s != NULL:
+            s.seq = seq
+            s.state = S_STARTED
+            s.started_ns = pc_ticks()
+
+    cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1:
+        cdef Slot* s = self.live(id)
+        cdef Py_ssize_t o = (id % self.capacity) * N_OBJECTS
+        if s == NULL:
+            return 0
+        s.ended_ns = pc_ticks()
+        if algorithm is not None:
+            self.objects[o + 1] = algorithm
+        if error is None:
+            s.state = S_COMPLETED
+        else:
+            s.state = S_FAILED
+            self.objects[o + 5] = "%s: %s" % (type(error).__name__, error)
+        return 0
+
+    # -- from Python ------------------------------------------------------
+
+    def record(self, name, described, root, peers):
+        """A new queued entry for operation ``name`` on the buffer ``described``; its id."""
+        dtype = getattr(described, "dtype", None)
+        count = None if dtype is None else getattr(described, "size", None)
+        if count is not None and not isinstance(count, int):
+            numel = getattr(described, "numel", None)     # a torch tensor's size is a method
+            count = numel() if numel is not None else None
+        return self.add(name, dtype, NONE if count is None else count,
+                        NONE if root is None else root, peers)
+
+    def started(self, Py_ssize_t id, seq):
+        """Entry ``id`` reached the wire as collective ``seq`` (None: a send or receive)."""
+        self.begin(id, NONE if seq is None else seq)
+
+    def ended(self, Py_ssize_t id, algorithm, error=None):
+        """Entry ``id`` ended, having run ``algorithm``, with ``error`` (None: completed)."""
+        self.end(id, algorithm, error)
+
+    def entries(self):
+        """The recorded entries, oldest first, each a list of FIELDS."""
+        cdef Py_ssize_t first = self.recorded - self.capacity if self.recorded > self.capacity \
+            else 0
+        cdef Py_ssize_t id, o
+        cdef Slot* s
+        cdef int64_t tick1, wall1
+        cdef double ns_per_tick
+        # Ticks to wall-clock ns: the rate over the ring's life so far (at least
+        # CALIBRATION_NS, waited for here when the ring is younger than that).
+        wall1 = pc_wall_ns()
+        if 0 <= wall1 - self.wall0 < CALIBRATION_NS:
+            time.sleep((CALIBRATION_NS - (wall1 - self.wall0)) / 1e9)
+        tick1, wall1 = pc_ticks(), pc_wall_ns()
+        ns_per_tick = (wall1 - self.wall0) / <double>(tick1 - self.tick0) \
+            if tick1 > self.tick0 else 1.0
+        out = []
+        objects = self.objects
+        for id in range(first, self.recorded):
+            s = &self.slots[id % self.capacity]
+            o = (id % self.capacity) * N_OBJECTS
+            code = objects[o + 4]
+            out.append([s.id, _opt(s.seq), objects[o], objects[o + 1], objects[o + 2],
+                        _opt(s.count), _opt(s.root), objects[o + 3], _STATES[s.state],
+                        self.wall(s.queued_ns, ns_per_tick),
+                        self.wall(s.started_ns, ns_per_tick), self.wall(s.ended_ns, ns_per_tick),
+                        None if code is None else (code, _line(code, s.line)), objects[o + 5]])
+        return out
+
+
+    cdef object wall(self, int64_t ticks, double ns_per_tick):
+        if ticks == NONE:
+            return None
+        return self.wall0 + <int64_t>((ticks - self.tick0) * ns_per_tick)
+
+
+cdef object _line(object code, int where):
+    """The line of ``code`` that a slot's frame position names."""
+    if not PC_FRAME_LASTI:
+        return where
+    for start, end, line in code.co_lines():
+        if start <= where < end:
+            return line
+    return code.co_firstlineno
+
+
+cdef inline object _opt(int64_t v):
+    return None if v == NONE else v

@@ -1,0 +1,249 @@
+"""The compiled call path (pycollect/_ext/_call.pyx) and the recorder's ring (_record.pyx).
+
+The commonest calls (blocking allreduce, broadcast and barrier on a NumPy
+array) never enter the Context's Python methods; every other form does.  Both
+paths must number, record and fail a collective alike.
+"""
+
+import inspect
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from pycollect._ext._call import CallLock
+from pycollect.context import Context
+from pycollect.recorder import Recorder
+
+from group import ThreadGroup
+
+
+@pytest.fixture
+def python_calls(monkeypatch):
+    """Count the calls that reach the Context's Python path, by collective."""
+    seen = {"allreduce": 0, "broadcast": 0, "barrier": 0}
+    for name in seen:
+        slow = getattr(Context, "_%s_any" % name)
+
+        def counting(self, *args, _slow=slow, _name=name, **kwargs):
+            seen[_name] += 1
+            return _slow(self, *args, **kwargs)
+        monkeypatch.setattr(Context, "_%s_any" % name, counting)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def trio():
+    group = ThreadGroup(3, timeout=30)
+    yield group
+    group.close()
+
+
+def test_blocking_calls_on_arrays_stay_compiled(trio, python_calls):
+    def body(ctx):
+        a = np.full(5, ctx.rank + 1, np.int64)
+        ctx.allreduce(a)
+        b = np.full(3, ctx.rank, np.float32)
+        ctx.broadcast(b, root=2)
+        ctx.barrier()
+        ctx.allreduce(a, pc.ReduceOp.MAX)
+        return a.tolist(), b.tolist()
+    for a, b in trio.run(body):
+        assert a == [6] * 5 and b == [2.0] * 3
+    assert python_calls == {"allreduce": 0, "broadcast": 0, "barrier": 0}
+
+
+@pytest.mark.parametrize("call", [
+    lambda ctx, a: ctx.allreduce(a, async_op=True).wait(),
+    lambda ctx, a: ctx.allreduce(a, recvbuf=np.empty_like(a)),
+    lambda ctx, a: ctx.allreduce(a, timeout=20),
+    lambda ctx, a: ctx.allreduce(a, algorithm="ring"),
+    lambda ctx, a: ctx.allreduce(a, pc.ReduceOp.SUM.value),
+    lambda ctx, a: ctx.allreduce(a.tolist()[0]),
+    lambda ctx, a: ctx.allreduce(memoryview(a)),
+], ids=["async", "recvbuf", "timeout", "named", "int-op", "number", "memoryview"])
+def test_every_other_form_takes_the_python_path(trio, python_calls, call):
+    trio.run(lambda ctx: call(ctx, np.ones(4, np.float64)))
+    assert python_calls["allreduce"] == 3
+
+
+def test_both_paths_agree_on_every_result(trio):
+    rng = np.random.default_rng(7)
+    inputs = rng.integers(-50, 50, size=(3, 9)).astype(np.float64)
+
+    def body(ctx):
+        out = []
+        for op in (pc.ReduceOp.SUM, pc.ReduceOp.PRODUCT, pc.ReduceOp.MIN, pc.ReduceOp.MAX,
+                   pc.ReduceOp.AVG):
+            fast = inputs[ctx.rank].copy()
+            ctx.allreduce(fast, op)
+            slow = ctx.allreduce(inputs[ctx.rank].copy(), op, async_op=True).wait()
+            out.append((fast, slow))
+        return out
+    for per_rank in trio.run(body):
+        for fast, slow in per_rank:
+            np.testing.assert_array_equal(fast, slow)
+
+
+def test_both_paths_share_one_numbering(trio):
+    def body(ctx):
+        before = ctx._seq
+        a = np.ones(2, np.int32)
+        ctx.allreduce(a)                        # compiled
+        ctx.allreduce(a, async_op=True).wait()  # Python
+        ctx.barrier()                           # compiled
+        ctx.barrier(async_op=True).wait()       # Python
+        return ctx._seq - before, a.tolist()
+    assert trio.run(body) == [(4, [9, 9])] * 3
+
+
+def test_arguments_refused_on_the_compiled_path_use_no_sequence_number(trio):
+    def body(ctx):
+        before = ctx._seq
+        ro = np.ones(3, np.float32)
+        ro.flags.writeable = False
+        errors = []
+        for bad in (ro, np.ones((4, 4), np.float32)[:, 1], np.ones(2, np.dtype(">f4")),
+                    np.array(["x"])):
+            with pytest.raises(pc.InvalidArgument) as info:
+                ctx.allreduce(bad)
+            errors.append(str(info.value))
+        with pytest.raises(pc.InvalidArgument, match="not a rank"):
+            ctx.broadcast(np.ones(1), root=3)
+        a = np.ones(1)
+        ctx.allreduce(a)        # still in step on every rank
+        return ctx._seq - before, a[0], errors
+    for used, value, errors in trio.run(body):
+        assert used == 1 and value == 3.0
+        assert "read-only" in errors[0] and "C-contiguous" in errors[1]
+        assert "byte order" in errors[2] and "unsupported dtype" in errors[3]
+
+
+def test_the_compiled_path_records_what_the_python_path_does(monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "50")
+    group = ThreadGroup(2, timeout=30)
+    line = inspect.currentframe().f_lineno + 4      # the allreduce below
+
+    def body(ctx):
+        a = np.zeros(7, np.float32)
+        ctx.allreduce(a)
+        ctx.broadcast(a, root=1)
+        ctx.barrier()
+        return ctx._recorder.entries()[-3:]
+    try:
+        start = time.time_ns()
+        results = group.run(body)
+        end = time.time_ns()
+    finally:
+        group.close()
+    for entries in results:
+        ar, bc, ba = entries
+        assert [e[2] for e in entries] == ["allreduce", "broadcast", "barrier"]
+        assert [e[8] for e in entries] == ["completed"] * 3
+        assert ar[1] + 1 == bc[1] and bc[1] + 1 == ba[1]        # consecutive seqs
+        assert str(ar[4]) == "float32" and ar[5] == 7 and ar[6] is None
+        assert bc[6] == 1 and ba[4] is None and ba[5] is None
+        assert ar[3] and bc[3] and ba[3]                        # the algorithms that ran
+        for e in entries:
+            assert start <= e[9] <= e[10] <= e[11] <= end
+            code, at = e[12]
+            assert code.co_filename == __file__ and code.co_name == "body"
+        assert ar[12][1] == line
+
+
+def test_a_failure_on_the_compiled_path_fails_the_context_and_its_entry(monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "10")
+    group = ThreadGroup(2, timeout=3)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                return None     # never arrives: rank 0's allreduce meets its deadline
+            with pytest.raises(pc.Timeout):
+                ctx.allreduce(np.ones(4))
+            entry = ctx._recorder.entries()[-1]
+            with pytest.raises(pc.Timeout, match="failed earlier"):
+                ctx.allreduce(np.ones(4))
+            return entry
+        entry = group.run(body)[0]
+        assert entry[2] == "allreduce" and entry[8] == "failed"
+        assert entry[13].startswith("Timeout: ")
+    finally:
+        group.close()
+
+
+def test_a_closed_context_refuses_the_compiled_calls():
+    ctx = pc.init(rank=0, size=1, store="hash://call-path-closed", timeout=10)
+    ctx.close()
+    for call in (ctx.barrier, lambda: ctx.allreduce(np.ones(1)),
+                 lambda: ctx.broadcast(np.ones(1))):
+        with pytest.raises(pc.Error, match="closed"):
+            call()
+
+
+def test_one_rank_results():
+    ctx = pc.init(rank=0, size=1, store="hash://call-path-one", timeout=10)
+    try:
+        a = np.arange(4, dtype=np.int16)
+        assert ctx.allreduce(a) is a and a.tolist() == [0, 1, 2, 3]
+        assert ctx.broadcast(a) is a and ctx.barrier() is None
+        b = np.arange(3, dtype=np.float64)
+        ctx.allreduce(b, pc.ReduceOp.AVG)
+        assert b.tolist() == [0.0, 1.0, 2.0]
+    finally:
+        ctx.close()
+
+
+def test_the_ring_keeps_the_last_entries_and_ignores_stale_ids():
+    rec = Recorder(0, 1, 3)
+    ids = [rec.record("allreduce", np.ones(i + 1), None, None) for i in range(5)]
+    assert ids == [0, 1, 2, 3, 4]
+    rec.started(0, 9)           # overwritten: nothing happens
+    rec.ended(1, "ring")
+    rec.started(4, 11)
+    rec.ended(4, "ring", pc.PeerError("gone"))
+    entries = rec.entries()
+    assert [e[0] for e in entries] == [2, 3, 4]
+    assert [e[5] for e in entries] == [3, 4, 5]
+    assert [e[8] for e in entries] == ["queued", "queued", "failed"]
+    assert entries[2][1] == 11 and entries[2][3] == "ring"
+    assert entries[2][13] == "PeerError: gone"
+    assert all(e[1] is None for e in entries[:2])
+
+
+def test_the_ring_counts_a_torch_tensor_by_its_elements():
+    torch = pytest.importorskip("torch")
+    rec = Recorder(0, 1, 4)
+    rec.record("allreduce", torch.zeros(2, 3), None, None)
+    assert rec.entries()[0][5] == 6
+
+
+def test_a_recorder_needs_a_positive_capacity():
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(pc.InvalidArgument, match="capacity"):
+            Recorder(0, 1, bad)
+
+
+def test_the_call_lock_excludes_and_releases():
+    lock = CallLock()
+    order = []
+    taken = threading.Event()
+
+    def other():
+        taken.wait(10)
+        with lock:
+            order.append("other")
+    with lock:
+        t = threading.Thread(target=other, daemon=True)
+        t.start()
+        taken.set()
+        time.sleep(0.05)
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "other"]
+    with pytest.raises(ZeroDivisionError):
+        with lock:
+            1 / 0
+    with lock:      # released by the error above
+        pass
