@@ -8,6 +8,7 @@ from pycollect._ext._transport cimport OpDesc, Transport
 
 cdef enum:
     FLAGS_MAX_BYTES = 16384     # the data area of a slot: the largest message of the path
+    FLAGS_DEPTH = 8             # data slots per rank: how far a broadcast's root may run ahead
 
 cdef struct AreaHeader:
     uint32_t failed             # 1 + the first rank whose flags operation failed; 0: none
@@ -18,17 +19,19 @@ cdef struct FlagLine:           # one rank's flag (one cache line, written by th
     uint32_t sleeping           # it sleeps in poll(): ring its bell after posting
     char pad[52]
 
-cdef struct SlotHeader:         # before each of a rank's two data buffers
-    OpDesc desc                 # the operation whose data the buffer holds
+cdef struct DescLine:           # the descriptor of one of a rank's operations
+    OpDesc desc
     char pad[40]
 
 cdef struct Flags:
     AreaHeader* hdr
     FlagLine* lines             # one per rank
-    char* slots                 # per rank, two (SlotHeader, data) buffers
+    DescLine* descs             # per rank, 2 * FLAGS_DEPTH (operation k in k % (2 * depth))
+    char* data                  # per rank, FLAGS_DEPTH slots (operation k in k % depth)
     int me
     int n
     uint64_t ops                # flags operations this rank has run
+    uint64_t checked            # operations below this one: every peer's descriptor checked
     int64_t spin_ns
     int yield_spin
 

@@ -3,28 +3,38 @@
 Where every pair of a transport is on one host's shared memory, the transport
 (``pycollect/plugins/transports/shm.py``) maps a flag area beside the rings and
 sets ``Transport.flag_area``.  The area holds, for each rank, one flag line (a
-count of the flags operations it has entered, and a "sleeping" word) and two
-slots, each an operation descriptor and FLAGS_MAX_BYTES of data; one line
-above them all says whether some rank's flags operation failed.
+count of the flags operations it has entered, and a "sleeping" word),
+2 * FLAGS_DEPTH descriptor lines and FLAGS_DEPTH data slots of FLAGS_MAX_BYTES;
+one line above them all says whether some rank's flags operation failed.
 
 Every collective of the path is one synchronisation point.  For the k-th flags
-operation (k counted alike on every rank, from 0), rank r
+operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
 
-1. writes its descriptor, and the data it contributes, into its slot k % 2;
-2. posts: its flag becomes k + 1 (a release store), and it rings the doorbell
+1. makes sure its data slot k % D is free: every peer's flag is at least
+   k - D + 2 (each has entered operation k - D + 1, so it has finished
+   reading operation k - D, the slot's last use).  Only a broadcast's root,
+   which does not wait for the others, ever waits here;
+2. writes its descriptor into its line k % 2D, and the data it contributes
+   into its slot k % D;
+3. posts: its flag becomes k + 1 (a release store), and it rings the doorbell
    of each peer that sleeps;
-3. waits until every peer's flag is at least k + 1, checking each peer's
-   descriptor in the peer's slot k % 2 against its own (MismatchError when
-   they differ, as the message path reports it);
-4. reads what it needs from the peers' slots k % 2: allreduce reduces every
-   rank's slot, in rank order, into its output (so all ranks get the same
-   bits); broadcast copies the root's slot; barrier reads nothing.
+4. waits: allreduce and barrier until every peer's flag is at least k + 1, a
+   broadcast's other ranks for the root's only, its root not at all;
+5. checks descriptors: every peer's descriptor of every operation whose check
+   is due (all operations up to k after a full wait; the root's, at once,
+   where only the root was waited for) must equal its own, else
+   MismatchError, worded as on the message path.  Checks left over (a root
+   that returned at once) are done in step 1 of a later operation, at the
+   latest D - 1 operations on, while the peers' descriptor lines still hold
+   them (a line is written again 2D operations later, only after this rank
+   has posted D + 1 more times);
+6. reads what it needs from the peers' slots: allreduce reduces every rank's
+   slot, in rank order, into its output (so all ranks get the same bits);
+   broadcast copies the root's slot; barrier reads nothing.
 
 No trailing barrier is needed and slots never need a "read by all" count: a
-rank writes its slot k % 2 again only in operation k + 2, which it enters
-after operation k + 1 completed, which needed every peer's flag at k + 2,
-which each peer posts only after it has finished reading operation k.  So a
-peer at most one operation ahead writes the other slot.
+rank posts k + 1 only after it has finished operation k - 1, and nobody
+writes a slot for operation k + D before every flag is at least k + 2.
 
 Waiting spins on the flags with the CPU's pause hint (yielding the core
 between passes where the host runs more ranks than cores), looks at the pairs
@@ -59,7 +69,6 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 cdef enum:
-    SLOT_BYTES = sizeof(SlotHeader) + FLAGS_MAX_BYTES
     CLOCK_EVERY = 8             # spins between looks at the clock
     LOOK_NS = 50000             # between looks at the pairs while spinning
     NAP_NS = 100000000          # the longest sleep in watch (then look again)
@@ -70,7 +79,8 @@ MAX_BYTES = FLAGS_MAX_BYTES
 
 def area_bytes(int nlocal):
     """The bytes of a flag area for ``nlocal`` ranks (a multiple of 64)."""
-    return sizeof(AreaHeader) + nlocal * (sizeof(FlagLine) + 2 * SLOT_BYTES)
+    return sizeof(AreaHeader) + nlocal * (sizeof(FlagLine) + 2 * FLAGS_DEPTH * sizeof(DescLine)
+                                          + FLAGS_DEPTH * FLAGS_MAX_BYTES)
 
 
 cdef class FlagArea:
@@ -84,10 +94,12 @@ cdef class FlagArea:
         self.owner = owner
         self.f.hdr = <AreaHeader*>address
         self.f.lines = <FlagLine*>(address + sizeof(AreaHeader))
-        self.f.slots = <char*>(address + sizeof(AreaHeader) + n * sizeof(FlagLine))
+        self.f.descs = <DescLine*>(address + sizeof(AreaHeader) + n * sizeof(FlagLine))
+        self.f.data = <char*>(self.f.descs + n * 2 * FLAGS_DEPTH)
         self.f.me = me
         self.f.n = n
         self.f.ops = 0
+        self.f.checked = 0
         self.f.spin_ns = <int64_t>(spin_us * 1000.0)
         self.f.yield_spin = yield_spin
 
@@ -112,12 +124,12 @@ cdef Flags* flags_fit(Transport t, size_t nbytes):
     return &area.f
 
 
-cdef inline SlotHeader* _slot(Flags* f, int rank, uint64_t k) noexcept nogil:
-    return <SlotHeader*>(f.slots + (2 * <size_t>rank + (k & 1)) * SLOT_BYTES)
+cdef inline OpDesc* _desc(Flags* f, int rank, uint64_t k) noexcept nogil:
+    return &f.descs[<size_t>rank * 2 * FLAGS_DEPTH + k % (2 * FLAGS_DEPTH)].desc
 
 
-cdef inline char* _data(SlotHeader* s) noexcept nogil:
-    return (<char*>s) + sizeof(SlotHeader)
+cdef inline char* _data(Flags* f, int rank, uint64_t k) noexcept nogil:
+    return f.data + (<size_t>rank * FLAGS_DEPTH + k % FLAGS_DEPTH) * FLAGS_MAX_BYTES
 
 
 cdef inline int _same(const OpDesc* a, const OpDesc* b) noexcept nogil:
@@ -146,31 +158,47 @@ cdef int _fail(Flags* f) noexcept nogil:
 
 cdef int _check(Transport t, Flags* f, int p, uint64_t k) noexcept nogil:
     """Peer ``p`` has entered operation ``k``: its descriptor must be ours."""
-    cdef SlotHeader* s = _slot(f, p, k)
-    if _same(&s.desc, &t.op):
+    cdef OpDesc* theirs = _desc(f, p, k)
+    cdef OpDesc* mine = _desc(f, f.me, k)
+    if _same(theirs, mine):
         return 0
     if not t.failed:
-        t.err.theirs = s.desc
+        t.err.theirs = theirs[0]
         t.err.has_theirs = 1
+        t.op = mine[0]          # the error names the operation the ranks disagree on
     return t.set_error(ERR_MISMATCH, p, "", 0, "")
 
 
-cdef int _left(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+cdef int _check_upto(Transport t, Flags* f, uint64_t end) noexcept nogil:
+    """Check every peer's descriptors of the operations not yet checked below ``end``
+    (every flag is at least ``end``)."""
+    cdef uint64_t j
+    cdef int p
+    for j in range(f.checked, end):
+        for p in range(f.n):
+            if p != f.me and _check(t, f, p, j) < 0:
+                return -1
+    if end > f.checked:
+        f.checked = end
+    return 0
+
+
+cdef int _left(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """-1 after set_error if a peer that has not arrived has ended its pair, else 0."""
     cdef int p
-    for p in range(first, f.n):
+    for p in range(first, last + 1):
         if p != f.me and pc_load_u64(&f.lines[p].posted) < want and t.peer_left(p):
             return t.set_error(ERR_PEER, p, "", 0, "closed its connection (the process "
                                "exited or closed its context)")
     return 0
 
 
-cdef int _late(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+cdef int _late(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """The deadline passed: ERR_TIMEOUT naming every peer that has not arrived."""
     cdef char detail[200]
     cdef int p, off
     off = snprintf(detail, sizeof(detail), "waiting for")
-    for p in range(first, f.n):
+    for p in range(first, last + 1):
         if p != f.me and pc_load_u64(&f.lines[p].posted) < want \
                 and off < <int>sizeof(detail) - 40:
             off += snprintf(detail + off, sizeof(detail) - off, " rank %d (to arrive)", p)
@@ -178,14 +206,15 @@ cdef int _late(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
     return t.set_error(ERR_TIMEOUT, first, "", 0, detail)
 
 
-cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first) noexcept nogil:
+cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first,
+                           int last) noexcept nogil:
     """Another rank's flags operation failed: wait (briefly) for its abort frame to say
     why, then report the failure as the area shows it."""
     cdef char detail[200]
     cdef int origin = <int>pc_load_u32(&f.hdr.failed) - 1
     cdef int64_t now = pc_now_ns(), until = now + RELAY_NS
     while now < until and now < t.deadline_ns:
-        if t.watch(now + 1000000, -1) < 0 or _left(t, f, want, first) < 0:
+        if t.watch(now + 1000000, -1) < 0 or _left(t, f, want, first, last) < 0:
             return -1
         now = pc_now_ns()
     snprintf(detail, sizeof(detail), "failed (seen in the shared flag area) and left the "
@@ -193,34 +222,31 @@ cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first) noex
     return t.set_error(ERR_PEER, origin if 0 <= origin < f.n else -1, "", 0, detail)
 
 
-cdef int _wait_all(Transport t, Flags* f, uint64_t k) noexcept nogil:
-    """Wait until every peer has entered operation ``k`` (flag >= k + 1), checking each
-    one's descriptor; 0, or -1 after set_error."""
-    cdef uint64_t want = k + 1
-    cdef int p = 0, rc
+cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
+    """Wait until the flags of peers ``first``..``last`` are at least ``want``; 0, or -1
+    after set_error."""
+    cdef int p = first, rc
     cdef unsigned int spins = 0
     cdef int64_t now = pc_now_ns()
     cdef int64_t spin_end = now + f.spin_ns, look_at = now + LOOK_NS, until
     while True:
-        while p < f.n and (p == f.me or pc_load_u64(&f.lines[p].posted) >= want):
-            if p != f.me and _check(t, f, p, k) < 0:
-                return -1
+        while p <= last and (p == f.me or pc_load_u64(&f.lines[p].posted) >= want):
             p += 1
-        if p == f.n:
+        if p > last:
             return 0
         if pc_load_u32(&f.hdr.failed):
-            return _failed_elsewhere(t, f, want, p)
+            return _failed_elsewhere(t, f, want, p, last)
         spins += 1
         if spins % CLOCK_EVERY:
             pc_pause()
             continue
         now = pc_now_ns()
         if now >= t.deadline_ns:
-            return _late(t, f, want, p)
+            return _late(t, f, want, p, last)
         if now >= look_at:
             # Without sleeping: abort(), abort frames, disagreement (a message from the
             # peer we wait for), a peer's end.
-            if t.watch(0, p) < 0 or _left(t, f, want, p) < 0:
+            if t.watch(0, p) < 0 or _left(t, f, want, p, last) < 0:
                 return -1
             look_at = now + LOOK_NS
         if now < spin_end:
@@ -236,41 +262,56 @@ cdef int _wait_all(Transport t, Flags* f, uint64_t k) noexcept nogil:
             until = now + NAP_NS
             rc = t.watch(until if until < t.deadline_ns else t.deadline_ns, p)
         pc_exchange_u32(&f.lines[f.me].sleeping, 0)
-        if rc < 0 or _left(t, f, want, p) < 0:
+        if rc < 0 or _left(t, f, want, p, last) < 0:
             return -1
         now = pc_now_ns()
         spin_end = now + f.spin_ns
         look_at = now + LOOK_NS
 
 
-cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
-    """Steps 1 to 3 for this rank's next operation (``src``: its contribution, if any)."""
-    cdef uint64_t k = f.ops
-    cdef SlotHeader* mine = _slot(f, f.me, k)
+cdef enum:
+    WAIT_NONE = -2              # a broadcast's root
+    WAIT_ALL = -1               # allreduce, barrier
+
+
+cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_for) noexcept nogil:
+    """Steps 1 to 5 for this rank's next operation (``src``: its contribution, if any;
+    ``wait_for``: WAIT_ALL, WAIT_NONE, or the one rank to wait for)."""
+    cdef uint64_t k = f.ops, free_at
     if t.failed:
         return -1
-    mine.desc = t.op
+    if k + 2 > FLAGS_DEPTH:
+        free_at = k + 2 - FLAGS_DEPTH
+        if _wait(t, f, free_at, 0, f.n - 1) < 0 or _check_upto(t, f, free_at) < 0:
+            return _fail(f)
+    _desc(f, f.me, k)[0] = t.op
     if nbytes:
-        memcpy(_data(mine), src, nbytes)
+        memcpy(_data(f, f.me, k), src, nbytes)
     f.ops = k + 1
     _post(t, f, k + 1)
-    if _wait_all(t, f, k) < 0:
-        return _fail(f)
+    if wait_for == WAIT_ALL:
+        if _wait(t, f, k + 1, 0, f.n - 1) < 0 or _check_upto(t, f, k + 1) < 0:
+            return _fail(f)
+    elif wait_for >= 0:
+        if _wait(t, f, k + 1, wait_for, wait_for) < 0 or _check(t, f, wait_for, k) < 0:
+            return _fail(f)
     return 0
 
 
 cdef int flags_barrier(Transport t, Flags* f) noexcept nogil:
     """Every rank posts; each returns once it has seen every flag."""
-    return _enter(t, f, NULL, 0)
+    return _enter(t, f, NULL, 0, WAIT_ALL)
 
 
 cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
                          int root) noexcept nogil:
-    """The root copies ``buf`` into its slot; the others copy it out once all have posted."""
-    if _enter(t, f, buf if t.rank == root else NULL, nbytes if t.rank == root else 0) < 0:
+    """The root copies ``buf`` into its slot and returns; the others copy it out once the
+    root has posted."""
+    if t.rank == root:
+        return _enter(t, f, buf, nbytes, WAIT_NONE)
+    if _enter(t, f, NULL, 0, root) < 0:
         return -1
-    if t.rank != root:
-        memcpy(buf, _data(_slot(f, root, f.ops - 1)), nbytes)
+    memcpy(buf, _data(f, root, f.ops - 1), nbytes)
     return 0
 
 
@@ -280,10 +321,10 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
     slot, rank 0's first, into ``buf`` (AVG sums: the caller divides)."""
     cdef uint64_t k
     cdef int p
-    if _enter(t, f, buf, n * es) < 0:
+    if _enter(t, f, buf, n * es, WAIT_ALL) < 0:
         return -1
     k = f.ops - 1
-    reduce_into(buf, _data(_slot(f, 0, k)), _data(_slot(f, 1, k)), n, dtype, op)
+    reduce_into(buf, _data(f, 0, k), _data(f, 1, k), n, dtype, op)
     for p in range(2, f.n):
-        reduce_into(buf, buf, _data(_slot(f, p, k)), n, dtype, op)
+        reduce_into(buf, buf, _data(f, p, k), n, dtype, op)
     return 0
