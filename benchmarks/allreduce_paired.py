@@ -1,7 +1,9 @@
-"""Allreduce algorithms call by call: each iteration runs one call of every algorithm.
+"""Allreduce (or broadcast, allgather) algorithms call by call: each iteration runs one call
+of every algorithm.
 
     python benchmarks/allreduce_paired.py --ranks 4 --count 1048576 \
         --algorithms direct,halving_doubling,ring --iterations 40
+    python benchmarks/allreduce_paired.py --collective broadcast --algorithms direct,binomial
 
 On a machine other jobs share, a burst of load lands on whichever call runs
 then.  Here every iteration calls each algorithm once, back to back, in an
@@ -25,25 +27,30 @@ def rank_main(args):
     import pycollect as pc
     ctx = pc.init(rank=args.rank, size=args.ranks, store=args.store, timeout=args.timeout,
                   transport=args.transport)
+    from pycollect.bench import busbw_factor
     names = args.algorithms.split(",")
     buf = np.ones(args.count, np.dtype(args.dtype))
+    out = np.empty(args.count * args.ranks, buf.dtype)
+    call = {"allreduce": lambda a: ctx.allreduce(buf, algorithm=a),
+            "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
+            "allgather": lambda a: ctx.allgather(buf, out, algorithm=a)}[args.collective]
     for name in names:
         for _ in range(args.warmup):
-            ctx.allreduce(buf, algorithm=name)
+            call(name)
     times = np.zeros((args.iterations, len(names)))
     for i in range(args.iterations):
         k = i % len(names)
         for j in list(range(k, len(names))) + list(range(k)):
             ctx.barrier()
             t0 = time.perf_counter()
-            ctx.allreduce(buf, algorithm=names[j])
+            call(names[j])
             times[i, j] = time.perf_counter() - t0
     ctx.allreduce(times, op=pc.MAX)
     if args.rank == 0:
-        nbytes = buf.nbytes
-        factor = 2 * (args.ranks - 1) / args.ranks
-        print("%d ranks, %d x %s, %d iterations, load %s" % (
-            args.ranks, args.count, args.dtype, args.iterations,
+        nbytes = buf.nbytes * (args.ranks if args.collective == "allgather" else 1)
+        factor = busbw_factor(args.collective, args.ranks)
+        print("%s, %d ranks, %d x %s, %d iterations, load %s" % (
+            args.collective, args.ranks, args.count, args.dtype, args.iterations,
             " ".join(open("/proc/loadavg").read().split()[:3])))
         print("%-20s %12s %12s %12s %12s" % ("algorithm", "median (us)", "busbw (GB/s)",
                                               "min (us)", "÷ " + names[0]))
@@ -58,6 +65,8 @@ def rank_main(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--collective", default="allreduce",
+                        choices=("allreduce", "broadcast", "allgather"))
     parser.add_argument("--count", type=int, default=1 << 20, help="elements per rank")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--algorithms", default="direct,halving_doubling,ring_chunked")
