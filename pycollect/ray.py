@@ -40,6 +40,7 @@ from ray.util.collective.collective_group.base_collective_group import BaseGroup
 import pycollect as pc
 from . import settings
 from .plugins.stores.ray_store import RayStore
+from .tensors import array_view
 
 __all__ = ["BACKEND_NAME", "PycollectGroup", "context", "register"]
 
@@ -55,12 +56,6 @@ _OPS = {
 _UNSET = ray_types.unset_timeout_ms
 _RAY_SUM = ray_types.ReduceOp.SUM
 _opened = itertools.count()
-
-try:
-    import ml_dtypes as _ml_dtypes
-except ImportError:     # bfloat16 tensors then raise a clear error
-    _ml_dtypes = None
-
 
 def register():
     """Register the backend ``"pycollect"`` with Ray in this process (importing does it)."""
@@ -93,13 +88,10 @@ def _array(obj, what):
         if not obj.is_contiguous():
             raise pc.InvalidArgument("%s: the tensor is not contiguous; pass t.contiguous()"
                                      % what)
-        obj = obj.detach()
-        if obj.dtype == torch.bfloat16:
-            if _ml_dtypes is None:
-                raise pc.InvalidArgument("%s: bfloat16 tensors need the ml_dtypes package "
-                                         "(pip install ml_dtypes)" % what)
-            return obj.view(torch.int16).numpy().view(_ml_dtypes.bfloat16)
-        return obj.numpy()
+        try:
+            return array_view(obj)
+        except pc.InvalidArgument as exc:
+            raise pc.InvalidArgument("%s: %s" % (what, exc)) from None
     raise pc.InvalidArgument("%s: expected a NumPy array or a CPU torch.Tensor, got %s"
                              % (what, type(obj).__name__))
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import InvalidArgument
 
-__all__ = ["is_tensor", "Host", "as_tensor_like"]
+__all__ = ["is_tensor", "array_view", "Host", "as_tensor_like"]
 
 
 def is_tensor(obj):
@@ -30,8 +30,9 @@ def _bfloat16():
     return ml_dtypes.bfloat16
 
 
-def _view(t):
-    """A NumPy array sharing contiguous CPU tensor ``t``'s memory, in its shape."""
+def array_view(t):
+    """A NumPy array sharing contiguous CPU tensor ``t``'s memory, in its shape (bfloat16
+    as ml_dtypes' bfloat16; the torch backend and pycollect.ray use this too)."""
     import torch
     if t.requires_grad:
         t = t.detach()
@@ -53,10 +54,10 @@ class Host:
         self.tensor = tensor
         if tensor.is_contiguous():
             self.staging = None
-            self.array = _view(tensor)
+            self.array = array_view(tensor)
         else:
             self.staging = tensor.detach().contiguous()
-            self.array = _view(self.staging)
+            self.array = array_view(self.staging)
 
     def finish(self):
         """Copy a staged copy back into the tensor (after the collective wrote it)."""

@@ -27,17 +27,13 @@ import torch.distributed as dist
 
 import pycollect as pc
 from .plugins.store import Store
+from .tensors import array_view
 
 __all__ = ["BACKEND_NAME", "ProcessGroupPycollect", "TorchStore", "PycollectWork",
            "shrink_group"]
 
 BACKEND_NAME = "pycollect"
 
-try:
-    import ml_dtypes as _ml_dtypes
-except ImportError:     # a pycollect installed without its dependencies: bfloat16 says so
-    _ml_dtypes = None
-_BF16 = _ml_dtypes.bfloat16 if _ml_dtypes is not None else None
 
 _R = dist.ReduceOp.RedOpType
 _OPS = {
@@ -106,15 +102,7 @@ def _check_cpu(t, what):
 
 def _view(t):
     """A NumPy view of contiguous CPU tensor ``t`` (flattened, shares memory)."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        if _ml_dtypes is None:
-            raise pc.InvalidArgument(
-                "pycollect backend: bfloat16 tensors need the ml_dtypes package, a dependency "
-                "of pycollect that is missing here (pip install ml_dtypes)")
-        return t.view(torch.int16).numpy().view(_ml_dtypes.bfloat16).reshape(-1)
-    return t.numpy().reshape(-1)
+    return array_view(t).reshape(-1)
 
 
 class _Buf:
@@ -231,7 +219,7 @@ def _scale(arrays, factor):
     """PREMUL_SUM's first step: multiply the inputs by ``factor`` (floating types only)."""
     if factor is not None:
         for a in arrays:
-            if a.dtype.kind not in "fcV" and a.dtype != _BF16:
+            if a.dtype.kind not in "fcV" and a.dtype.name != "bfloat16":
                 raise pc.InvalidArgument("pycollect backend: PREMUL_SUM needs a floating or "
                                          "complex tensor, got %s" % a.dtype)
             a *= np.asarray(factor).astype(a.dtype)
@@ -239,7 +227,10 @@ def _scale(arrays, factor):
 
 def _is_async(opts):
     """torch's asyncOp (True unless dist's caller waits at once; C++ callers leave it True)."""
-    return opts is None or getattr(opts, "asyncOp", True)
+    try:
+        return opts is None or opts.asyncOp
+    except AttributeError:      # options without the field: the caller may wait later
+        return True
 
 
 def _seconds(timeout):
