@@ -23,7 +23,7 @@ from time import monotonic as _now
 import numpy as np
 
 from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer, _p2p,
-                   _reduce_scatter, _rooted)
+                   _reduce_scatter, _rooted, _transport)
 from ._ext._call import CallLock, CallPath
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
@@ -52,6 +52,24 @@ REDUCE_ALGORITHMS = ("auto",) + tuple(_rooted.REDUCE_ALGORITHMS)
 
 # algorithm="auto" is pycollect/selection.py's table.
 DEFAULT_SEGMENT_BYTES = 1 << 20
+
+
+_REFUSED_AS = {"allreduce_coalesced": "allreduce"}   # the wire's name of a refused call
+
+
+def _refusable(method):
+    """A collective whose argument errors on this rank are announced to the peers
+    (Context._refuse) before they are raised (``_allreduce_any`` is allreduce's)."""
+    what = method.__name__[1:-4] if method.__name__.endswith("_any") else method.__name__
+
+    @functools.wraps(method)
+    def collective(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except InvalidArgument as exc:
+            self._refuse(what, exc)
+            raise
+    return collective
 
 
 class Context(CallPath):
@@ -147,12 +165,14 @@ class Context(CallPath):
     # or CPU torch tensors (pycollect/tensors.py); an output left as None is
     # allocated, shaped like the input.
 
+    @_refusable
     def _barrier_any(self, async_op=False, timeout=None):
         # barrier() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         t, tmo = self._transport, self._call_timeout(timeout, "barrier")
         return self._submit("barrier", lambda seq: _barrier.barrier(t, seq, tmo), None,
                             async_op, checked=self._detail and {})
 
+    @_refusable
     def _broadcast_any(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
         # broadcast() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(buf=buf, root=root, algorithm=algorithm)
@@ -168,6 +188,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _broadcast.broadcast(
             t, data, root, algo, seq, tmo, seg), buf, async_op, root=root)
 
+    @_refusable
     def _allreduce_any(self, buf, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
                        recvbuf=None, timeout=None):
         # allreduce() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
@@ -202,6 +223,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _allreduce.allreduce(
             t, data, op, algo, seq, tmo, seg, base), result, async_op)
 
+    @_refusable
     def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
                recvbuf=None, timeout=None):
         """Reduce ``buf`` across ranks into root's ``buf`` (or root's ``recvbuf``, leaving
@@ -224,6 +246,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _rooted.reduce(
             t, data, root, op, algo, seq, tmo, seg), result, async_op, root=root)
 
+    @_refusable
     def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None, *,
                   algorithm="auto"):
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere.
@@ -241,6 +264,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _allgather.allgather(
             t, send, recv, None, seq, tmo, seg, algo), call.result, async_op)
 
+    @_refusable
     def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
         """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts)
@@ -254,6 +278,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _allgather.allgather(
             t, send, recv, counts, seq, tmo, seg), call.result, async_op)
 
+    @_refusable
     def gather(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
         """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
@@ -269,6 +294,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _rooted.gather(
             t, send, out, None, root, seq, tmo), call.result, async_op, root=root)
 
+    @_refusable
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root=0, async_op=False,
                 timeout=None):
         """gather with ``counts[r]`` elements from rank r, packed in rank order on root
@@ -289,6 +315,7 @@ class Context(CallPath):
             t, send, out, counts, root, seq, tmo), call.result, async_op,
             root=root)
 
+    @_refusable
     def scatter(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
         """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``
         (``recvbuf=None``: allocated from ``sendbuf``'s shape, which ranks other than
@@ -305,6 +332,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _rooted.scatter(
             t, send, recv, None, root, seq, tmo), call.result, async_op, root=root)
 
+    @_refusable
     def scatterv(self, sendbuf, counts, recvbuf=None, root=0, async_op=False, timeout=None):
         """scatter with ``counts[r]`` elements for rank r, packed in rank order on root
         (``recvbuf=None``: ``counts[rank]`` elements of ``sendbuf``'s dtype)."""
@@ -324,6 +352,7 @@ class Context(CallPath):
             t, send, recv, counts, root, seq, tmo), call.result, async_op,
             root=root)
 
+    @_refusable
     def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False,
                        timeout=None):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
@@ -338,6 +367,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _reduce_scatter.reduce_scatter(
             t, send, recv, None, op, seq, tmo, seg), call.result, async_op)
 
+    @_refusable
     def reduce_scatterv(self, sendbuf, recvbuf=None, counts=None, op=ReduceOp.SUM,
                         async_op=False, timeout=None):
         """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
@@ -353,6 +383,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _reduce_scatter.reduce_scatter(
             t, send, recv, counts, op, seq, tmo, seg), call.result, async_op)
 
+    @_refusable
     def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
@@ -365,6 +396,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _alltoall.alltoall(
             t, send, None, recv, None, seq, tmo), call.result, async_op)
 
+    @_refusable
     def alltoallv(self, sendbuf, sendcounts, recvbuf=None, recvcounts=None, async_op=False,
                   timeout=None):
         """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
@@ -381,6 +413,7 @@ class Context(CallPath):
         return call.submit(lambda seq: _alltoall.alltoall(
             t, send, sendcounts, recv, recvcounts, seq, tmo), call.result, async_op)
 
+    @_refusable
     def allreduce_coalesced(self, bufs, op=ReduceOp.SUM, async_op=False, timeout=None):
         """Allreduce many arrays in place with one collective per dtype; return ``bufs``."""
         checked = self._detail and dict(bufs=bufs, op=op)
@@ -412,6 +445,29 @@ class Context(CallPath):
         if not groups:
             return self._finished(bufs, async_op)
         return call.submit(run, bufs, async_op, span=len(groups))
+
+    def _refuse(self, what, exc, seq=None):
+        """This rank refused its arguments to collective ``what`` (``exc`` says why): tell
+        the peers, so that those running it fail at once with an error naming this rank,
+        the call and the reason instead of at their deadline, and take its sequence
+        number as they do.  ``seq``: the number, when it was running already (under the
+        lock); else the refusal takes its turn like a collective."""
+        if getattr(exc, "_refusal_sent", False):
+            return
+        exc._refusal_sent = True
+        if self._size == 1 or self._closed or self._failure is not None:
+            return
+        t, tmo, wire = self._transport, self._timeout, _REFUSED_AS.get(what, what)
+        try:
+            if seq is None:
+                self._submit(what, lambda seq: _transport.refuse(t, seq, wire, str(exc), tmo),
+                             None, False)
+            elif not t.is_failed:
+                self._seq = seq
+                _transport.refuse(t, seq, wire, str(exc), tmo)
+        except Error as err:    # the peers are gone: the context failed, the refusal stands
+            log.warning("rank %d: could not tell the peers that %s was refused: %s",
+                        self._rank, what, err)
 
     # -- value forms ------------------------------------------------------
 
@@ -1003,8 +1059,8 @@ class Context(CallPath):
             seq = (self._seq + 1) & 0xFFFFFFFF
             if span and len(self._mailbox):
                 self._unreceived(op, seq)
-            # A collective consumes its sequence number only once it reaches the
-            # wire: arguments refused on one rank must not shift its numbering.
+            # A collective consumes its sequence number once it has run; one whose
+            # arguments this rank refused consumes it through _refuse.
             self._busy = True
             try:
                 if sig is not None:
@@ -1223,6 +1279,16 @@ class _Call:
 
     def submit(self, op, result, async_op, span=1, root=None):
         staged = self.staged
+        if async_op and span == 1:
+            # Arguments the compiled call refuses, when it runs later in the queue.
+            checked_run, ctx, what = op, self.ctx, self.what
+
+            def op(seq):
+                try:
+                    return checked_run(seq)
+                except InvalidArgument as exc:
+                    ctx._refuse(what, exc, seq)
+                    raise
         if staged:
             run = op
 

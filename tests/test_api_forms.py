@@ -102,8 +102,10 @@ def test_per_call_timeout_bounds_that_call_only(trio):
         g.run(body)
     finally:
         g.close()
-    with pytest.raises(pc.InvalidArgument, match="timeout must be a positive"):
-        trio.contexts[0].allreduce(np.ones(1), timeout=-1)
+    def refused(ctx):   # on every rank: a call refused on one rank only fails the others
+        with pytest.raises(pc.InvalidArgument, match="timeout must be a positive"):
+            ctx.allreduce(np.ones(1), timeout=-1)
+    trio.run(refused)
     trio.run(lambda ctx: ctx.allreduce(np.ones(1), timeout=datetime.timedelta(seconds=20)))
 
 

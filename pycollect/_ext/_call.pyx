@@ -34,7 +34,7 @@ from pycollect._ext._transport cimport Transport
 import numpy as np
 
 from pycollect._ext._transport import ALGORITHM_NAMES
-from pycollect.errors import Aborted, Error
+from pycollect.errors import Aborted, Error, InvalidArgument
 from pycollect.types import ReduceOp
 
 cnp.import_array()
@@ -232,6 +232,14 @@ cdef class CallPath:
                                          self._segment_bytes)
                 else:
                     code = run_barrier(t, seq, self._timeout)
+            except InvalidArgument as exc:
+                if t.is_failed:
+                    raise
+                # Refused before the wire: the Python path refuses it again and tells
+                # the peers (Context._refuse).
+                if entry >= 0:
+                    rec.end(entry, None, exc)
+                return _TAKE_SLOW
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 if t.is_failed:
                     self._failure = exc if isinstance(exc, Error) else Aborted(

@@ -30,16 +30,20 @@ cdef enum:
                                     # reads from the sender's memory (the stream carries
                                     # its address)
     MAGIC_RESET = 0x524d4350    # "PCMR": recover()'s frame: the stream starts afresh after it
+    MAGIC_REFUSED = 0x584d4350  # "PCMX": the sender refused its arguments to collective seq;
+                                # the payload (nbytes, at most REASON_BYTES of
+                                # _transport.pxd) says why
     HDR_BYTES = 40
     CHANNEL_ABI = 2             # the version of ChannelOps below (2: send_frame says if it sent)
 
 cdef union HeaderWord:
-    uint32_t group_id   # data frames: the group's id (OpDesc.group_id)
+    uint32_t group_id   # data and refused frames: the group's id (OpDesc.group_id)
     uint32_t error_kind # abort frames: the kind of the first failure
 
 cdef packed struct MsgHeader:
     uint32_t magic
-    uint32_t msgno      # per pair and direction, counts every message (abort: origin + 1)
+    uint32_t msgno      # per pair and direction, counts every data message (abort and
+                        # refused: the rank it comes from + 1)
     uint32_t seq
     uint8_t coll
     uint8_t dtype

@@ -42,13 +42,14 @@ from libc.errno cimport EAGAIN, EFAULT, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec
 
 from pycollect._ext._transport cimport *
 from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC_BY_ADDRESS,
-                                      MAGIC_DATA, MAGIC_RESET, Channel, ChannelBase, MsgHeader)
+                                      MAGIC_DATA, MAGIC_REFUSED, MAGIC_RESET, Channel,
+                                      ChannelBase, MsgHeader)
 
 import os
 
@@ -92,6 +93,8 @@ cdef enum:
     ADDR_CHUNK = 4 << 20        # bytes read from a peer's memory per pass, so other pairs
                                 # keep moving
     JUNK_BYTES = 65536          # recover() discards payloads in pieces of this size
+    REFUSED_KEPT = 8            # the collectives this rank refused that it remembers, to
+                                # drop their peers' messages
 
 cdef struct Req:
     char* buf
@@ -130,6 +133,9 @@ cdef struct Pair:
     char* rs_carry      # ... bytes read past its end (the stream's next bytes), malloc'd
     size_t rs_carry_len
     int rs_reset        # ... it was the peer's reset frame (the peer recovers): its epoch + 1
+    # A leftover frame being dropped (a refusal, or a message of a refused collective):
+    uint64_t skip       # its bytes still in the stream, to discard before the next header
+    int skip_ack        # ... it was a by-address message: acknowledge it once skipped
 
 
 cdef struct Resync:
@@ -170,6 +176,9 @@ cdef class Engine(Transport):
     cdef unsigned long main_thread
     cdef list channels          # owns the pairs' channels (None for self)
     cdef uint32_t resets        # recover() calls: the epoch its reset frames carry
+    cdef uint32_t refused_gid[REFUSED_KEPT]     # the collectives this rank refused (group,
+    cdef uint32_t refused_seq[REFUSED_KEPT]     # sequence number), the last REFUSED_KEPT
+    cdef uint32_t refused_n                     # ... and how many it refused in all
 
     def __cinit__(self):
         self.pairs = NULL
@@ -352,6 +361,11 @@ cdef class Engine(Transport):
         pr.sent_msgs += 1
         self._fill_desc(&r.hdr)
         r.hdr.nbytes = nbytes
+        return self._queue_send(peer, idx)
+
+    cdef int _queue_send(self, int peer, int idx) noexcept nogil:
+        """Queue the send ``idx`` (its header filled) on ``peer``'s pair: ``idx``, or -1."""
+        cdef Pair* pr = &self.pairs[peer]
         if pr.send_tail >= 0:
             self.reqs[pr.send_tail].next = idx
         else:
@@ -381,6 +395,33 @@ cdef class Engine(Transport):
         if idx >= 0:
             self.reqs[idx].flex = 1
         return idx
+
+    cdef int refuse(self, const OpDesc* op, double timeout_s, const char* reason, size_t n,
+                    const int* peers, int npeers) noexcept nogil:
+        """Send a refused frame for ``op`` (header and reason) to each peer, after what is
+        still in flight; messages of ``op`` that peers send later are dropped on arrival."""
+        cdef int i, p, idx
+        cdef Req* r
+        if self.begin(op, timeout_s) < 0:
+            return -1
+        self.refused_gid[self.refused_n % REFUSED_KEPT] = op.group_id
+        self.refused_seq[self.refused_n % REFUSED_KEPT] = op.seq
+        self.refused_n += 1
+        for i in range(npeers if peers != NULL else self.size):
+            p = peers[i] if peers != NULL else i
+            if p == self.rank:
+                continue
+            idx = self._new_req(p, 1, <void*>reason, n)
+            if idx < 0:
+                return -1
+            r = &self.reqs[idx]
+            r.hdr.magic = MAGIC_REFUSED
+            r.hdr.msgno = <uint32_t>(self.rank + 1)
+            self._fill_desc(&r.hdr)
+            r.hdr.nbytes = n
+            if self._queue_send(p, idx) < 0:
+                return -1
+        return self._progress(-1)
 
     cdef int done(self, int req) noexcept nogil:
         return 0 <= req < self.nreqs and self.reqs[req].complete
@@ -481,8 +522,18 @@ cdef class Engine(Transport):
                 continue
             candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
                 and not (peer < 0 and (pr.data_waiting or ch.eof))
+            if candidate and pr.skip:
+                rc = self._skip(p, 1)
+                if rc < 0:
+                    return -1
+                candidate = rc
             if candidate:
                 n = ch.ops.peek(ch, &h)
+                if n == HDR_BYTES and self._leftover(&h, 1):
+                    if self._drop_peeked(p, &h) < 0:
+                        return -1
+                    n = -1
+                    errno = EAGAIN          # looked at afresh on the next pass
                 if n == HDR_BYTES and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
                         and h.coll == COLL_P2P and h.word.group_id == self.op.group_id \
                         and (self.op.root < 0 or h.root == self.op.root):
@@ -729,7 +780,7 @@ cdef class Engine(Transport):
         elif r.hdr.magic == MAGIC_RESET:
             body = 0
             pr.rs_reset = <int>r.hdr.seq + 1
-        elif r.hdr.magic == MAGIC_DATA:
+        elif r.hdr.magic == MAGIC_DATA or r.hdr.magic == MAGIC_REFUSED:
             body = r.hdr.nbytes
         elif r.hdr.magic == MAGIC_BY_ADDRESS:
             body = 8
@@ -738,14 +789,162 @@ cdef class Engine(Transport):
             pr.lost = 1         # not a frame: no boundary to find
             return
         if r.done > body:
-            pr.rs_carry_len = r.done - body
-            pr.rs_carry = <char*>realloc(NULL, pr.rs_carry_len)
-            if pr.rs_carry == NULL:
-                pr.lost = 1
-                return
-            memcpy(pr.rs_carry, r.buf + body, pr.rs_carry_len)
+            self._carry(pr, r.buf + body, r.done - body)
         else:
             pr.rs_skip = body - r.done
+
+    cdef void _carry(self, Pair* pr, const char* src, size_t n) noexcept nogil:
+        """Keep ``n`` stream bytes read past a failed frame for recover()."""
+        pr.rs_carry_len = n
+        pr.rs_carry = <char*>realloc(NULL, n)
+        if pr.rs_carry == NULL:
+            pr.lost = 1
+            return
+        memcpy(pr.rs_carry, src, n)
+
+    cdef int _refusal(self, int peer, Req* r) noexcept nogil:
+        """The refused frame whose header ``r`` read: read its reason (``r.done`` bytes of the
+        stream are in ``r.buf`` already) and fail this collective with ERR_REFUSED."""
+        cdef MsgHeader* h = &r.hdr
+        cdef Pair* pr = &self.pairs[peer]
+        cdef char reason[REASON_BYTES + 1]
+        cdef size_t body = <size_t>h.nbytes, have
+        cdef int origin = <int>h.msgno - 1 if 0 < h.msgno <= <uint32_t>self.size else peer
+        pr.rs_set = 1           # recover() resumes after the frame
+        if h.nbytes > REASON_BYTES:
+            pr.lost = 1
+            return self.set_error(ERR_PEER, peer, "", 0, "sent a refusal longer than any")
+        have = r.done if r.done < body else body
+        if have:
+            memcpy(reason, r.buf, have)
+        if r.done > body:
+            self._carry(pr, r.buf + body, r.done - body)
+        elif have < body and self._read_exact(peer, reason + have, body - have) < 0:
+            pr.lost = 1
+            body = have
+        reason[body] = 0
+        self._note_theirs(h)
+        if h.word.group_id != self.op.group_id or h.seq != self.op.seq:
+            return self.set_error(ERR_MISMATCH, peer, "", 0, "it refused its arguments to a "
+                                  "later collective while this rank runs this one")
+        if not self.failed:
+            self.err.origin = origin
+            self.err.blamed = origin
+            self.err.origin_kind = ERR_REFUSED
+        return self.set_error(ERR_REFUSED, peer, "", 0, reason)
+
+    cdef int _read_exact(self, int peer, char* dst, size_t n) noexcept nogil:
+        """Read ``n`` bytes of a frame whose start arrived (a refusal's reason), waiting at
+        most until the deadline: 0, or -1 if they do not come."""
+        cdef ChannelBase* ch = self.pairs[peer].ch
+        cdef iovec iov
+        cdef ssize_t got
+        cdef pollfd pfd
+        while n:
+            iov.iov_base = dst
+            iov.iov_len = n
+            got = ch.ops.readv(ch, &iov, 1)
+            if got > 0:
+                dst += got
+                n -= <size_t>got
+                continue
+            if got == 0 or not (_would_block(errno) or errno == EINTR) \
+                    or pc_now_ns() >= self.deadline_ns:
+                return -1
+            ch.ops.woken(ch)
+            pfd.fd = ch.fd
+            pfd.events = POLLIN
+            poll(&pfd, 1, 1)        # 1 ms: a ring's bytes come without a doorbell here
+        return 0
+
+    cdef int _leftover(self, const MsgHeader* h, int posted) noexcept nogil:
+        """1 if the frame ``h`` belongs to a collective this rank is done with, to be dropped:
+        a message or refusal of a collective this rank refused, a refusal of an earlier
+        collective of this group (this rank finished it before the refusal came) or, at a
+        posted receive (``posted``), of another group's; else 0."""
+        cdef uint32_t i, kept = self.refused_n if self.refused_n < REFUSED_KEPT \
+            else REFUSED_KEPT
+        if h.magic == MAGIC_REFUSED or ((h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
+                                         and h.coll != COLL_P2P):
+            for i in range(kept):
+                if self.refused_gid[i] == h.word.group_id and self.refused_seq[i] == h.seq:
+                    return 1
+        if h.magic != MAGIC_REFUSED:
+            return 0
+        if h.word.group_id != self.op.group_id or self.op.coll == COLL_P2P:
+            return posted
+        return <int32_t>(h.seq - self.op.seq) < 0
+
+    cdef void _skip_frame(self, int peer, const MsgHeader* h, size_t read) noexcept nogil:
+        """Drop the frame ``h`` of which ``read`` bytes past the header are read: the rest is
+        skipped before the peer's next header."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef uint64_t body = 8 if h.magic == MAGIC_BY_ADDRESS else h.nbytes
+        if h.magic != MAGIC_REFUSED:
+            pr.recv_msgs += 1       # a message: it had its number
+        pr.skip = body - read
+        pr.skip_ack = h.magic == MAGIC_BY_ADDRESS
+        if pr.skip == 0 and pr.skip_ack:
+            pr.ch.ops.ack(pr.ch)
+            pr.skip_ack = 0
+
+    cdef int _drop(self, int peer, Req* r) noexcept nogil:
+        """Drop the leftover frame whose header the posted receive ``r`` read, and move the
+        bytes read past it to where a read of the next frame would have put them: 1 if that
+        next header is then complete in ``r.hdr``, else 0."""
+        cdef uint64_t body = 8 if r.hdr.magic == MAGIC_BY_ADDRESS else r.hdr.nbytes
+        cdef size_t extra, head
+        if r.done < body:
+            self._skip_frame(peer, &r.hdr, r.done)
+            r.hdr_done = 0
+            r.done = 0
+            return 0
+        self._skip_frame(peer, &r.hdr, <size_t>body)
+        extra = r.done - <size_t>body
+        head = extra if extra < HDR_BYTES else HDR_BYTES
+        memcpy(&r.hdr, r.buf + body, head)
+        memmove(r.buf, r.buf + body + head, extra - head)
+        r.hdr_done = <uint32_t>head
+        r.done = extra - head
+        return head == HDR_BYTES
+
+    cdef int _skip(self, int peer, int idle) noexcept nogil:
+        """Discard what is left of a dropped frame: 1 once it is gone, 0 while its bytes are
+        still to come, -1 on an error (at the end of the stream only when not ``idle``)."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef ChannelBase* ch = pr.ch
+        cdef char junk[JUNK_BYTES]
+        cdef iovec iov
+        cdef ssize_t n
+        while pr.skip:
+            iov.iov_base = junk
+            iov.iov_len = JUNK_BYTES if pr.skip > JUNK_BYTES else <size_t>pr.skip
+            n = ch.ops.readv(ch, &iov, 1)
+            if n == 0:
+                ch.eof = 1
+                return 0 if idle else self.set_error(
+                    ERR_PEER, peer, "", 0, "closed its connection (the process exited or "
+                    "closed its context)")
+            if n < 0:
+                if errno == EINTR:
+                    continue
+                if _would_block(errno):
+                    return 0
+                return self.set_error(ERR_PEER, peer, ch.recv_call, errno,
+                                      "connection lost while receiving")
+            pr.skip -= <uint64_t>n
+        if pr.skip_ack:
+            ch.ops.ack(ch)
+            pr.skip_ack = 0
+        return 1
+
+    cdef int _header_in(self, int peer, Req* r) noexcept nogil:
+        """A posted receive read a whole header: 0 if it is the receive's message, 1 if
+        leftover frames were dropped (read on), -1 on an error."""
+        while self._leftover(&r.hdr, 1):
+            if not self._drop(peer, r):
+                return 1
+        return self._check_header(peer, r)
 
     cdef int _check_frame(self, int peer, Req* r) noexcept nogil:
         """Validate a complete header against the posted receive."""
@@ -761,6 +960,8 @@ cdef class Engine(Transport):
                 self.err.blamed = blamed
                 self.err.origin = origin
                 self.err.origin_kind = h.word.error_kind
+            if h.word.error_kind == ERR_REFUSED:
+                return self.set_error(ERR_REFUSED, peer, "", 0, "")
             if h.word.error_kind == ERR_MISMATCH:
                 if origin == peer:
                     snprintf(detail, sizeof(detail), "it reported that ranks disagree")
@@ -781,6 +982,8 @@ cdef class Engine(Transport):
         if h.magic == MAGIC_RESET:
             return self.set_error(ERR_MISMATCH, peer, "", 0, "it called shrink() or agree() "
                                   "while this rank runs this operation")
+        if h.magic == MAGIC_REFUSED:
+            return self._refusal(peer, r)
         if h.magic != MAGIC_DATA and h.magic != MAGIC_BY_ADDRESS:
             snprintf(detail, sizeof(detail), "sent bytes that are not a pycollect message "
                      "(magic 0x%08x)", h.magic)
@@ -829,8 +1032,13 @@ cdef class Engine(Transport):
         cdef int cnt
         cdef ssize_t n
         cdef size_t hrem, want
-        cdef int progressed = 0
+        cdef int progressed = 0, rc
         while pr.recv_head >= 0:
+            if pr.skip:
+                rc = self._skip(peer, 0)
+                if rc <= 0:
+                    return rc if rc < 0 else progressed
+                progressed = 1
             r = &self.reqs[pr.recv_head]
             if r.by_address:
                 # The header is in: the address, then the payload from the peer's memory.
@@ -883,8 +1091,11 @@ cdef class Engine(Transport):
                 if <size_t>n >= hrem:
                     r.hdr_done = HDR_BYTES
                     r.done += <size_t>n - hrem
-                    if self._check_header(peer, r) < 0:
+                    rc = self._header_in(peer, r)
+                    if rc < 0:
                         return -1
+                    if rc > 0:
+                        continue    # a leftover frame was dropped: read on
                     if r.hdr.magic == MAGIC_BY_ADDRESS:
                         r.by_address = 1
                         continue
@@ -927,7 +1138,12 @@ cdef class Engine(Transport):
         cdef Pair* pr = &self.pairs[peer]
         cdef ChannelBase* ch = pr.ch
         cdef MsgHeader h
-        cdef int n = ch.ops.peek(ch, &h)
+        cdef int n
+        if pr.skip:
+            n = self._skip(peer, 1)
+            if n <= 0:
+                return n
+        n = ch.ops.peek(ch, &h)
         if n == 0:
             ch.eof = 1
             return 0
@@ -940,7 +1156,16 @@ cdef class Engine(Transport):
         if h.magic == MAGIC_RESET:
             pr.data_waiting = 1     # the peer recovers: for this rank's next recover()
             return 0
-        if h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS:
+        if n == HDR_BYTES and self._leftover(&h, 0):
+            return self._drop_peeked(peer, &h)
+        if h.magic == MAGIC_REFUSED:
+            if n < HDR_BYTES:
+                return 0
+            if h.word.group_id != self.op.group_id or h.seq != self.op.seq \
+                    or self.op.coll == COLL_P2P:
+                pr.data_waiting = 1     # a later collective's: its receive reads it
+                return 0
+        elif h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS:
             # An early message is normal when the peer is ahead (a later
             # collective, another group's, or a point-to-point message, which
             # carries no collective sequence number).  One of this collective
@@ -960,6 +1185,13 @@ cdef class Engine(Transport):
         memset(&fake, 0, sizeof(Req))
         fake.hdr = h
         return self._check_header(peer, &fake)
+
+    cdef int _drop_peeked(self, int peer, MsgHeader* h) noexcept nogil:
+        """Consume the leftover frame whose header a peek found, and what of it is there."""
+        cdef ChannelBase* ch = self.pairs[peer].ch
+        ch.ops.take_peeked(ch, h)
+        self._skip_frame(peer, h, 0)
+        return -1 if self._skip(peer, 1) < 0 else 0
 
     cdef int _all_done(self, int target) noexcept nogil:
         cdef int p
@@ -1187,6 +1419,8 @@ cdef class Engine(Transport):
             pr.rs_skip = 0
             pr.rs_ack = 0
             pr.rs_reset = 0
+            pr.skip = 0
+            pr.skip_ack = 0
             free(pr.rs_carry)
             pr.rs_carry = NULL
             pr.rs_carry_len = 0
@@ -1237,6 +1471,9 @@ cdef class Engine(Transport):
             elif pr.rs_set:
                 rs[p].skip = pr.rs_skip
                 rs[p].ack = pr.rs_ack
+            elif pr.skip:
+                rs[p].skip = pr.skip        # a leftover frame's rest
+                rs[p].ack = pr.skip_ack
             elif pr.recv_head >= 0:
                 r = &self.reqs[pr.recv_head]
                 if r.hdr_done < HDR_BYTES:
@@ -1342,7 +1579,7 @@ cdef class Engine(Transport):
             # An older recovery's frame is skipped; this one's (or a later one's) ends it.
             if <int32_t>(rs.hdr.seq - self.resets) >= 0:
                 rs.got = 1
-        elif rs.hdr.magic == MAGIC_DATA:
+        elif rs.hdr.magic == MAGIC_DATA or rs.hdr.magic == MAGIC_REFUSED:
             rs.skip = rs.hdr.nbytes
         elif rs.hdr.magic == MAGIC_BY_ADDRESS:
             rs.skip = 8
@@ -1374,4 +1611,6 @@ cdef const char* _kind_name(uint32_t kind) noexcept nogil:
         return "mismatch"
     if kind == ERR_ABORTED:
         return "abort"
+    if kind == ERR_REFUSED:
+        return "refused"
     return "internal"

@@ -119,6 +119,26 @@ cdef class GroupTransport(Transport):
         self.timeout_s = timeout_s
         self.parent.extend_deadline(timeout_s)
 
+    cdef int refuse(self, const OpDesc* op, double timeout_s, const char* reason, size_t n,
+                    const int* peers, int npeers) noexcept nogil:
+        """Tell the members (of ``peers``, group ranks, when not NULL) over the parent."""
+        cdef OpDesc mine = op[0]
+        cdef int i, k = 0, rc
+        if mine.group_id == 0:
+            mine.group_id = self.group_id
+        if self.failed:
+            return -1
+        cdef int* to = <int*>calloc(self.size, sizeof(int))
+        if to == NULL:
+            return self.set_error(ERR_INTERNAL, -1, "calloc", 0, "out of memory")
+        for i in range(npeers if peers != NULL else self.size):
+            if (peers[i] if peers != NULL else i) != self.rank:
+                to[k] = self.members[peers[i] if peers != NULL else i]
+                k += 1
+        rc = self._mirror(self.parent.refuse(&mine, timeout_s, reason, n, to, k))
+        free(to)
+        return rc
+
     cdef int can_read_remote(self, int peer) noexcept nogil:
         return 0 <= peer < self.size and self.parent.can_read_remote(self.members[peer])
 

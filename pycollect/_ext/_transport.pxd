@@ -24,6 +24,10 @@ cdef enum ErrorKind:
     ERR_MISMATCH = 3    # ranks disagree on the operation
     ERR_ABORTED = 4     # abort() was called on this rank
     ERR_INTERNAL = 5    # out of memory, a bug
+    ERR_REFUSED = 6     # a peer refused its arguments to this collective (origin: who)
+
+cdef enum:
+    REASON_BYTES = 160  # the most bytes of reason a refusal (Transport.refuse) carries
 
 # Collective codes carried in the descriptor.
 cdef enum Collective:
@@ -126,6 +130,12 @@ cdef class Transport:
     cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil
     cdef int peer_left(self, int peer) noexcept nogil
     cdef void ring_bell(self, int peer) noexcept nogil
+    # This rank refused its arguments to collective ``op`` (which it will not run): tell
+    # the peers (``peers``, ``npeers`` of them; NULL: every peer) why, in ``reason``
+    # (``n`` bytes), so that a peer running ``op`` fails at once with ERR_REFUSED.
+    # 0, or -1 after set_error.
+    cdef int refuse(self, const OpDesc* op, double timeout_s, const char* reason, size_t n,
+                    const int* peers, int npeers) noexcept nogil
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil
     cdef char* scratch(self, size_t nbytes) noexcept nogil

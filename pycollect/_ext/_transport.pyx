@@ -29,7 +29,8 @@ ALGORITHM_NAMES = {ALGO_NONE: "", ALGO_RING: "ring", ALGO_RING_CHUNKED: "ring_ch
                    ALGO_PAIRWISE: "pairwise", ALGO_DIRECT: "direct",
                    ALGO_HIERARCHICAL: "hierarchical", ALGO_FLAGS: "flags"}
 ERROR_KINDS = {ERR_PEER: "peer", ERR_TIMEOUT: "timeout", ERR_MISMATCH: "mismatch",
-               ERR_ABORTED: "aborted", ERR_INTERNAL: "internal"}
+               ERR_ABORTED: "aborted", ERR_INTERNAL: "internal", ERR_REFUSED: "refused"}
+COLLECTIVE_CODES = {name: code for code, name in COLLECTIVE_NAMES.items()}
 
 
 def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned long long count):
@@ -170,6 +171,11 @@ cdef class Transport:
     cdef void ring_bell(self, int peer) noexcept nogil:
         pass
 
+    cdef int refuse(self, const OpDesc* op, double timeout_s, const char* reason, size_t n,
+                    const int* peers, int npeers) noexcept nogil:
+        # A transport without the frame leaves its peers to find out at their deadline.
+        return 0
+
     cdef int can_read_remote(self, int peer) noexcept nogil:
         return 0
 
@@ -218,6 +224,15 @@ cdef int raise_error(Transport t) except -1:
     if e.syscall[0] != 0:
         import os
         sysinfo = " [%s: %s]" % (e.syscall.decode(), os.strerror(e.sys_errno)) if e.sys_errno else ""
+    if e.kind == ERR_REFUSED:
+        call = "%s #%d" % (COLLECTIVE_NAMES.get(e.theirs.coll, "collective"), e.theirs.seq)
+        if e.origin < 0 or e.origin == e.peer:
+            msg = "%s: %s failed: %s refused its arguments to %s: %s" % (me, what, peer, call,
+                                                                       detail)
+        else:
+            msg = "%s: %s failed: %s relayed that rank %d refused its arguments to %s" % (
+                me, what, peer, e.origin, call)
+        raise MismatchError(msg)
     if e.kind == ERR_MISMATCH:
         if e.has_theirs:
             msg = "%s: %s disagrees with %s, which called %s%s" % (
@@ -232,3 +247,19 @@ cdef int raise_error(Transport t) except -1:
     if e.kind == ERR_PEER:
         raise PeerError("%s: %s failed: %s %s%s" % (me, what, peer, detail, sysinfo))
     raise Error("%s: %s failed: %s%s" % (me, what, detail, sysinfo))
+
+
+def refuse(Transport t, unsigned int seq, str collective, str reason, double timeout):
+    """Tell every peer of ``t`` that this rank refused its arguments to ``collective`` (a
+    name of COLLECTIVE_NAMES) numbered ``seq``, and why; the peers running it fail at once
+    (MismatchError naming this rank, the call and ``reason``)."""
+    cdef OpDesc d
+    fill_desc(&d, seq, COLLECTIVE_CODES[collective], 0, 0, 0, -1, 0)
+    cdef bytes text = reason.encode("utf-8", "replace")[:REASON_BYTES]
+    cdef const char* ptr = text
+    cdef size_t n = len(text)
+    cdef int rc
+    with nogil:
+        rc = t.refuse(&d, timeout, ptr, n, NULL, 0)
+    if rc < 0:
+        raise_error(t)
