@@ -572,13 +572,22 @@ cdef class Engine(Transport):
     cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil:
         cdef MsgHeader h
         cdef ChannelBase* ch
+        cdef int n
         if self.failed:
             return -1
         if pc_atomic_load(&self.abort_flag):
             return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
         if 0 <= waiting_for < self.size and waiting_for != self.rank:
             ch = self.pairs[waiting_for].ch
-            if ch.ops.peek(ch, &h) == HDR_BYTES and h.coll != COLL_P2P and (
+            if self.pairs[waiting_for].skip:
+                n = self._skip(waiting_for, 1)
+                if n < 0:
+                    return -1
+            n = 0 if self.pairs[waiting_for].skip else ch.ops.peek(ch, &h)
+            if n == HDR_BYTES and self._leftover(&h, 0):
+                if self._drop_peeked(waiting_for, &h) < 0:
+                    return -1
+            elif n == HDR_BYTES and h.coll != COLL_P2P and (
                     h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS):
                 self._note_theirs(&h)
                 return self.set_error(ERR_MISMATCH, waiting_for, "", 0, "")
