@@ -588,7 +588,11 @@ cdef class Engine(Transport):
                 if self._drop_peeked(waiting_for, &h) < 0:
                     return -1
             elif n == HDR_BYTES and h.coll != COLL_P2P and (
-                    h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS):
+                    h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) and not (
+                    # a later collective's: the peer finished this one after our last
+                    # look at its flag
+                    h.word.group_id == self.op.group_id
+                    and <int32_t>(h.seq - self.op.seq) > 0):
                 self._note_theirs(&h)
                 return self.set_error(ERR_MISMATCH, waiting_for, "", 0, "")
         if self._block(pc_now_ns(), until_ns, until_ns != 0) < 0:
