@@ -1,8 +1,10 @@
 """One rank of a shrink fault test (tests/test_shrink.py): argv rank, size, store URL,
-collective, mode ("kill", "stop", "second"), trace directory.
+collective ("allreduce", "broadcast", "alltoall", "alltoall-large"), mode ("kill", "stop",
+"second"), trace directory.
 
-Every rank runs ``collective`` over 64 Ki floats in a loop; the last rank dies (SIGKILL
-from a timer, mid-collective) or stops (SIGSTOP).  The survivors catch the error, shrink,
+Every rank runs ``collective`` over 64 Ki floats in a loop ("alltoall-large": blocks of
+16 MiB); the last rank dies (SIGKILL from a timer, mid-collective; for "alltoall-large",
+10 ms into its second call) or stops (SIGSTOP).  The survivors catch the error, shrink,
 and print one JSON line: the error, the new size and rank, and the collective's result at
 the new size checked against NumPy.  Mode "second": rank size-2 also dies, once it has
 caught the first error, while the others shrink.
@@ -22,6 +24,7 @@ import pycollect as pc
 rank, size, store, collective, mode = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
                                        sys.argv[4], sys.argv[5])
 N = 1 << 16
+LARGE = 1 << 21     # "alltoall-large": 16 MiB blocks, many times a socket's buffers
 ctx = pc.init(rank=rank, size=size, store=store, timeout=3 if mode == "stop" else 20)
 
 
@@ -34,20 +37,25 @@ def run(c, step):
     if collective == "broadcast":
         x = np.full(N, me + step, np.float64)
         return c.broadcast(x, root=0), np.full(N, step, np.float64)
-    x = np.arange(n * 64, dtype=np.float64) + 1000 * me + step
-    expected = np.concatenate([np.arange(me * 64, (me + 1) * 64) + 1000 * r + step
+    block = 64 if collective == "alltoall" else LARGE
+    x = np.arange(n * block, dtype=np.float64) + 1000 * me + step
+    expected = np.concatenate([np.arange(me * block, (me + 1) * block) + 1000 * r + step
                                for r in range(n)])
     return c.alltoall(x), expected
 
 
 victim = rank == size - 1
-if victim and mode in ("kill", "second"):
+if victim and mode in ("kill", "second") and collective != "alltoall-large":
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
 t_fail = None
 try:
     for step in range(1000000):
         if victim and mode == "stop" and step == 20:
             os.kill(os.getpid(), signal.SIGSTOP)
+        if victim and collective == "alltoall-large" and step == 1:
+            # Die while the blocks are on the wire: the survivors are in the middle of
+            # messages to each other when they fail.
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGKILL)).start()
         got, want = run(ctx, step)
         assert np.array_equal(got, want)
         time.sleep(0.001)

@@ -146,14 +146,20 @@ def test_decide_leaves_out_one_end_of_a_broken_link():
     assert decide(rows) == ([0, 2], False)
 
 
-def _processes(tmp_path, size, collective, mode, hosts=None):
-    """Run shrink_worker.py on ``size`` ranks (rank r on host ``hosts[r]`` when given)."""
+def _processes(tmp_path, size, collective, mode, hosts=None, transport=None):
+    """Run shrink_worker.py on ``size`` ranks (rank r on host ``hosts[r]`` when given, over
+    ``transport`` when given)."""
     store = "file://%s" % (tmp_path / "store")
+
+    def env(r):
+        extra = {"PYCOLLECT_HOST_ID": hosts[r]} if hosts else {}
+        if transport:
+            extra["PYCOLLECT_TRANSPORT"] = transport
+        return dict(os.environ, **extra) if extra else None
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "shrink_worker.py"), str(r),
                                str(size), store, collective, mode],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYCOLLECT_HOST_ID=hosts[r])
-                              if hosts else None)
+                              env=env(r))
              for r in range(size)]
     return last_json(procs, range(size - (2 if mode == "second" else 1)), 90)
 
@@ -165,6 +171,17 @@ def test_sigkill_mid_collective_then_shrink(tmp_path, collective):
     assert all(r["correct"] and r["old_failed"] and r["error"] == "PeerError"
                for r in results), results
     assert all(r["agree"] is False for r in results), results     # rank 0 voted False
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_survivors_in_the_middle_of_messages_to_each_other_all_go_on(tmp_path, transport):
+    # Rank 3 dies 10 ms into an alltoall of 16 MiB blocks: the survivors fail in the middle
+    # of their messages to each other.  Each finishes those before it tells the peer, so
+    # no pair among them is broken and every survivor is in the shrunk group.
+    results = _processes(tmp_path, 4, "alltoall-large", "kill", transport=transport)
+    assert [(r["size"], r["rank"]) for r in results] == [(3, 0), (3, 1), (3, 2)], results
+    assert all(r["correct"] and r["old_failed"] and r["error"] == "PeerError"
+               for r in results), results
 
 
 def test_sigkill_then_shrink_across_two_hosts(tmp_path):

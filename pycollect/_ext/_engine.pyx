@@ -93,6 +93,9 @@ cdef enum:
     ADDR_CHUNK = 4 << 20        # bytes read from a peer's memory per pass, so other pairs
                                 # keep moving
     JUNK_BYTES = 65536          # recover() discards payloads in pieces of this size
+    FINISH_MS = 1000            # a failing rank finishes the messages it is in the middle of
+                                # for at most this long ...
+    QUIET_MS = 50               # ... and reads on until its peers have been quiet this long
     REFUSED_KEPT = 8            # the collectives this rank refused that it remembers, to
                                 # drop their peers' messages
 
@@ -136,6 +139,7 @@ cdef struct Pair:
     # A leftover frame being dropped (a refusal, or a message of a refused collective):
     uint64_t skip       # its bytes still in the stream, to discard before the next header
     int skip_ack        # ... it was a by-address message: acknowledge it once skipped
+    int finishing       # failed in the middle of a message to the peer: finishing it
 
 
 cdef struct Resync:
@@ -655,11 +659,12 @@ cdef class Engine(Transport):
 
     cdef void _spread_failure(self) noexcept nogil:
         """Tell every peer we failed: an abort frame where the stream is at a message
-        boundary (the pair stays open for recover()), else shut the pair down."""
+        boundary (the pair stays open for recover()); where a message is half written,
+        finish it first (_finish_messages), and shut the pair down only if that fails."""
         cdef MsgHeader h
         cdef Pair* pr
         cdef ChannelBase* ch
-        cdef int p, head
+        cdef int p, head, finishing = 0
         if self.pairs == NULL:
             return
         memset(&h, 0, sizeof(h))
@@ -683,11 +688,69 @@ cdef class Engine(Transport):
             if ch.fd < 0 or pr.lost:
                 continue
             head = pr.send_head
-            if (head >= 0 and self.reqs[head].hdr_done != 0) or not ch.ops.send_frame(ch, &h):
-                # The stream is mid-message (or the frame did not fit): end it, so the peer
-                # fails at once; recover() cannot bring this pair back.
+            if head >= 0 and self.reqs[head].hdr_done != 0 and not self.reqs[head].by_address:
+                pr.finishing = 1        # told once the message is whole
+                finishing = 1
+            elif (head >= 0 and self.reqs[head].hdr_done != 0) or not ch.ops.send_frame(ch, &h):
+                # A by-address message is read from our memory after we return, and a frame
+                # may not fit: end the stream, so the peer fails at once; recover() cannot
+                # bring this pair back.
                 pr.lost = 1
                 ch.ops.shut(ch)
+        if finishing:
+            self._finish_messages(&h)
+
+    cdef void _finish_messages(self, const MsgHeader* abort) noexcept nogil:
+        """After a failure, write the rest of the messages this rank is in the middle of
+        (the peer is reading them, or finishing its own to us) and then their pair's abort
+        frame, so that the pairs stay whole for recover(); read on meanwhile, so that peers
+        finishing theirs to us can, until they are quiet.  Bounded by FINISH_MS: a pair
+        whose message is still half written then is shut, as a peer that does not read
+        cannot be reached again."""
+        cdef int64_t now = pc_now_ns()
+        cdef int64_t end = now + FINISH_MS * 1000000, quiet = now + QUIET_MS * 1000000
+        cdef int p, n, busy, moved
+        cdef Pair* pr
+        cdef ChannelBase* ch
+        while True:
+            busy = moved = n = 0
+            for p in range(self.size):
+                pr = &self.pairs[p]
+                ch = pr.ch
+                if p == self.rank or pr.lost or ch.fd < 0:
+                    continue
+                if pr.finishing:
+                    moved |= self._do_send(p) > 0   # never starts a message after a failure
+                    if pr.send_head >= 0 and self.reqs[pr.send_head].hdr_done != 0:
+                        busy = 1
+                    else:
+                        pr.finishing = 0
+                        if not ch.ops.send_frame(ch, abort):
+                            pr.lost = 1
+                            ch.ops.shut(ch)
+                            continue
+                if pr.recv_head >= 0 and not (pr.rs_set or ch.eof):
+                    moved |= self._do_recv(p) > 0
+                    if pr.recv_head >= 0 and self.reqs[pr.recv_head].hdr_done != 0 \
+                            and not pr.rs_set:
+                        busy = 1            # a message of the peer's half read
+                self.pfds[n].fd = ch.fd
+                self.pfds[n].events = ch.ops.events(ch, pr.finishing, 1)
+                self.pfds[n].revents = 0
+                n += 1
+            now = pc_now_ns()
+            if moved:
+                quiet = now + QUIET_MS * 1000000
+            if now >= end or (not busy and now >= quiet):
+                break
+            if not moved:
+                poll(self.pfds, n, 1)       # 1 ms: rings have no doorbell armed here
+        for p in range(self.size):
+            pr = &self.pairs[p]
+            if p != self.rank and pr.finishing:
+                pr.finishing = 0
+                pr.lost = 1
+                pr.ch.ops.shut(pr.ch)
 
     cdef int _do_send(self, int peer) noexcept nogil:
         """Write queued messages to ``peer`` until its channel is full; 1 if progress."""
@@ -722,6 +785,8 @@ cdef class Engine(Transport):
                                       "before copying our data")
         while pr.send_head >= 0:
             r = &self.reqs[pr.send_head]
+            if self.failed and r.hdr_done == 0:
+                return progressed       # after a failure, only half-written messages go on
             cnt = 0
             hrem = HDR_BYTES - r.hdr_done
             if hrem:
@@ -1434,6 +1499,7 @@ cdef class Engine(Transport):
             pr.rs_reset = 0
             pr.skip = 0
             pr.skip_ack = 0
+            pr.finishing = 0
             free(pr.rs_carry)
             pr.rs_carry = NULL
             pr.rs_carry_len = 0
