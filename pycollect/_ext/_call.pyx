@@ -201,7 +201,8 @@ cdef class CallPath:
 
     cdef object run(self, int kind, object buf, int code, int op, int root):
         """Record, number and run one collective under the context lock; the algorithm's
-        name, or _TAKE_SLOW when the context stopped being ready while this call waited."""
+        name, or _TAKE_SLOW when the context stopped being ready while this call waited or
+        its arguments were refused."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef unsigned int seq
