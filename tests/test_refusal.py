@@ -64,6 +64,9 @@ CASES = {
         "alltoallv"),
     "allreduce op": (lambda ctx: ctx.allreduce(_ones(3, ctx), op=99 if ctx.rank == 2 else
                                                pc.SUM), 2, {0, 1}, "allreduce"),
+    "allreduce AVG on int (the compiled path)": (lambda ctx: ctx.allreduce(
+        np.ones(3, np.int32 if ctx.rank == 1 else np.float64), op=pc.AVG), 1, {0, 2},
+        "allreduce"),
     "allreduce bcube base, async": (lambda ctx: ctx.allreduce(
         _ones(3, ctx), algorithm="bcube:99" if ctx.rank == 1 else "auto",
         async_op=True).wait(), 1, {0, 2}, "allreduce"),
