@@ -60,10 +60,10 @@ TORCH_BEGIN_MARK = ("<!-- compare.py --torch: begin (generated; edit benchmarks/
                     "instead) -->")
 TORCH_END_MARK = "<!-- compare.py --torch: end -->"
 CEILING = "ceiling-shm"
-COLORS = {CEILING: "#7f7f7f", "pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf", "gloo": "#ff7f0e",
-          "mpi-shm": "#d62728", "mpi-tcp": "#9467bd", "torch-pycollect": "#2ca02c"}
-LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm", "mpi-tcp": "MPI TCP",
-          "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
+COLORS = {CEILING: "#7f7f7f", "pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf",
+          "gloo": "#ff7f0e", "mpi-shm": "#d62728", "mpi-tcp": "#9467bd", "torch-pycollect": "#2ca02c"}
+LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm",
+          "mpi-tcp": "MPI TCP", "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
           "torch-pycollect": "torch pycollect"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
 
