@@ -261,3 +261,22 @@ sys.exit("rank %d finished without an error" % rank)
 ], ids=["broadcast-owner", "broadcast-reader", "allgather"])
 def test_a_rank_killed_mid_operation_is_a_prompt_peer_error(tmp_path, call):
     run_victims(tmp_path, _VICTIM.replace("CALL", call))
+
+
+
+def test_a_call_right_after_a_barrier_is_no_disagreement():
+    """A rank leaves a flag-area barrier as soon as every flag is up; its next call's first
+    message can then reach a peer still watching the barrier, which must not take it for a
+    rank running the barrier another way (MismatchError).  allreduce_paired.py puts a barrier
+    before every call of four algorithms in turn: the pattern that met the race."""
+    import os
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "benchmarks", "allreduce_paired.py")
+    done = subprocess.run([sys.executable, script, "--ranks", "2", "--count", "500000",
+                           "--algorithms", "direct,ring,bcube,halving_doubling",
+                           "--iterations", "40", "--timeout", "30"],
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "direct" in done.stdout
