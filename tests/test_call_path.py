@@ -99,7 +99,9 @@ def test_both_paths_share_one_numbering(trio):
     assert trio.run(body) == [(4, [9, 9])] * 3
 
 
-def test_arguments_refused_on_the_compiled_path_use_no_sequence_number(trio):
+def test_arguments_refused_on_the_compiled_path_are_refused_in_step(trio):
+    # Each refusal uses its call's number on every rank, as the peers are told of it
+    # (docs/errors.md, "One rank refuses"): five refusals and one allreduce.
     def body(ctx):
         before = ctx._seq
         ro = np.ones(3, np.float32)
@@ -116,7 +118,7 @@ def test_arguments_refused_on_the_compiled_path_use_no_sequence_number(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 1 and value == 3.0
+        assert used == 6 and value == 3.0
         assert "read-only" in errors[0] and "C-contiguous" in errors[1]
         assert "byte order" in errors[2] and "unsupported dtype" in errors[3]
 
