@@ -915,7 +915,7 @@ def targets(doc, ours, table=TARGETS):
         speedup = theirs["p50_us"] / mine["p50_us"]
         key, unit = ("busbw_GBps", "GB/s") if what == "busbw" else ("p50_us", "µs")
         case = f"{coll} {_count_name(count)}" if count else coll
-        goal = f"{need}× {label(peer)}" if need != 1 else f"ahead of {label(peer)}"
+        goal = f"{num(need)}× {label(peer)}" if need != 1 else f"ahead of {label(peer)}"
         rows.append(f"| {size} ranks, {case}: {what} {goal} | {num(mine[key])} {unit} | "
                     f"{num(theirs[key])} {unit} | {num(speedup)}× | "
                     f"{'yes' if speedup >= need else 'no'} |")
