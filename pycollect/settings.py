@@ -127,11 +127,13 @@ SETTINGS = {s.name: s for s in (
             "a byte count (an int >= 0)",
             "messages to a same-host peer from this size (default 65536) are read straight "
             "from the sender's memory"),
-    Setting("PYCOLLECT_SPIN_US", _microseconds, 50.0,
+    Setting("PYCOLLECT_SPIN_US", _microseconds, None,
             "a number of microseconds in 0..1000000",
-            "how many microseconds the progress engine polls sockets without sleeping before "
-            "it blocks in `poll()` (default 50; 0 = block at once). It is read when a context "
-            "connects."),
+            "how many microseconds a waiting rank polls its sockets, rings and shared-memory "
+            "flags without sleeping before it blocks in `poll()` (0 = block at once). Default: "
+            "1000 where this host runs no more ranks of the job than this process has cores, "
+            "50 where it runs more (the ranks then yield the core between polls). It is read "
+            "when a context connects."),
     Setting("PYCOLLECT_DEBUG", _debug, False, "0, 1, detail or 1,detail",
             "`1` sends DEBUG logs of logger `pycollect` to stderr: the listen address, the "
             "connection, and the algorithm each operation ran (a sub-group's lines name the "

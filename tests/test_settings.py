@@ -56,7 +56,7 @@ def test_the_environment_scan_finds_a_direct_read():
 
 
 def test_an_empty_variable_is_the_default():
-    assert settings.get("PYCOLLECT_SPIN_US", {"PYCOLLECT_SPIN_US": ""}) == 50.0
+    assert settings.get("PYCOLLECT_SPIN_US", {"PYCOLLECT_SPIN_US": ""}) is None  # transport's
     assert settings.get("PYCOLLECT_TIMEOUT", {}) == 120.0
     assert settings.get("PYCOLLECT_HOST_ID", {}) is None
 
@@ -92,3 +92,24 @@ def test_init_reads_a_bad_variable_through_the_table(monkeypatch):
     monkeypatch.setenv("PYCOLLECT_SPIN_US", "fast")
     with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_SPIN_US='fast' is not a number"):
         pc.init(rank=0, size=1, transport="tcp", store="hash://settings-spin-%d" % os.getpid())
+
+
+def test_the_spin_defaults_to_long_with_a_core_per_rank_and_short_when_sharing(monkeypatch):
+    """PYCOLLECT_SPIN_US unset: 1000 us where the host's ranks have a core each, 50 us (and
+    yielding) where they share; set, it wins either way."""
+    from group import ThreadGroup
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("PYCOLLECT_SPIN_US", raising=False)
+    for size, spin, yields in ((1, 1000.0, False), (cores + 1, 50.0, True)):
+        group = ThreadGroup(size, timeout=30, transport="tcp")
+        try:
+            for ctx in group.contexts:
+                assert (ctx._transport.spin_us, ctx._transport.yields_spin) == (spin, yields)
+        finally:
+            group.close()
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", "7")
+    group = ThreadGroup(cores + 1, timeout=30, transport="tcp")
+    try:
+        assert {ctx._transport.spin_us for ctx in group.contexts} == {7.0}
+    finally:
+        group.close()

@@ -14,6 +14,11 @@ from ..mesh import connect_mesh, format_addr
 __all__ = ["create_tcp_transport", "open_tcp"]
 
 
+# PYCOLLECT_SPIN_US's defaults (pycollect/settings.py): ranks with a core each, and not.
+SPIN_US_DEDICATED = 1000.0
+SPIN_US_SHARED = 50.0
+
+
 def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_us=None,
              tls=None):
     """Connect the full mesh and build an ``Engine`` with a socket channel per peer:
@@ -27,15 +32,22 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
     from ..._ext._socket import SocketChannel
 
     deadline = time.monotonic() + timeout
-    spin_us = settings.get("PYCOLLECT_SPIN_US") if spin_us is None else spin_us
+    if spin_us is None:
+        spin_us = settings.get("PYCOLLECT_SPIN_US")
     joined = connect_mesh(rank, size, store, deadline=deadline, interface=interface,
                           context_id=context_id, tls=tls)
     addrs = joined.addrs
     sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == addrs[rank]["boot"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    oversubscribed = sharing_cores > cores
+    if spin_us is None:
+        # A core of its own: spin long enough to ride out a peer's preemption on a busy
+        # host (a sleep and its wake-up cost ~100 us there). Sharing cores: spin briefly,
+        # yielding, so that the peer that holds the data gets the core.
+        spin_us = SPIN_US_SHARED if oversubscribed else SPIN_US_DEDICATED
     channels = [None if fd < 0 else SocketChannel(fd) for fd in joined.fds]
     transport = Engine(rank, size, channels, [format_addr(a["host"], a["port"]) for a in addrs],
-                       spin_us=spin_us, yield_spin=sharing_cores > cores)
+                       spin_us=spin_us, yield_spin=oversubscribed)
     transport.host_ids = [a["hostid"] for a in addrs]
     return transport, joined
 
