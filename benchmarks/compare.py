@@ -598,14 +598,17 @@ def tcp_ceiling(seconds=3):
     server = subprocess.Popen(["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(20):      # until the server listens (bounded)
+        for _ in range(50):      # until the server listens and serves (bounded)
             done = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "--bidir",
                                    "-t", str(seconds), "-J"], capture_output=True, text=True,
                                   timeout=seconds + 30)
             if done.returncode == 0:
                 break
-            time.sleep(0.1)
-        end = json.loads(done.stdout)["end"]
+            time.sleep(0.2)
+        report = json.loads(done.stdout)
+        if done.returncode != 0 or "error" in report:
+            return None, "not measured (iperf3: %s)" % report.get("error", done.stderr.strip())
+        end = report["end"]
         rates = [end[k]["bits_per_second"] for k in ("sum_received",
                                                       "sum_received_bidir_reverse")]
         return sum(rates) / len(rates) / 8e9, None
