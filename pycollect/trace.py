@@ -146,8 +146,12 @@ def analyse(dumps):
             seq, ", ".join(map(str, groups[0])))
     elif missing:
         named = [b for b in blames if b in missing]
-        failures = [d.get("failure") or "" for d in dumps.values()]
-        # Every error is a timeout, or a peer's relayed timeout: nobody saw the rank leave.
+        # Judged by the errors that name a missing rank themselves (a rank whose error names
+        # another survivor only heard of the failure second hand), else by every error: all
+        # timeouts, or peers' relayed timeouts, mean nobody saw the rank leave.
+        direct = [r for b in named for r in blames[b]]
+        failures = [dumps[r].get("failure") or "" for r in direct] or \
+            [d.get("failure") or "" for d in dumps.values()]
         hung = failures and all(f.startswith("Timeout") or "(timeout error" in f
                                 for f in failures)
         verdict = "rank(s) %s %s (no dump%s) at #%d (%s)" % (

@@ -179,3 +179,29 @@ def test_signal_dumps_every_context(monkeypatch, tmp_path):
     finally:
         signal.signal(signal.SIGUSR2, previous)
         ctx.close()
+
+
+def _failed_dump(rank, failure):
+    entry = {"id": 0, "seq": 5, "name": "allreduce", "algorithm": None, "dtype": "float32",
+             "count": 10, "root": None, "peers": None, "state": "failed", "queued_ns": 1,
+             "started_ns": 2, "ended_ns": 3, "frame": None, "error": failure}
+    return {"rank": rank, "size": 3, "failure": failure, "group_id": 0, "members": None,
+            "pid": 1, "host": "h", "reason": failure.split(":")[0], "entries": [entry]}
+
+
+@pytest.mark.parametrize("last_link, verdict", [
+    ("Timeout: rank 1: allreduce(float32 x 10, SUM, flags) #5 timed out after 3 s waiting "
+     "for rank 2 (to arrive)", "never arrived: hung or stopped"),
+    ("PeerError: rank 1: allreduce(float32 x 10, SUM, flags) #5 failed: rank 2 "
+     "(127.0.0.1:1) closed its connection", "left the group"),
+])
+def test_the_verdict_on_a_missing_rank_follows_the_errors_that_name_it(last_link, verdict):
+    """Rank 1 timed out on the missing rank 2 (or saw it leave); rank 0 only heard that rank 1
+    failed (the shared-memory flags path's failure word): the verdict goes by rank 1's error."""
+    dumps = {0: _failed_dump(0, "PeerError: rank 0: allreduce(float32 x 10, SUM, flags) #5 "
+                                "failed: rank 1 (127.0.0.1:2) failed (seen in the shared flag "
+                                "area) and left the group"),
+             1: _failed_dump(1, last_link)}
+    assert trace.analyse(dumps)[-1] == (
+        "VERDICT: rank(s) 2 %s (no dump; the others' errors name rank 2) at #5 "
+        "(allreduce float32[10])" % verdict)
