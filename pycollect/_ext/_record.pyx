@@ -2,7 +2,8 @@
 
 A ``Ring`` holds ``capacity`` preallocated slots; recording an operation
 fills the next slot in place (numbers in C arrays, the few objects in one
-list each), so that a call costs no allocation but the caller's line number.
+list each), so that recording allocates nothing: the caller's frame is kept as
+its code object and position, and the line is found only when a dump asks.
 An operation is named by its id, the count of operations recorded before it;
 ``started`` and ``ended`` on an id whose slot has been reused do nothing.
 ``entries()`` returns the live slots, oldest first, as lists of FIELDS
