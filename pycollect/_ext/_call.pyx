@@ -21,9 +21,15 @@ steps.
 """
 
 cimport numpy as cnp
-from cpython.pythread cimport (NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock,
-                               PyThread_allocate_lock, PyThread_free_lock,
-                               PyThread_release_lock, PyThread_type_lock)
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t* m, const void* attr)
+    int pthread_mutex_destroy(pthread_mutex_t* m)
+    int pthread_mutex_lock(pthread_mutex_t* m)
+    int pthread_mutex_trylock(pthread_mutex_t* m)
+    int pthread_mutex_unlock(pthread_mutex_t* m)
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
 from pycollect._ext._barrier cimport barrier as run_barrier
@@ -54,31 +60,31 @@ cdef object _REDUCE_OP = ReduceOp
 cdef object _ALGORITHM_NAMES = ALGORITHM_NAMES
 cdef str _AUTO = "auto"
 cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
+cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGORITHM_NAMES) + 1))
 
 
 cdef class CallLock:
     """The lock that runs the collectives of a context and its sub-groups one at a time: a
-    C lock, so that the compiled path takes it without a Python call; ``with lock:`` from
-    Python.  A wait for it releases the GIL."""
+    C mutex, so that the compiled path takes it without a Python call (and, uncontended,
+    without the clock read that a Python lock's acquire makes); ``with lock:`` from
+    Python.  A wait for it releases the GIL.  The thread that takes it gives it back."""
 
-    cdef PyThread_type_lock lock
+    cdef pthread_mutex_t mutex
 
     def __cinit__(self):
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
+        if pthread_mutex_init(&self.mutex, NULL) != 0:
             raise MemoryError()
 
     def __dealloc__(self):
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
+        pthread_mutex_destroy(&self.mutex)
 
     cdef inline void take(self) noexcept:
-        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+        if pthread_mutex_trylock(&self.mutex) != 0:
             with nogil:
-                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                pthread_mutex_lock(&self.mutex)
 
     cdef inline void give(self) noexcept:
-        PyThread_release_lock(self.lock)
+        pthread_mutex_unlock(&self.mutex)
 
     def __enter__(self):
         self.take()
@@ -254,7 +260,8 @@ cdef class CallPath:
             self._seq = seq
         finally:
             lock.give()
-        name = _ALGORITHM_NAMES.get(code)
+        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) \
+            else _ALGORITHM_NAMES.get(code)
         if entry >= 0:
             rec.end(entry, name, None)
         return name

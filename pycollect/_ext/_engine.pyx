@@ -317,7 +317,7 @@ cdef class Engine(Transport):
         if pc_atomic_load(&self.abort_flag):
             return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
         self.timeout_s = timeout_s
-        self.deadline_ns = pc_now_ns() + <int64_t>(timeout_s * 1e9)
+        self.deadline_ns = DEADLINE_LAZY       # read the clock only if the operation waits
         # Sends of the previous operation still in flight (a large message the
         # peer has not acknowledged yet) finish before their slots are reused.
         if not self._all_done(-1) and self._progress(-1) < 0:
@@ -462,7 +462,7 @@ cdef class Engine(Transport):
             if rc != -2:
                 return rc
             now = pc_now_ns()
-            if now >= self.deadline_ns:
+            if now >= deadline_of(self):
                 return self.set_error(ERR_TIMEOUT, peer, "", 0,
                                       "waiting for a message" if peer >= 0 else
                                       "waiting for a message from any rank")
@@ -477,7 +477,7 @@ cdef class Engine(Transport):
             self.pfds[0].fd = self.wake_fd
             self.pfds[0].events = POLLIN
             self.pfds[0].revents = 0
-            n = ((self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns
+            n = ((deadline_of(self) if until_ns == 0 or until_ns > deadline_of(self)
                   else until_ns) - now) // 1000000 + 1
             if not self._arm():
                 rc = poll(self.pfds, k, n if n < 1000 else 1000)
@@ -927,7 +927,7 @@ cdef class Engine(Transport):
                 n -= <size_t>got
                 continue
             if got == 0 or not (_would_block(errno) or errno == EINTR) \
-                    or pc_now_ns() >= self.deadline_ns:
+                    or pc_now_ns() >= deadline_of(self):
                 return -1
             ch.ops.woken(ch)
             pfd.fd = ch.fd
@@ -1312,7 +1312,7 @@ cdef class Engine(Transport):
         cdef Pair* pr
         cdef ChannelBase* ch
         cdef uint64_t drained
-        cdef int64_t end = self.deadline_ns if until_ns == 0 or until_ns > self.deadline_ns \
+        cdef int64_t end = deadline_of(self) if until_ns == 0 or until_ns > deadline_of(self) \
             else until_ns
         cdef int64_t left_ms = (end - now) // 1000000 + 1 if sleep else 0
         self.pfds[0].fd = self.wake_fd
@@ -1438,7 +1438,7 @@ cdef class Engine(Transport):
             if self._all_done(target):
                 return 0
             now = pc_now_ns()
-            if now >= self.deadline_ns:
+            if now >= deadline_of(self):
                 return self._timeout()
             if until_ns and now >= until_ns:
                 return 1

@@ -9,23 +9,29 @@ from pycollect._ext._transport cimport OpDesc, Transport
 cdef enum:
     FLAGS_MAX_BYTES = 16384     # the data area of a slot: the largest message of the path
     FLAGS_DEPTH = 8             # data slots per rank: how far a broadcast's root may run ahead
+    FLAGS_INLINE_BYTES = 32     # a message this small travels in the post line itself
 
 cdef struct AreaHeader:
     uint32_t failed             # 1 + the first rank whose flags operation failed; 0: none
     char pad[60]
 
-cdef struct FlagLine:           # one rank's flag (one cache line, written by that rank)
-    uint64_t posted             # flags operations the rank has entered (its data is in)
-    uint32_t sleeping           # it sleeps in poll(): ring its bell after posting
-    char pad[52]
+cdef struct PostLine:           # one rank's post of one operation (one cache line, that rank's)
+    uint64_t posted             # k + 1 once the rank has entered operation k (line k % depth)
+    OpDesc desc                 # operation k's descriptor
+    char data[FLAGS_INLINE_BYTES]   # its contribution, up to FLAGS_INLINE_BYTES
 
-cdef struct DescLine:           # the descriptor of one of a rank's operations
+cdef struct SleepLine:          # one rank's "sleeping" word (a line of its own: read by posters)
+    uint32_t sleeping           # it sleeps in poll(): ring its bell after posting
+    char pad[60]
+
+cdef struct DescLine:           # the descriptor of one of a rank's operations (late checks)
     OpDesc desc
     char pad[40]
 
 cdef struct Flags:
     AreaHeader* hdr
-    FlagLine* lines             # one per rank
+    SleepLine* sleep            # one per rank
+    PostLine* posts             # per rank, FLAGS_DEPTH (operation k in k % depth)
     DescLine* descs             # per rank, 2 * FLAGS_DEPTH (operation k in k % (2 * depth))
     char* data                  # per rank, FLAGS_DEPTH slots (operation k in k % depth)
     int me

@@ -2,39 +2,47 @@
 
 Where every pair of a transport is on one host's shared memory, the transport
 (``pycollect/plugins/transports/shm.py``) maps a flag area beside the rings and
-sets ``Transport.flag_area``.  The area holds, for each rank, one flag line (a
-count of the flags operations it has entered, and a "sleeping" word),
-2 * FLAGS_DEPTH descriptor lines and FLAGS_DEPTH data slots of FLAGS_MAX_BYTES;
-one line above them all says whether some rank's flags operation failed.
+sets ``Transport.flag_area``.  The area holds, for each rank, a "sleeping"
+line, FLAGS_DEPTH post lines, 2 * FLAGS_DEPTH descriptor lines and
+FLAGS_DEPTH data slots of FLAGS_MAX_BYTES; one line above them all says
+whether some rank's flags operation failed.  A post line is one cache line:
+the rank's flag for one operation (its number + 1), that operation's
+descriptor and, up to FLAGS_INLINE_BYTES, its data, so that a peer waiting
+on a small message finds flag, descriptor and data in the one line that
+the wait brought into its cache.
 
 Every collective of the path is one synchronisation point.  For the k-th flags
 operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
 
-1. makes sure its data slot k % D is free: every peer's flag is at least
-   k - D + 2 (each has entered operation k - D + 1, so it has finished
-   reading operation k - D, the slot's last use).  Only a broadcast's root,
-   which does not wait for the others, ever waits here;
-2. writes its descriptor into its line k % 2D, and the data it contributes
-   into its slot k % D;
-3. posts: its flag becomes k + 1 (a release store), and it rings the doorbell
-   of each peer that sleeps;
-4. waits: allreduce and barrier until every peer's flag is at least k + 1, a
-   broadcast's other ranks for the root's only, its root not at all;
+1. makes sure its slot k % D is free: every peer has entered operation
+   k - D + 1 (so it has finished reading operation k - D, the slot's last
+   use).  Only a broadcast's root, which does not wait for the others, ever
+   waits here;
+2. writes its descriptor into its post line k % D and its descriptor line
+   k % 2D, and the data it contributes into the post line (up to
+   FLAGS_INLINE_BYTES) or its data slot k % D;
+3. posts: the post line's flag becomes k + 1 (a release store), and it rings
+   the doorbell of each peer that sleeps;
+4. waits: allreduce and barrier until every peer has posted operation k, a
+   broadcast's other ranks for the root only, its root not at all;
 5. checks descriptors: every peer's descriptor of every operation whose check
    is due (all operations up to k after a full wait; the root's, at once,
    where only the root was waited for) must equal its own, else
-   MismatchError, worded as on the message path.  Checks left over (a root
-   that returned at once) are done in step 1 of a later operation, at the
-   latest D - 1 operations on, while the peers' descriptor lines still hold
-   them (a line is written again 2D operations later, only after this rank
-   has posted D + 1 more times);
-6. reads what it needs from the peers' slots: allreduce reduces every rank's
-   slot, in rank order, into its output (so all ranks get the same bits);
-   broadcast copies the root's slot; barrier reads nothing.
+   MismatchError, worded as on the message path.  Operation k's is read
+   from the post line; checks left over (a root that returned at once) are
+   done in step 1 of a later operation, at the latest D - 1 operations on,
+   from the peers' descriptor lines, which still hold them (a line is
+   written again 2D operations later, only after this rank has posted D + 1
+   more times; a post line may already hold a later operation by then);
+6. reads what it needs from the peers' posts: allreduce reduces every rank's
+   contribution, in rank order, into its output (so all ranks get the same
+   bits); broadcast copies the root's; barrier reads nothing.
 
 No trailing barrier is needed and slots never need a "read by all" count: a
 rank posts k + 1 only after it has finished operation k - 1, and nobody
-writes a slot for operation k + D before every flag is at least k + 2.
+writes a slot for operation k + D before every peer has entered k + 1.  A
+post line's flag only grows (k + 1, then k + 1 + D...), so "peer p has
+entered operation j" is "p's post line j % D holds at least j + 1".
 
 Waiting spins on the flags with the CPU's pause hint (yielding the core
 between passes where the host runs more ranks than cores), looks at the pairs
@@ -79,7 +87,8 @@ MAX_BYTES = FLAGS_MAX_BYTES
 
 def area_bytes(int nlocal):
     """The bytes of a flag area for ``nlocal`` ranks (a multiple of 64)."""
-    return sizeof(AreaHeader) + nlocal * (sizeof(FlagLine) + 2 * FLAGS_DEPTH * sizeof(DescLine)
+    return sizeof(AreaHeader) + nlocal * (sizeof(SleepLine) + FLAGS_DEPTH * sizeof(PostLine)
+                                          + 2 * FLAGS_DEPTH * sizeof(DescLine)
                                           + FLAGS_DEPTH * FLAGS_MAX_BYTES)
 
 
@@ -91,10 +100,13 @@ cdef class FlagArea:
                  bint yield_spin=False):
         if n < 2 or not 0 <= me < n or address % 64:
             raise ValueError("FlagArea: inconsistent rank, size or address")
+        if sizeof(PostLine) != 64 or sizeof(SleepLine) != 64 or sizeof(DescLine) != 64:
+            raise RuntimeError("FlagArea: a line of the area is not one 64-byte cache line")
         self.owner = owner
         self.f.hdr = <AreaHeader*>address
-        self.f.lines = <FlagLine*>(address + sizeof(AreaHeader))
-        self.f.descs = <DescLine*>(address + sizeof(AreaHeader) + n * sizeof(FlagLine))
+        self.f.sleep = <SleepLine*>(self.f.hdr + 1)
+        self.f.posts = <PostLine*>(self.f.sleep + n)
+        self.f.descs = <DescLine*>(self.f.posts + n * FLAGS_DEPTH)
         self.f.data = <char*>(self.f.descs + n * 2 * FLAGS_DEPTH)
         self.f.me = me
         self.f.n = n
@@ -128,7 +140,19 @@ cdef inline OpDesc* _desc(Flags* f, int rank, uint64_t k) noexcept nogil:
     return &f.descs[<size_t>rank * 2 * FLAGS_DEPTH + k % (2 * FLAGS_DEPTH)].desc
 
 
-cdef inline char* _data(Flags* f, int rank, uint64_t k) noexcept nogil:
+cdef inline PostLine* _line(Flags* f, int rank, uint64_t k) noexcept nogil:
+    return &f.posts[<size_t>rank * FLAGS_DEPTH + k % FLAGS_DEPTH]
+
+
+cdef inline bint _entered(Flags* f, int rank, uint64_t want) noexcept nogil:
+    """Rank ``rank`` has entered operation ``want - 1`` (``want`` >= 1)."""
+    return pc_load_u64(&_line(f, rank, want - 1).posted) >= want
+
+
+cdef inline char* _data(Flags* f, int rank, uint64_t k, size_t nbytes) noexcept nogil:
+    """Where rank ``rank``'s ``nbytes`` of operation ``k`` lie."""
+    if nbytes <= FLAGS_INLINE_BYTES:
+        return _line(f, rank, k).data
     return f.data + (<size_t>rank * FLAGS_DEPTH + k % FLAGS_DEPTH) * FLAGS_MAX_BYTES
 
 
@@ -138,14 +162,19 @@ cdef inline int _same(const OpDesc* a, const OpDesc* b) noexcept nogil:
             and a.root == b.root and a.count == b.count)
 
 
-cdef void _post(Transport t, Flags* f, uint64_t value) noexcept nogil:
-    """Raise this rank's flag to ``value`` and wake the peers that sleep."""
+cdef void _post(Transport t, Flags* f, uint64_t k, const char* src, size_t nbytes) noexcept nogil:
+    """Operation ``k``'s descriptor and data, then its flag; wake the peers that sleep."""
+    cdef PostLine* line = _line(f, f.me, k)
     cdef int p
-    pc_store_u64(&f.lines[f.me].posted, value)
+    _desc(f, f.me, k)[0] = t.op
+    line.desc = t.op
+    if nbytes:
+        memcpy(_data(f, f.me, k, nbytes), src, nbytes)
+    pc_store_u64(&line.posted, k + 1)
     pc_fence()      # the flag before the sleeping words: a peer about to sleep sees one
     for p in range(f.n):
-        if p != f.me and pc_load_u32(&f.lines[p].sleeping) \
-                and pc_exchange_u32(&f.lines[p].sleeping, 0):
+        if p != f.me and pc_load_u32(&f.sleep[p].sleeping) \
+                and pc_exchange_u32(&f.sleep[p].sleeping, 0):
             t.ring_bell(p)
 
 
@@ -157,8 +186,10 @@ cdef int _fail(Flags* f) noexcept nogil:
 
 
 cdef int _check(Transport t, Flags* f, int p, uint64_t k) noexcept nogil:
-    """Peer ``p`` has entered operation ``k``: its descriptor must be ours."""
-    cdef OpDesc* theirs = _desc(f, p, k)
+    """Peer ``p`` has entered operation ``k``: its descriptor must be ours.  Read from its
+    post line while that is sure to hold operation ``k`` (``k`` is this rank's operation in
+    progress), else from its descriptor line."""
+    cdef OpDesc* theirs = &_line(f, p, k).desc if k + 1 == f.ops else _desc(f, p, k)
     cdef OpDesc* mine = _desc(f, f.me, k)
     if _same(theirs, mine):
         return 0
@@ -187,7 +218,7 @@ cdef int _left(Transport t, Flags* f, uint64_t want, int first, int last) noexce
     """-1 after set_error if a peer that has not arrived has ended its pair, else 0."""
     cdef int p
     for p in range(first, last + 1):
-        if p != f.me and pc_load_u64(&f.lines[p].posted) < want and t.peer_left(p):
+        if p != f.me and not _entered(f, p, want) and t.peer_left(p):
             return t.set_error(ERR_PEER, p, "", 0, "closed its connection (the process "
                                "exited or closed its context)")
     return 0
@@ -199,8 +230,7 @@ cdef int _late(Transport t, Flags* f, uint64_t want, int first, int last) noexce
     cdef int p, off
     off = snprintf(detail, sizeof(detail), "waiting for")
     for p in range(first, last + 1):
-        if p != f.me and pc_load_u64(&f.lines[p].posted) < want \
-                and off < <int>sizeof(detail) - 40:
+        if p != f.me and not _entered(f, p, want) and off < <int>sizeof(detail) - 40:
             off += snprintf(detail + off, sizeof(detail) - off, " rank %d (to arrive)", p)
     t.err.blamed = -1
     return t.set_error(ERR_TIMEOUT, first, "", 0, detail)
@@ -213,7 +243,7 @@ cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first,
     cdef char detail[200]
     cdef int origin = <int>pc_load_u32(&f.hdr.failed) - 1
     cdef int64_t now = pc_now_ns(), until = now + RELAY_NS
-    while now < until and now < t.deadline_ns:
+    while now < until and now < deadline_of(t):
         if t.watch(now + 1000000, -1) < 0 or _left(t, f, want, first, last) < 0:
             return -1
         now = pc_now_ns()
@@ -230,7 +260,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
     cdef int64_t now = pc_now_ns()
     cdef int64_t spin_end = now + f.spin_ns, look_at = now + LOOK_NS, until
     while True:
-        while p <= last and (p == f.me or pc_load_u64(&f.lines[p].posted) >= want):
+        while p <= last and (p == f.me or _entered(f, p, want)):
             p += 1
         if p > last:
             return 0
@@ -241,7 +271,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             pc_pause()
             continue
         now = pc_now_ns()
-        if now >= t.deadline_ns:
+        if now >= deadline_of(t):
             return _late(t, f, want, p, last)
         if now >= look_at:
             # Without sleeping: abort(), abort frames, disagreement (a message from the
@@ -256,12 +286,12 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
                 pc_pause()
             continue
         # Sleep until a peer posts (it rings our bell), a pair or abort() wakes us.
-        pc_store_u32_sc(&f.lines[f.me].sleeping, 1)
+        pc_store_u32_sc(&f.sleep[f.me].sleeping, 1)
         rc = 0
-        if pc_load_u64(&f.lines[p].posted) < want and not pc_load_u32(&f.hdr.failed):
+        if not _entered(f, p, want) and not pc_load_u32(&f.hdr.failed):
             until = now + NAP_NS
-            rc = t.watch(until if until < t.deadline_ns else t.deadline_ns, p)
-        pc_exchange_u32(&f.lines[f.me].sleeping, 0)
+            rc = t.watch(until if until < deadline_of(t) else deadline_of(t), p)
+        pc_exchange_u32(&f.sleep[f.me].sleeping, 0)
         if rc < 0 or _left(t, f, want, p, last) < 0:
             return -1
         now = pc_now_ns()
@@ -284,11 +314,8 @@ cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_
         free_at = k + 2 - FLAGS_DEPTH
         if _wait(t, f, free_at, 0, f.n - 1) < 0 or _check_upto(t, f, free_at) < 0:
             return _fail(f)
-    _desc(f, f.me, k)[0] = t.op
-    if nbytes:
-        memcpy(_data(f, f.me, k), src, nbytes)
     f.ops = k + 1
-    _post(t, f, k + 1)
+    _post(t, f, k, src, nbytes)
     if wait_for == WAIT_ALL:
         if _wait(t, f, k + 1, 0, f.n - 1) < 0 or _check_upto(t, f, k + 1) < 0:
             return _fail(f)
@@ -311,7 +338,7 @@ cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
         return _enter(t, f, buf, nbytes, WAIT_NONE)
     if _enter(t, f, NULL, 0, root) < 0:
         return -1
-    memcpy(buf, _data(f, root, f.ops - 1), nbytes)
+    memcpy(buf, _data(f, root, f.ops - 1, nbytes), nbytes)
     return 0
 
 
@@ -324,7 +351,7 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
     if _enter(t, f, buf, n * es, WAIT_ALL) < 0:
         return -1
     k = f.ops - 1
-    reduce_into(buf, _data(f, 0, k), _data(f, 1, k), n, dtype, op)
+    reduce_into(buf, _data(f, 0, k, n * es), _data(f, 1, k, n * es), n, dtype, op)
     for p in range(2, f.n):
-        reduce_into(buf, buf, _data(f, p, k), n, dtype, op)
+        reduce_into(buf, buf, _data(f, p, k, n * es), n, dtype, op)
     return 0

@@ -1,4 +1,5 @@
 # The flight recorder's ring (_record.pyx): compiled callers fill its slots directly.
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 
 cdef enum:
@@ -28,9 +29,12 @@ cdef class Ring:
     cdef list objects                       # N_OBJECTS per slot
     cdef int64_t tick0                      # the clock's ticks and the wall-clock time
     cdef int64_t wall0                      # ... when the ring was made
+    cdef object code_outside                # the last code objects the frame walk found
+    cdef object code_inside                 # ... outside and inside the package
 
     cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
                         object peers) except -1
+    cdef bint is_outside(self, PyObject* code)
     cdef Slot* live(self, Py_ssize_t id) noexcept
     cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1

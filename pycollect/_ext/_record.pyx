@@ -63,7 +63,7 @@ cdef extern from "Python.h":
     ctypedef struct PyFrameObject:
         pass
     ctypedef struct PyCodeObject:
-        pass
+        PyObject* co_filename
     PyFrameObject* PyEval_GetFrame()                    # borrowed
     PyFrameObject* PyFrame_GetBack(PyFrameObject* f)    # new reference
     PyCodeObject* PyFrame_GetCode(PyFrameObject* f)     # new reference
@@ -138,8 +138,7 @@ cdef class Ring:
         back = NULL
         while f != NULL:
             code = <PyObject*>PyFrame_GetCode(f)
-            if PyUnicode_Tailmatch((<object>code).co_filename, _PACKAGE_DIR, 0,
-                                   len(_PACKAGE_DIR), -1) != 1:
+            if self.is_outside(code):
                 code_obj = <object>code
                 Py_XDECREF(code)
                 line = pc_frame_where(f)
@@ -159,6 +158,20 @@ cdef class Ring:
         objects[o + 5] = None               # error
         self.recorded += 1
         return s.id
+
+    cdef bint is_outside(self, PyObject* code):
+        """Whether ``code`` lies outside the package; the last answer each way is kept
+        (with a reference, so that the address cannot come back as another code object)."""
+        if code == <PyObject*>self.code_outside:
+            return True
+        if code == <PyObject*>self.code_inside:
+            return False
+        if PyUnicode_Tailmatch(<object>(<PyCodeObject*>code).co_filename, _PACKAGE_DIR, 0,
+                               len(_PACKAGE_DIR), -1) == 1:
+            self.code_inside = <object>code
+            return False
+        self.code_outside = <object>code
+        return True
 
     cdef Slot* live(self, Py_ssize_t id) noexcept:
         cdef Slot* s

@@ -75,10 +75,16 @@ cdef struct Probe:
     uint64_t nbytes     # its payload size
     OpDesc desc         # its descriptor
 
+cdef extern from "_sys.h" nogil:
+    int64_t _deadline_clock "pc_now_ns"()
+
 cdef class Transport:
     cdef readonly int rank
     cdef readonly int size
     cdef OpDesc op
+    # The operation's deadline on the monotonic clock; DEADLINE_LAZY: ``timeout_s`` from
+    # the first time somebody asks (deadline_of), so that an operation that never waits
+    # reads no clock.
     cdef int64_t deadline_ns
     cdef double timeout_s
     cdef TransportError err
@@ -174,3 +180,14 @@ cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int
     d.algo = algo
     d.root = root
     d.count = count
+
+
+cdef enum:
+    DEADLINE_LAZY = 0
+
+
+cdef inline int64_t deadline_of(Transport t) noexcept nogil:
+    """``t``'s deadline for the operation in progress, fixed at the first call."""
+    if t.deadline_ns == DEADLINE_LAZY:
+        t.deadline_ns = _deadline_clock() + <int64_t>(t.timeout_s * 1e9)
+    return t.deadline_ns
