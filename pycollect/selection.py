@@ -140,7 +140,7 @@ RULES = (
         # A hierarchical broadcast never beat the binomial tree (benchmarks/hierarchy.py):
         # the tree already crosses hosts once per host, so no rule picks it.
         Rule("broadcast", None, "shm", 256 * KiB, "direct",
-             "every rank copies the root's buffer straight out of its memory"),
+             "the root and every reader share one copy, straight between their buffers"),
         Rule("broadcast", "3+", "any", 256 * KiB, "pipelined",
              "segments forwarded as they land keep every link busy"),
         Rule("broadcast", None, "flags", FLAGS_MAX_BYTES + 1, "binomial"),

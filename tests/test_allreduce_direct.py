@@ -40,10 +40,12 @@ def run_direct(ctx, buf, segment_bytes=1 << 20):
         t, buf, pc.SUM, DIRECT, seq, ctx.timeout, segment_bytes), 1, None, None))
 
 
-def ring_engines(size, pid_of=lambda me, peer: os.getpid(), reads=lambda me, peer: True):
+def ring_engines(size, pid_of=lambda me, peer: os.getpid(), reads=lambda me, peer: True,
+                 by_address_min=1):
     """``size`` engines of this process, every pair on a ring of one fresh segment, the
     channel of ``me`` to ``peer`` reading process ``pid_of(me, peer)`` where
-    ``reads(me, peer)``; the segment's name is gone before this returns."""
+    ``reads(me, peer)``, messages from ``by_address_min`` bytes by address (0: none); the
+    segment's name is gone before this returns."""
     path = "/dev/shm/pycollect-test-%s" % secrets.token_hex(8)
     segment = Segment(path, size * size * (RING_HEADER_BYTES + RING_BYTES), True)
     segment.unlink()
@@ -55,7 +57,7 @@ def ring_engines(size, pid_of=lambda me, peer: os.getpid(), reads=lambda me, pee
     for me in range(size):
         channels = [None if p == me else RingChannel(
             SocketChannel(socks[me, p].detach()), segment, me, p, size, RING_BYTES,
-            pid_of(me, p), reads(p, me), reads(me, p), 1) for p in range(size)]
+            pid_of(me, p), reads(p, me), reads(me, p), by_address_min) for p in range(size)]
         engines.append(Engine(me, size, channels, ["self" if p == me else "test ring %d" % p
                                                    for p in range(size)], spin_us=0))
     return engines

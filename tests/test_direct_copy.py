@@ -7,6 +7,8 @@ threads; the owner's return, failures and the fallbacks run as processes or on
 engines whose readability the test chooses.
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -163,6 +165,42 @@ def test_a_rank_that_may_not_read_the_root_gets_the_buffer_as_a_message():
         bufs = [inputs(r, 5000) for r in range(4)]
         assert direct_on(engines, bufs) == ["halving_doubling"] * 4
         np.testing.assert_array_equal(bufs[3], expected(4, 5000))
+    finally:
+        for t in engines:
+            t.close()
+
+
+def test_the_root_writes_the_head_of_each_buffer_itself():
+    """The root copies the first 1/size of the buffer into each reader's memory while the
+    readers copy the rest: where the root's writes go to a process that is gone, the
+    broadcast fails on the root naming process_vm_writev, and no rank hangs."""
+    import subprocess
+    import sys
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    engines = ring_engines(2, pid_of=lambda me, peer: gone.pid if me == 0 else os.getpid(),
+                           by_address_min=0)
+    try:
+        n = 4 * DIRECT_READ_BYTES // 8
+        bufs = [np.full(n, float(r + 1)) for r in range(2)]
+        out = _on_engines(engines, lambda r, t: _broadcast.broadcast(
+            t, bufs[r], 0, _broadcast.ALGORITHMS["direct"], 1, 10.0, 1 << 20))
+        assert isinstance(out[0], pc.PeerError), out
+        assert "process_vm_writev" in str(out[0]) and "cannot write" in str(out[0]), out[0]
+        assert isinstance(out[1], pc.Error), out
+    finally:
+        for t in engines:
+            t.close()
+    # With a pid that may be written, the head arrives from the root and the rest is read.
+    engines = ring_engines(3)
+    try:
+        n = 3 * DIRECT_READ_BYTES // 8 + 3
+        bufs = [np.arange(n, dtype=np.float64) if r == 1 else np.zeros(n) for r in range(3)]
+        codes = _on_engines(engines, lambda r, t: _broadcast.broadcast(
+            t, bufs[r], 1, _broadcast.ALGORITHMS["direct"], 1, 10.0, 1 << 20))
+        assert [ALGORITHM_NAMES[c] for c in codes] == ["direct"] * 3, codes
+        for buf in bufs:
+            np.testing.assert_array_equal(buf, np.arange(n, dtype=np.float64))
     finally:
         for t in engines:
             t.close()

@@ -11,13 +11,22 @@ the next rank as soon as it lands, so all links carry data at once.  Time is
 about one message plus (size-2) segments: the bandwidth choice.
 
 Direct (ranks of one host that may read the root's memory; one copy): the
-root sends every rank its buffer's address.  Each rank that may read the
-root's memory (the transport's ``can_read_remote``) copies the buffer
-straight out of it (``direct_read``, in pieces) and then answers "done"; a
-rank that may not answers "send it" and receives the buffer as a message
-instead.  The root returns, and its caller may change the buffer, only once
-every rank has answered and every message has gone: each byte crosses once,
-and all receivers copy at the same time.
+root sends every rank its buffer's address, and each rank answers with its
+own and whether it may read the root's memory (the transport's
+``can_read_remote``).  A rank that may not receives the buffer as a message.
+The others copy the buffer straight out of the root's (``direct_read``, in
+pieces) from byte ``head`` on, while the root, which would otherwise wait,
+writes bytes 0..head into their buffers itself (``direct_write``), one rank
+after the other, telling each when its head is in ("written"; "read it
+yourself" where the root may not write there).  ``head`` is 1/size of the
+buffer, so that the root's writes to the size - 1 others take as long as each
+one's own read: with a core per rank the copy takes half the time at 2 ranks.
+Each rank answers "done" once it has read all it reads.  The root returns,
+and its caller may change the buffer, only once every rank has answered and
+every message has gone: each byte crosses once.  A rank whose broadcast
+fails after it answered may still see the root's bytes land in its buffer
+until the root learns of the failure (the output of a failed collective is
+undefined).
 
 Flags (every pair on one host's shared memory, up to _flags.FLAGS_MAX_BYTES):
 the root copies the buffer into its slot of the transport's flag area, every
@@ -30,7 +39,7 @@ from libc.stdlib cimport free, malloc
 
 from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport DirectHello, direct_read
+from pycollect._ext._direct cimport DirectHello, direct_read, direct_write
 from pycollect._ext._flags cimport Flags, flags_broadcast, flags_fit
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
@@ -93,35 +102,81 @@ cdef int pipelined_broadcast(Transport t, char* buf, size_t nbytes, int root,
     return t.wait_all()
 
 
+cdef enum:
+    HEAD_ALIGN = 4096           # the root's share ends on a page boundary of the buffer
+
+
+cdef inline size_t _head(size_t nbytes, int P) noexcept nogil:
+    """The bytes at the start of each receiver's buffer that the root writes."""
+    return nbytes // <size_t>P // HEAD_ALIGN * HEAD_ALIGN
+
+
 cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
-    """One copy: every rank reads the root's buffer itself (see the module notes)."""
+    """One copy, shared by the root and every receiver (see the module notes)."""
     cdef int P = t.size, p
+    cdef size_t head = _head(nbytes, P)
     cdef DirectHello hello
-    cdef uint64_t* answers
+    cdef DirectHello* answers
+    cdef uint64_t written, done = 1
+    cdef uint64_t* wrote
+    cdef uint64_t* dones
+    cdef int* reqs
+    cdef int readable
     if t.rank != root:
         if t.wait(t.post_recv(root, &hello, sizeof(DirectHello))) < 0:
             return -1
-        hello.readable = <uint64_t>t.can_read_remote(root)
-        if hello.readable and direct_read(t, root, buf, hello.addr, nbytes) < 0:
+        readable = t.can_read_remote(root)
+        answers = <DirectHello*>t.work_area(sizeof(DirectHello))
+        if answers == NULL:
             return -1
-        if t.post_send(root, &hello.readable, sizeof(uint64_t)) < 0:
+        answers.addr = <uint64_t>buf
+        answers.readable = <uint64_t>readable
+        if t.post_send(root, answers, sizeof(DirectHello)) < 0:
             return -1
-        if not hello.readable and t.post_recv(root, buf, nbytes) < 0:
+        if not readable:
+            if t.post_recv(root, buf, nbytes) < 0:
+                return -1
+            return t.wait_all()
+        if direct_read(t, root, buf + head, hello.addr + head, nbytes - head) < 0:
+            return -1
+        if t.wait(t.post_recv(root, &written, sizeof(uint64_t))) < 0:
+            return -1
+        if not written and direct_read(t, root, buf, hello.addr, head) < 0:
+            return -1
+        if t.post_send(root, &done, sizeof(uint64_t)) < 0:
             return -1
         return t.wait_all()
-    answers = <uint64_t*>t.work_area(P * sizeof(uint64_t))
+    # The root: per rank, its answer, "written", "done" and the answer's request.
+    answers = <DirectHello*>t.work_area(P * (sizeof(DirectHello) + 2 * sizeof(uint64_t)
+                                            + sizeof(int)))
     if answers == NULL:
         return -1
+    wrote = <uint64_t*>(answers + P)
+    dones = wrote + P
+    reqs = <int*>(dones + P)
     hello.addr = <uint64_t>buf
     hello.readable = 1
     for p in range(P):
-        if p != root and (t.post_send(p, &hello, sizeof(DirectHello)) < 0 or
-                          t.post_recv(p, &answers[p], sizeof(uint64_t)) < 0):
-            return -1
-    if t.wait_all() < 0:
-        return -1
+        if p != root:
+            if t.post_send(p, &hello, sizeof(DirectHello)) < 0:
+                return -1
+            reqs[p] = t.post_recv(p, &answers[p], sizeof(DirectHello))
+            if reqs[p] < 0:
+                return -1
     for p in range(P):
-        if p != root and not answers[p] and t.post_send(p, buf, nbytes) < 0:
+        if p == root:
+            continue
+        if t.wait(reqs[p]) < 0:
+            return -1
+        if not answers[p].readable:
+            if t.post_send(p, buf, nbytes) < 0:
+                return -1
+            continue
+        wrote[p] = <uint64_t>t.can_read_remote(p)
+        if wrote[p] and head and direct_write(t, p, answers[p].addr, buf, head) < 0:
+            return -1
+        if t.post_send(p, &wrote[p], sizeof(uint64_t)) < 0 or \
+                t.post_recv(p, &dones[p], sizeof(uint64_t)) < 0:
             return -1
     return t.wait_all()
 

@@ -34,7 +34,8 @@ cdef enum:
                                 # the payload (nbytes, at most REASON_BYTES of
                                 # _transport.pxd) says why
     HDR_BYTES = 40
-    CHANNEL_ABI = 2             # the version of ChannelOps below (2: send_frame says if it sent)
+    CHANNEL_ABI = 3             # the version of ChannelOps below (2: send_frame says if it sent;
+                                # 3: write_remote)
 
 cdef union HeaderWord:
     uint32_t group_id   # data and refused frames: the group's id (OpDesc.group_id)
@@ -78,6 +79,9 @@ ctypedef struct ChannelOps:
     void (*shut)(ChannelBase* c) noexcept nogil
     # copy n bytes at addr in the peer's memory to dst: a count, or -1 and errno
     ssize_t (*read_remote)(ChannelBase* c, void* dst, uint64_t addr, size_t n) noexcept nogil
+    # copy n bytes at src to addr in the peer's memory (where reads_remote: access to the
+    # peer's memory goes both ways): a count, or -1 and errno
+    ssize_t (*write_remote)(ChannelBase* c, uint64_t addr, const void* src, size_t n) noexcept nogil
     # how many by-address messages the peer has copied out so far
     uint64_t (*acked)(ChannelBase* c) noexcept nogil
     # one more of the peer's by-address messages has been copied out
@@ -93,7 +97,8 @@ ctypedef struct ChannelBase:
     int reads_remote            # this rank may read the peer's memory (read_remote)
     const char* send_call       # the syscall a failed write names
     const char* recv_call       # ... a failed read
-    const char* remote_call     # ... and a failed read of the peer's memory
+    const char* remote_call     # ... a failed read of the peer's memory
+    const char* write_call      # ... and a failed write to it
 
 cdef class Channel:
     cdef ChannelBase* base      # what the engine reads and calls (ops, fd, eof, ...)
@@ -110,6 +115,8 @@ cdef void disarm_nothing(ChannelBase* c) noexcept nogil
 cdef void woken_nothing(ChannelBase* c) noexcept nogil
 cdef int send_frame_by_writing(ChannelBase* c, const MsgHeader* h) noexcept nogil
 cdef void shut_nothing(ChannelBase* c) noexcept nogil
+cdef ssize_t write_remote_unsupported(ChannelBase* c, uint64_t addr, const void* src,
+                                      size_t n) noexcept nogil
 cdef ssize_t read_remote_unsupported(ChannelBase* c, void* dst, uint64_t addr,
                                      size_t n) noexcept nogil
 cdef uint64_t acked_none(ChannelBase* c) noexcept nogil

@@ -85,6 +85,7 @@ cdef void default_ops(ChannelOps* ops) noexcept:
     ops.send_frame = send_frame_by_writing
     ops.shut = shut_nothing
     ops.read_remote = read_remote_unsupported
+    ops.write_remote = write_remote_unsupported
     ops.acked = acked_none
     ops.ack = ack_nothing
 
@@ -134,6 +135,12 @@ cdef void shut_nothing(ChannelBase* c) noexcept nogil:
 
 cdef ssize_t read_remote_unsupported(ChannelBase* c, void* dst, uint64_t addr,
                                      size_t n) noexcept nogil:
+    pc_set_errno(ENOSYS)
+    return -1
+
+
+cdef ssize_t write_remote_unsupported(ChannelBase* c, uint64_t addr, const void* src,
+                                      size_t n) noexcept nogil:
     pc_set_errno(ENOSYS)
     return -1
 

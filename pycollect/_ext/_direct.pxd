@@ -1,6 +1,7 @@
 # The steps every "direct" algorithm shares (allreduce, broadcast, allgather):
 # ranks of one host exchange their buffers' addresses, read each other's
-# memory with the transport's one-sided read_remote, and hold their buffers
+# memory with the transport's one-sided read_remote (or write into it with
+# write_remote), and hold their buffers
 # unchanged until every reader has said it is done.
 from libc.stdint cimport uint64_t
 from pycollect._ext._transport cimport Transport
@@ -12,4 +13,6 @@ cdef struct DirectHello:
 cdef int direct_hello(Transport t, const void* addr, DirectHello* hello) noexcept nogil
 cdef int direct_read(Transport t, int peer, void* dst, uint64_t addr,
                      size_t nbytes) noexcept nogil
+cdef int direct_write(Transport t, int peer, uint64_t addr, const void* src,
+                      size_t nbytes) noexcept nogil
 cdef int direct_release(Transport t) noexcept nogil

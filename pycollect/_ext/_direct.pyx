@@ -9,7 +9,9 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
 2. Reads (``direct_read``): a rank copies what it needs straight out of a
    peer's buffer, in pieces of DIRECT_READ_BYTES (a read of one piece pins and
    copies that many bytes of the peer's pages: pieces of about a megabyte keep
-   the copy at memcpy's pace and the pieces in cache).
+   the copy at memcpy's pace and the pieces in cache).  ``direct_write`` is the
+   same in the other direction, for a rank that would otherwise sit idle (a
+   broadcast's root).
 3. Release (``direct_release``): every rank tells every other that it reads
    nobody's buffer any more, and returns only once every peer has said the
    same, so no caller changes a buffer that a peer still reads.
@@ -50,13 +52,26 @@ cdef int direct_hello(Transport t, const void* addr, DirectHello* hello) noexcep
 cdef int direct_read(Transport t, int peer, void* dst, uint64_t addr,
                      size_t nbytes) noexcept nogil:
     """Copy ``nbytes`` at ``addr`` in ``peer``'s memory into ``dst``, a piece at a time."""
+    return _pieces(t, peer, <char*>dst, addr, nbytes, 0)
+
+
+cdef int direct_write(Transport t, int peer, uint64_t addr, const void* src,
+                      size_t nbytes) noexcept nogil:
+    """Copy ``nbytes`` at ``src`` to ``addr`` in ``peer``'s memory, a piece at a time."""
+    return _pieces(t, peer, <char*>src, addr, nbytes, 1)
+
+
+cdef int _pieces(Transport t, int peer, char* local, uint64_t addr, size_t nbytes,
+                 bint write) noexcept nogil:
     cdef size_t take
-    cdef char* out = <char*>dst
+    cdef int rc
     while nbytes > 0:
         take = nbytes if nbytes < _read_bytes else _read_bytes
-        if t.read_remote(peer, out, addr, take) < 0:
+        rc = t.write_remote(peer, addr, local, take) if write \
+            else t.read_remote(peer, local, addr, take)
+        if rc < 0:
             return -1
-        out += take
+        local += take
         addr += take
         nbytes -= take
     return 0

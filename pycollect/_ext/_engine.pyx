@@ -620,21 +620,33 @@ cdef class Engine(Transport):
 
     cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
                          size_t nbytes) noexcept nogil:
+        return self._remote(peer, <char*>dst, remote_addr, nbytes, 0)
+
+    cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
+                          size_t nbytes) noexcept nogil:
+        return self._remote(peer, <char*>src, remote_addr, nbytes, 1)
+
+    cdef int _remote(self, int peer, char* local, uint64_t remote_addr, size_t nbytes,
+                     bint write) noexcept nogil:
+        """read_remote (``write`` 0) or write_remote (1): the whole ``nbytes``, or -1."""
         cdef ChannelBase* ch
-        cdef ssize_t got
+        cdef ssize_t done
         if not self.can_read_remote(peer):
-            return self.set_error(ERR_INTERNAL, peer, "", 0, "read of a peer's memory that "
-                                  "its pair does not offer")
+            return self.set_error(ERR_INTERNAL, peer, "", 0, "write to a peer's memory that "
+                                  "its pair does not offer" if write else "read of a peer's "
+                                  "memory that its pair does not offer")
         ch = self.pairs[peer].ch
         while nbytes > 0:
-            got = ch.ops.read_remote(ch, dst, remote_addr, nbytes)
-            if got <= 0:
-                return self.set_error(ERR_PEER, peer, ch.remote_call,
-                                      errno if got < 0 else EFAULT,
-                                      "has a buffer this rank cannot read")
-            dst = (<char*>dst) + got
-            remote_addr += <uint64_t>got
-            nbytes -= <size_t>got
+            done = ch.ops.write_remote(ch, remote_addr, local, nbytes) if write \
+                else ch.ops.read_remote(ch, local, remote_addr, nbytes)
+            if done <= 0:
+                return self.set_error(ERR_PEER, peer, ch.write_call if write else ch.remote_call,
+                                      errno if done < 0 else EFAULT,
+                                      "has a buffer this rank cannot write" if write
+                                      else "has a buffer this rank cannot read")
+            local += done
+            remote_addr += <uint64_t>done
+            nbytes -= <size_t>done
         return 0
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,

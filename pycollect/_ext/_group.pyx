@@ -147,6 +147,11 @@ cdef class GroupTransport(Transport):
         return self._mirror(self.parent.read_remote(self.members[peer], dst, remote_addr,
                                                     nbytes))
 
+    cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
+                          size_t nbytes) noexcept nogil:
+        return self._mirror(self.parent.write_remote(self.members[peer], remote_addr, src,
+                                                     nbytes))
+
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:
         if not self.parent.failed:

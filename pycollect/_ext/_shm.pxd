@@ -27,6 +27,7 @@ cdef size_t ring_peek(Ring* r, void* out, size_t n) noexcept nogil
 cdef uint64_t ring_used(Ring* r) noexcept nogil
 cdef void ring_attach(Ring* r, char* base, uint64_t ring_bytes) noexcept nogil
 cdef ssize_t cma_read(int pid, void* local, uint64_t remote, size_t n) noexcept nogil
+cdef ssize_t cma_write(int pid, uint64_t remote, const void* local, size_t n) noexcept nogil
 
 cdef class Segment:
     cdef char* base

@@ -53,6 +53,8 @@ cdef extern from "<poll.h>" nogil:
 cdef extern from "<sys/uio.h>" nogil:
     ssize_t process_vm_readv(pid_t pid, const iovec* local, unsigned long liovcnt,
                              const iovec* remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(pid_t pid, const iovec* local, unsigned long liovcnt,
+                              const iovec* remote, unsigned long riovcnt, unsigned long flags)
 
 RING_HEADER_BYTES = sizeof(RingHeader)
 
@@ -141,6 +143,16 @@ cdef ssize_t cma_read(int pid, void* local, uint64_t remote, size_t n) noexcept 
     rm.iov_base = <void*>remote
     rm.iov_len = n
     return process_vm_readv(pid, &l, 1, &rm, 1, 0)
+
+
+cdef ssize_t cma_write(int pid, uint64_t remote, const void* local, size_t n) noexcept nogil:
+    """Copy ``n`` bytes at ``local`` to ``remote`` in process ``pid``; -1 and errno on failure."""
+    cdef iovec l, rm
+    l.iov_base = <void*>local
+    l.iov_len = n
+    rm.iov_base = <void*>remote
+    rm.iov_len = n
+    return process_vm_writev(pid, &l, 1, &rm, 1, 0)
 
 
 def cma_probe(int pid, unsigned long long address, bytes expected):
@@ -324,6 +336,11 @@ cdef ssize_t _ring_read_remote(ChannelBase* c, void* dst, uint64_t addr,
     return cma_read(_ring(c).peer_pid, dst, addr, n)
 
 
+cdef ssize_t _ring_write_remote(ChannelBase* c, uint64_t addr, const void* src,
+                                size_t n) noexcept nogil:
+    return cma_write(_ring(c).peer_pid, addr, src, n)
+
+
 cdef uint64_t _ring_acked(ChannelBase* c) noexcept nogil:
     return pc_load_u64(&_ring(c).out.hdr.acks)
 
@@ -348,6 +365,7 @@ RING_OPS.woken = _ring_woken
 RING_OPS.send_frame = _ring_send_frame
 RING_OPS.shut = socket_shut      # the doorbell's end tells the peer
 RING_OPS.read_remote = _ring_read_remote
+RING_OPS.write_remote = _ring_write_remote
 RING_OPS.acked = _ring_acked
 RING_OPS.ack = _ring_ack
 
@@ -373,6 +391,7 @@ cdef class RingChannel(Channel):
         self.chan.send_call = b""
         self.chan.recv_call = b""
         self.chan.remote_call = b"process_vm_readv"
+        self.chan.write_call = b"process_vm_writev"
         self.base = &self.chan
         self.segment = segment
         ring_attach(&self.ring.out, segment.base + (me * nlocal + other) * stride, ring_bytes)

@@ -80,6 +80,7 @@ cdef void socket_setup(ChannelBase* c, int fd, const ChannelOps* ops) except *:
     c.send_call = b"sendmsg"
     c.recv_call = b"readv"
     c.remote_call = b""
+    c.write_call = b""
     flags = fcntl(fd, F_GETFL, 0)
     fcntl(fd, F_SETFL, flags | O_NONBLOCK)
 

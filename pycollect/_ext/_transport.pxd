@@ -9,10 +9,10 @@
 # its sends.  Every message carries the operation's descriptor, checked on
 # receipt: ranks that disagree get ERR_MISMATCH instead of a hang.
 #
-# One-sided reads: where can_read_remote(peer) says so, read_remote copies
-# bytes straight out of the peer's memory (cross-memory attach between
-# processes of one host today, an RDMA read later) with no message; the
-# algorithm exchanges the address itself.  From Python every transport
+# One-sided reads and writes: where can_read_remote(peer) says so, read_remote
+# copies bytes straight out of the peer's memory and write_remote into it
+# (cross-memory attach between processes of one host today, RDMA later) with
+# no message; the algorithm exchanges the addresses itself.  From Python every transport
 # offers pair_kinds() (how each peer is reached) and host_ids (each rank's
 # host identity, or None), declared here so that nobody has to probe.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
@@ -64,7 +64,7 @@ cdef struct TransportError:
     int origin          # for an error a peer reported: the rank that failed first
     int origin_kind     # ... and its error kind
     int sys_errno
-    char syscall[16]
+    char syscall[24]     # the longest: "process_vm_writev"
     char detail[200]
     OpDesc mine
     OpDesc theirs       # the peer's descriptor (mismatch, reported errors)
@@ -117,12 +117,17 @@ cdef class Transport:
     cdef int progress_until(self, int64_t until_ns) noexcept nogil
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil
     cdef void extend_deadline(self, double timeout_s) noexcept nogil
-    # 1 if this rank may read ``peer``'s memory with read_remote, else 0.
+    # 1 if this rank may read and write ``peer``'s memory with read_remote and
+    # write_remote, else 0.
     cdef int can_read_remote(self, int peer) noexcept nogil
     # Copy ``nbytes`` at ``remote_addr`` in ``peer``'s memory into ``dst``: 0, or -1
     # after set_error.
     cdef int read_remote(self, int peer, void* dst, uint64_t remote_addr,
                          size_t nbytes) noexcept nogil
+    # Copy ``nbytes`` at ``src`` to ``remote_addr`` in ``peer``'s memory: 0, or -1 after
+    # set_error.
+    cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
+                          size_t nbytes) noexcept nogil
     # Waiting on shared memory instead of messages (the flags path, _flags.pyx):
     # watch looks at every pair without a posted receive, as wait does while it
     # waits (abort frames, disagreement, abort(), the ends of streams), without

@@ -184,6 +184,11 @@ cdef class Transport:
         return self.set_error(ERR_INTERNAL, peer, "", 0, "this transport offers no reads of "
                               "a peer's memory")
 
+    cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
+                          size_t nbytes) noexcept nogil:
+        return self.set_error(ERR_INTERNAL, peer, "", 0, "this transport offers no writes to "
+                              "a peer's memory")
+
     def peer_address(self, int peer):
         """The address of ``peer`` as errors print it."""
         return "?"
