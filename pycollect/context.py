@@ -251,8 +251,8 @@ class Context(CallPath):
                   algorithm="auto"):
         """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere.
 
-        ``algorithm``: "auto", "ring", or "direct" (every rank on one host: each copies the
-        others' blocks straight out of their memory)."""
+        ``algorithm``: "auto", "ring", or "direct" (every rank on one host: each writes its
+        block straight into the others' ``recvbuf``)."""
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, algorithm=algorithm)
         tmo = self._call_timeout(timeout, "allgather")
         call = _Call(self, "allgather", checked)

@@ -109,8 +109,12 @@ def _allreduce_rules(collective, large_multi_host, why):
     """allreduce's rules, with what a multi-host topology runs from 128 KiB."""
     return [
         Rule(collective, None, "multi-host", 128 * KiB, large_multi_host, why),
-        Rule(collective, None, "shm", 1 * MiB, "direct",
-             "each rank reduces its slice straight from the peers' memory"),
+        Rule(collective, 2, "shm", 32 * KiB, "direct",
+             "each rank reduces its slice straight from the peers' memory and writes it "
+             "into theirs"),
+        Rule(collective, None, "shm", 128 * KiB, "direct",
+             "each rank reduces its slice straight from the peers' memory and writes it "
+             "into theirs"),
         Rule(collective, 2, "any", 4 * MiB, "ring_chunked",
              "segments overlap the reduction with the wire"),
         Rule(collective, 4, "any", 16 * MiB, "ring_chunked",
@@ -149,10 +153,9 @@ RULES = (
         Rule("broadcast", None, "any", 0, "binomial"),
         Rule("reduce", None, "any", 256 * KiB, "ring"),
         Rule("reduce", None, "any", 0, "binomial"),
-        # allgather's direct (one copy per block, by name) ties with or trails the ring on one
-        # host: the ring's large blocks already go by address, one copy each (docs/performance.md).
-        Rule("allgather", None, "any", 0, "ring",
-             "on one host large blocks go by address: one copy each, as direct"),
+        Rule("allgather", None, "shm", 16 * KiB, "direct",
+             "each rank writes its block into every peer's recvbuf while it is in cache"),
+        Rule("allgather", None, "any", 0, "ring"),
     ]
 )
 

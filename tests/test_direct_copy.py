@@ -206,10 +206,11 @@ def test_the_root_writes_the_head_of_each_buffer_itself():
             t.close()
 
 
-def test_auto_picks_the_direct_broadcast_where_the_table_says():
+def test_auto_picks_the_direct_broadcast_and_allgather_where_the_table_says():
     edge = selection.min_bytes("broadcast", "direct")
     big = np.zeros(edge // 4, np.float32)
     small = np.zeros(edge // 4 - 1, np.float32)
+    block = selection.min_bytes("allgather", "direct")
     for size in (2, 4):
         g = ThreadGroup(size)
         try:
@@ -218,13 +219,20 @@ def test_auto_picks_the_direct_broadcast_where_the_table_says():
             assert ctx.plan("broadcast", small).name != "direct", size
             works = g.run(lambda c: c.broadcast(np.zeros(edge // 4, np.float32), async_op=True))
             assert [ran(w) for w in works] == ["direct"] * size
-            # allgather's table has no direct row: the ring at every size
-            assert ctx.plan("allgather", np.zeros(1 << 22, np.float32)).name == "ring"
+            assert ctx.plan("allgather", np.zeros(block, np.uint8)).name == "direct"
+            assert ctx.plan("allgather", np.zeros(block - 1, np.uint8)).name == "ring"
+            works = g.run(lambda c: c.allgather(np.full(block, c.rank, np.uint8),
+                                                async_op=True))
+            assert [ran(w) for w in works] == ["direct"] * size
+            for w in works:
+                np.testing.assert_array_equal(
+                    w.wait().ravel(), np.repeat(np.arange(size, dtype=np.uint8), block))
         finally:
             g.close()
     g = ThreadGroup(2, transport="tcp")
     try:
         assert g.contexts[0].plan("broadcast", big).name != "direct"
+        assert g.contexts[0].plan("allgather", np.zeros(block, np.uint8)).name == "ring"
     finally:
         g.close()
 

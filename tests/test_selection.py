@@ -24,12 +24,15 @@ def test_the_docs_table_is_the_rule_table():
 
 @pytest.mark.parametrize("size,shm,multi,cases", [
     (2, True, False, [(16 * KiB, "recursive_doubling"), (16 * KiB + 1, "halving_doubling"),
-                      (MiB - 1, "halving_doubling"), (MiB, "direct"), (64 * MiB, "direct")]),
+                      (32 * KiB - 1, "halving_doubling"), (32 * KiB, "direct"),
+                      (64 * MiB, "direct")]),
     (2, False, False, [(64 * KiB, "recursive_doubling"), (64 * KiB + 1, "halving_doubling"),
                        (4 * MiB - 1, "halving_doubling"), (4 * MiB, "ring_chunked")]),
     (4, False, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "halving_doubling"),
                        (256 * KiB, "bcube"), (16 * MiB, "ring_chunked")]),
-    (4, True, False, [(256 * KiB, "bcube"), (MiB, "direct"), (16 * MiB, "direct")]),
+    (4, True, False, [(128 * KiB - 1, "halving_doubling"), (128 * KiB, "direct"),
+                      (16 * MiB, "direct")]),
+    (3, True, False, [(128 * KiB - 1, "halving_doubling"), (128 * KiB, "direct")]),
     (3, False, False, [(4 * KiB + 1, "halving_doubling"), (64 * MiB, "halving_doubling")]),
     (4, False, True, [(4 * KiB, "recursive_doubling"), (128 * KiB - 1, "halving_doubling"),
                       (128 * KiB, "hierarchical"), (16 * MiB, "hierarchical")]),

@@ -6,14 +6,14 @@ Rank r first places its own block at position r of ``recvbuf`` (skipped when
 Ring: the ring's allgather phase circulates the blocks, each received straight
 into its place and forwarded as it lands (see _ring.pyx).
 
-Direct (every rank on one host, each able to read the others' memory; one
-copy per block): the ranks exchange the addresses of their blocks
-(``direct_hello``), then rank r copies block q straight out of rank q's
-memory into its place, for q = r+1, r+2, ... (so that the ranks start on
-different owners), and returns once every peer has said it has finished
-reading (``direct_release``): no caller changes a block that a peer still
-reads.  Where some rank may not read every peer's memory, all of them run the
-ring instead, in the same operation.
+Direct (every rank on one host, each able to reach the others' memory; one
+copy per block): the ranks exchange the addresses of their ``recvbuf``
+(``direct_hello``), then rank r places its own block a piece at a time and,
+while the piece is in cache, writes it into position r of every peer's
+``recvbuf`` (``direct_write``, peers r+1, r+2, ... in turn), and returns once
+every peer has said it has finished writing (``direct_release``): no caller
+uses a ``recvbuf`` that a peer still writes.  Where some rank may not reach
+every peer's memory, all of them run the ring instead, in the same operation.
 """
 
 from libc.stdlib cimport free
@@ -22,7 +22,7 @@ from libc.string cimport memmove
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array)
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_allgather
-from pycollect._ext._direct cimport DirectHello, direct_hello, direct_read, direct_release
+from pycollect._ext._direct cimport DirectHello, direct_hello, direct_release, direct_write
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
@@ -30,24 +30,37 @@ from pycollect.errors import InvalidArgument
 ALGORITHMS = {"ring": ALGO_RING, "direct": ALGO_DIRECT}
 
 
-cdef int direct_allgather(Transport t, char* recv, const char* mine, const Layout* lay,
-                          size_t es) noexcept nogil:
-    """Copy every peer's block out of its memory (see the module notes).
+cdef enum:
+    DIRECT_PIECE_BYTES = 262144     # the own block's piece placed and written while in cache
 
-    Returns 1 when some rank's memory was not readable (nothing was read: run the ring).
+
+cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout* lay,
+                          size_t es) noexcept nogil:
+    """Place this rank's block and write it into every peer's ``recv`` (see the module notes).
+
+    Returns 1 when some rank's memory was not reachable (nothing was written, the block is
+    in place: run the ring).
     """
-    cdef int P = t.size, r = t.rank, i, q, readable
+    cdef int P = t.size, r = t.rank, i, q, reachable
+    cdef char* mine = recv + lay.off[r] * es
+    cdef size_t nbytes = lay.len[r] * es, off = 0, take
     cdef DirectHello* hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
-    readable = direct_hello(t, mine, hello)
-    if readable <= 0:
-        return -1 if readable < 0 else 1
-    for i in range(1, P):
-        q = (r + i) % P
-        if lay.len[q] and direct_read(t, q, recv + lay.off[q] * es, hello[q].addr,
-                                      lay.len[q] * es) < 0:
-            return -1
+    reachable = direct_hello(t, recv, hello)
+    if reachable <= 0:
+        if reachable == 0 and mine != src:
+            memmove(mine, src, nbytes)
+        return -1 if reachable < 0 else 1
+    while off < nbytes:
+        take = nbytes - off if nbytes - off < DIRECT_PIECE_BYTES else DIRECT_PIECE_BYTES
+        if mine != src:
+            memmove(mine + off, src + off, take)
+        for i in range(1, P):
+            q = (r + i) % P
+            if direct_write(t, q, hello[q].addr + lay.off[r] * es + off, mine + off, take) < 0:
+                return -1
+        off += take
     return direct_release(t)
 
 
@@ -87,8 +100,9 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     with nogil:
         rc = t.begin(&d, timeout)
         mine = rb.ptr + lay.off[r] * es
-        if rc == 0 and mine != sb.ptr and lay.len[r]:
-            memmove(mine, sb.ptr, lay.len[r] * es)
+        if rc == 0 and mine != sb.ptr and lay.len[r] and not (
+                algo == ALGO_DIRECT and P > 1 and total > 0):
+            memmove(mine, sb.ptr, lay.len[r] * es)     # direct places it as it writes it
         if rc == 0 and P > 1 and total > 0:
             if algo == ALGO_DIRECT:
                 rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es)

@@ -41,23 +41,22 @@ owns slice r of the buffer (the same near-equal split as the ring's chunks).
    may read every peer's memory (the transport's ``can_read_remote``).  If any
    rank says no, every rank knows it and all of them run halving-doubling
    instead, in the same operation.
-2. Reduce: rank r walks its slice in chunks of at most DIRECT_CHUNK_BYTES
-   (and at most segment_bytes); for each chunk it reads the same chunk of
-   every peer's buffer (the transport's ``read_remote``, peers r+1, r+2, ...
-   in turn) into
-   one scratch chunk and reduces it into its own buffer at once, so the
-   chunk stays in cache.  Only the owner writes its slice; the others only
-   read it, and only in step 3.
-3. Final: rank r tells every peer "slice r is final" (an empty message, which
-   also says r reads nobody's buffer any more).  On receiving it from rank q,
-   a rank copies slice q from q's buffer over its own slice q.
-4. Finished: every rank tells every peer it has copied everything; a rank
-   returns (and its caller may overwrite the buffer) only once every peer has
-   said so.
-Steps 1, 4 and the reads of step 3 are the shared ones of _direct.pyx.
-Each rank reads (P-1)/P of the buffer twice and reduces (P-1)/P of it; three
-rounds of empty-ish messages carry the synchronisation.  A peer that dies
-makes the read fail (process_vm_readv: ESRCH/EFAULT): PeerError naming it.
+2. Reduce and spread: rank r walks its slice in chunks of at most
+   DIRECT_CHUNK_BYTES (and at most segment_bytes); for each chunk it reads
+   the same chunk of every peer's buffer (the transport's ``read_remote``,
+   peers r+1, r+2, ... in turn) into one scratch chunk and reduces it into
+   its own buffer at once, then writes the reduced chunk, still in cache,
+   over the same chunk of every peer's buffer (``write_remote``).  Slice r
+   of every buffer is touched by rank r alone (a peer's chunk is read before
+   it is written), so every rank ends with the same bits.
+3. Finished: every rank tells every peer it reads and writes nobody's buffer
+   any more; a rank returns (and its caller may use the buffer) only once
+   every peer has said so.
+Steps 1 and 3 are the shared ones of _direct.pyx.  Each rank reads (P-1)/P
+of the buffer from the peers, reduces it, and writes (P-1)/P of it to them
+from cache; two rounds of small messages carry the synchronisation.  A peer
+that dies makes a read or write fail (process_vm_readv/writev:
+ESRCH/EFAULT): PeerError naming it.
 
 ``flags`` (every pair on one host's shared memory, up to _flags.FLAGS_MAX_BYTES):
 every rank copies its buffer into its slot of the transport's flag area and
@@ -70,7 +69,7 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport DirectHello, direct_hello, direct_read, direct_release
+from pycollect._ext._direct cimport DirectHello, direct_hello, direct_release
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -325,21 +324,20 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     cdef int P = t.size, r = t.rank, i, p, readable
     cdef size_t lo, length, off, c, take
     cdef DirectHello* hello
-    cdef int* final_req
     cdef char* other
     if P == 1 or n == 0:
         return 0
-    hello = <DirectHello*>t.work_area(P * (sizeof(DirectHello) + sizeof(int)))
+    hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
-    final_req = <int*>(hello + P)
-    # 1. Hello: addresses, and whether direct reads work between every pair.
+    # 1. Hello: addresses, and whether direct access works between every pair.
     readable = direct_hello(t, buf, hello)
     if readable < 0:
         return -1
     if not readable:
         return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
-    # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer.
+    # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer, and
+    # write each reduced chunk into every peer's buffer while it is in cache.
     chunk = chunk // es if chunk >= es else 1
     other = t.scratch(chunk * es)
     if other == NULL:
@@ -355,23 +353,12 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
             if t.read_remote(p, other, hello[p].addr + off, take * es) < 0:
                 return -1
             reduce_into(buf + off, buf + off, other, take, dtype, op)
+        for i in range(1, P):
+            p = (r + i) % P
+            if t.write_remote(p, hello[p].addr + off, buf + off, take * es) < 0:
+                return -1
         c += take
-    # 3. Our slice is final (and we read nobody's buffer any more); copy theirs once final.
-    for p in range(P):
-        if p != r:
-            if t.post_send(p, NULL, 0) < 0:
-                return -1
-            final_req[p] = t.post_recv(p, NULL, 0)
-            if final_req[p] < 0:
-                return -1
-    for i in range(1, P):
-        p = (r + i) % P
-        if t.wait(final_req[p]) < 0:
-            return -1
-        off = chunk_offset(n, P, p) * es
-        if direct_read(t, p, buf + off, hello[p].addr + off, chunk_length(n, P, p) * es) < 0:
-            return -1
-    # 4. Nobody returns while a peer may still read its buffer.
+    # 3. Nobody returns while a peer may still read or write its buffer.
     return direct_release(t)
 
 
