@@ -80,9 +80,7 @@ class Facts:
         self.flags = flags
 
     def matches(self, rule):
-        if rule.ranks is not None and not (
-                self.size == rule.ranks if isinstance(rule.ranks, int)
-                else self.size >= int(rule.ranks.rstrip("+"))):
+        if not _at_size(rule, self.size):
             return False
         return (rule.topology == "any" or (rule.topology == "shm" and self.shm)
                 or (rule.topology == "multi-host" and self.multi_host)
@@ -160,10 +158,18 @@ RULES = (
 )
 
 
-def min_bytes(collective, algorithm):
-    """From how many bytes the first rule of ``collective`` that runs ``algorithm`` applies."""
+def _at_size(rule, size):
+    """Whether ``rule`` applies at world size ``size``."""
+    return rule.ranks is None or (size == rule.ranks if isinstance(rule.ranks, int)
+                                  else size >= int(rule.ranks.rstrip("+")))
+
+
+def min_bytes(collective, algorithm, ranks=None):
+    """From how many bytes the first rule of ``collective`` that runs ``algorithm`` (at world
+    size ``ranks``, when given) applies."""
     return next(rule.min_bytes for rule in RULES
-                if rule.collective == collective and rule.algorithm == algorithm)
+                if rule.collective == collective and rule.algorithm == algorithm
+                and (ranks is None or _at_size(rule, ranks)))
 
 
 def named(collective, name):

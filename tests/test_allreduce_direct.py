@@ -135,7 +135,7 @@ def test_one_rank_that_may_not_be_read_sends_every_rank_to_the_fallback():
             t.close()
 
 
-DIRECT_MIN_BYTES = selection.min_bytes("allreduce", "direct")
+DIRECT_MIN_BYTES = selection.min_bytes("allreduce", "direct", ranks=3)
 
 
 def test_auto_picks_direct_when_every_pair_shares_memory():
