@@ -78,10 +78,13 @@ cdef class CallLock:
     def __dealloc__(self):
         pthread_mutex_destroy(&self.mutex)
 
-    cdef inline void take(self) noexcept:
-        if pthread_mutex_trylock(&self.mutex) != 0:
-            with nogil:
-                pthread_mutex_lock(&self.mutex)
+    cdef inline bint take(self) noexcept:
+        """Take the lock; whether this had to wait for it."""
+        if pthread_mutex_trylock(&self.mutex) == 0:
+            return False
+        with nogil:
+            pthread_mutex_lock(&self.mutex)
+        return True
 
     cdef inline void give(self) noexcept:
         pthread_mutex_unlock(&self.mutex)
@@ -214,7 +217,7 @@ cdef class CallPath:
         cdef unsigned int seq
         cdef Transport t = self._transport
         cdef CallLock lock = self._lock
-        lock.take()
+        cdef bint waited = lock.take()
         try:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
@@ -230,7 +233,7 @@ cdef class CallPath:
             self._busy = True
             try:
                 if entry >= 0:
-                    rec.begin(entry, seq)
+                    rec.begin(entry, seq, not waited)
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, self._timeout,
                                          self._segment_bytes)

@@ -239,7 +239,9 @@ cdef int _late(Transport t, Flags* f, uint64_t want, int first, int last) noexce
 cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first,
                            int last) noexcept nogil:
     """Another rank's flags operation failed: wait (briefly) for its abort frame to say
-    why, then report the failure as the area shows it."""
+    why, then report the failure as the area shows it; where this rank's own deadline
+    passes first, its own Timeout (the ranks it waits for are as late for it: peers that
+    time out together on the same late rank each name that rank)."""
     cdef char detail[200]
     cdef int origin = <int>pc_load_u32(&f.hdr.failed) - 1
     cdef int64_t now = pc_now_ns(), until = now + RELAY_NS
@@ -247,6 +249,8 @@ cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first,
         if t.watch(now + 1000000, -1) < 0 or _left(t, f, want, first, last) < 0:
             return -1
         now = pc_now_ns()
+    if now >= deadline_of(t):
+        return _late(t, f, want, first, last)
     snprintf(detail, sizeof(detail), "failed (seen in the shared flag area) and left the "
              "group")
     return t.set_error(ERR_PEER, origin if 0 <= origin < f.n else -1, "", 0, detail)

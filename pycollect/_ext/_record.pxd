@@ -36,6 +36,6 @@ cdef class Ring:
                         object peers) except -1
     cdef bint is_outside(self, PyObject* code)
     cdef Slot* live(self, Py_ssize_t id) noexcept
-    cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept
+    cdef void begin(self, Py_ssize_t id, int64_t seq, bint at_queue=*) noexcept
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1
     cdef object wall(self, int64_t ticks, double ns_per_tick)

@@ -180,12 +180,14 @@ cdef class Ring:
         s = &self.slots[id % self.capacity]
         return s if s.id == id and id < self.recorded else NULL
 
-    cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept:
+    cdef void begin(self, Py_ssize_t id, int64_t seq, bint at_queue=False) noexcept:
+        """Entry ``id`` started as collective ``seq``; ``at_queue``: nothing stood between
+        its queueing and its start (the time is the queued one: no second tick read)."""
         cdef Slot* s = self.live(id)
         if s != NULL:
             s.seq = seq
             s.state = S_STARTED
-            s.started_ns = pc_ticks()
+            s.started_ns = s.queued_ns if at_queue else pc_ticks()
 
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1:
         cdef Slot* s = self.live(id)
