@@ -197,6 +197,37 @@ def test_one_rank_results():
         ctx.close()
 
 
+def test_a_world_of_one_keeps_the_gil_and_still_sees_abort_and_bad_arguments():
+    """A world of one has nothing to wait for (``solo``): its calls keep the GIL, and still
+    refuse what they refused and fail after abort(); a sub-group of one is not solo (its
+    begin may wait for the parent's sends) and runs as before."""
+    ctx = pc.init(rank=0, size=1, store="hash://call-path-solo", timeout=10)
+    try:
+        assert ctx._transport.solo
+        with pytest.raises(pc.InvalidArgument, match="BAND"):
+            ctx.allreduce(np.ones(2, np.float32), pc.ReduceOp.BAND)
+        with pytest.raises(pc.InvalidArgument, match="C-contiguous"):
+            ctx.broadcast(np.ones(4, np.float32)[::2])
+        ctx.barrier()
+        ctx.abort()
+        with pytest.raises(pc.Aborted, match="abort"):
+            ctx.barrier()
+    finally:
+        ctx.close()
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(c):
+            sub = c.new_group([c.rank])
+            a = np.full(3, c.rank + 1.0)
+            sub.allreduce(a)
+            sub.barrier()
+            return c._transport.solo, sub._transport.solo, a.tolist()
+        for rank, (world, sub, a) in enumerate(g.run(body)):
+            assert (world, sub, a) == (False, False, [rank + 1.0] * 3)
+    finally:
+        g.close()
+
+
 def test_the_ring_keeps_the_last_entries_and_ignores_stale_ids():
     rec = Recorder(0, 1, 3)
     ids = [rec.record("allreduce", np.ones(i + 1), None, None) for i in range(5)]

@@ -32,10 +32,13 @@ cpdef int barrier(Transport t, unsigned int seq, double timeout) except? -1:
     cdef int algo = ALGO_FLAGS if fl != NULL else ALGO_DISSEMINATION
     fill_desc(&d, seq, COLL_BARRIER, 0, 0, algo, 0, 0)
     cdef int rc
-    with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0 and t.size > 1:
-            rc = flags_barrier(t, fl) if fl != NULL else dissemination_barrier(t)
+    if t.solo:
+        rc = t.begin(&d, timeout)       # a world of one: nothing to wait for, GIL kept
+    else:
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0 and t.size > 1:
+                rc = flags_barrier(t, fl) if fl != NULL else dissemination_barrier(t)
     if rc < 0:
         raise_error(t)
     return algo

@@ -198,17 +198,20 @@ cpdef int broadcast(Transport t, object buf, int root, int algo, unsigned int se
     if algo != ALGO_BINOMIAL and algo != ALGO_PIPELINED and algo != ALGO_DIRECT \
             and algo != ALGO_FLAGS:
         raise InvalidArgument("broadcast: unknown algorithm code %d" % algo)
-    with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0 and t.size > 1 and nbytes > 0:
-            if algo == ALGO_FLAGS:
-                rc = flags_broadcast(t, fl, b.ptr, nbytes, root)
-            elif algo == ALGO_BINOMIAL:
-                rc = binomial_broadcast(t, b.ptr, nbytes, root)
-            elif algo == ALGO_DIRECT:
-                rc = direct_broadcast(t, b.ptr, nbytes, root)
-            else:
-                rc = pipelined_broadcast(t, b.ptr, nbytes, root, seg)
+    if t.solo:
+        rc = t.begin(&d, timeout)       # a world of one: nothing to copy or wait for
+    else:
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0 and t.size > 1 and nbytes > 0:
+                if algo == ALGO_FLAGS:
+                    rc = flags_broadcast(t, fl, b.ptr, nbytes, root)
+                elif algo == ALGO_BINOMIAL:
+                    rc = binomial_broadcast(t, b.ptr, nbytes, root)
+                elif algo == ALGO_DIRECT:
+                    rc = direct_broadcast(t, b.ptr, nbytes, root)
+                else:
+                    rc = pipelined_broadcast(t, b.ptr, nbytes, root, seg)
     if rc < 0:
         raise_error(t)
     return algo

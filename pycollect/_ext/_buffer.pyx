@@ -6,6 +6,7 @@ and dtype code, or raises ``InvalidArgument`` naming the operation, the
 argument and the reason.
 """
 
+cimport cython
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
                              PyBuffer_Release, PyObject_GetBuffer)
 from libc.stdlib cimport malloc
@@ -66,6 +67,7 @@ cdef inline object _reject(str op, str arg, str reason):
     return InvalidArgument("%s: argument '%s' %s" % (op, arg, reason))
 
 
+@cython.freelist(16)
 cdef class Buffer:
     def __dealloc__(self):
         if self.has_view:

@@ -199,6 +199,7 @@ cdef class Engine(Transport):
             raise ValueError("Engine: inconsistent rank, size, channels or addrs")
         self.rank = rank
         self.size = size
+        self.solo = size == 1       # no pairs: begin has nothing to wait for
         self.addrs = [str(a) for a in addrs]
         self.spin_ns = <int64_t>(spin_us * 1000.0)
         self.yield_spin = yield_spin

@@ -81,6 +81,10 @@ cdef extern from "_sys.h" nogil:
 cdef class Transport:
     cdef readonly int rank
     cdef readonly int size
+    # No peer at all (a world of one): begin never waits, so the algorithms call it
+    # without releasing the GIL.  False unless the transport knows (a sub-group of one
+    # may wait in begin for its parent's sends).
+    cdef readonly bint solo
     cdef OpDesc op
     # The operation's deadline on the monotonic clock; DEADLINE_LAZY: ``timeout_s`` from
     # the first time somebody asks (deadline_of), so that an operation that never waits
