@@ -91,8 +91,8 @@ def test_direct_allgather_every_dtype_and_count_in_and_out_of_place(group):
 
 @pytest.mark.parametrize("size", [2, 5])
 def test_direct_allreduce_slices_larger_than_a_read_piece(size):
-    """The final copies go in pieces of DIRECT_READ_BYTES: slices that span several, and end
-    mid-piece, for every op of an integer and a floating type."""
+    """Slices larger than a read piece (DIRECT_READ_BYTES), reduced and written back in
+    chunks and ending mid-chunk, for every op of an integer and a floating type."""
     g = ThreadGroup(size)
     try:
         n = size * (2 * DIRECT_READ_BYTES // 8) + 3

@@ -22,16 +22,13 @@ from libc.string cimport memmove
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array)
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_allgather
-from pycollect._ext._direct cimport DirectHello, direct_hello, direct_release, direct_write
+from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
+                                     direct_release, direct_write)
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
 
 ALGORITHMS = {"ring": ALGO_RING, "direct": ALGO_DIRECT}
-
-
-cdef enum:
-    DIRECT_PIECE_BYTES = 262144     # the own block's piece placed and written while in cache
 
 
 cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout* lay,
@@ -53,7 +50,7 @@ cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout
             memmove(mine, src, nbytes)
         return -1 if reachable < 0 else 1
     while off < nbytes:
-        take = nbytes - off if nbytes - off < DIRECT_PIECE_BYTES else DIRECT_PIECE_BYTES
+        take = nbytes - off if nbytes - off < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
         if mine != src:
             memmove(mine + off, src + off, take)
         for i in range(1, P):
@@ -83,6 +80,7 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef OpDesc d
     cdef int p, rc = 0
+    cdef bint moves                 # bytes travel between ranks
     cdef char* mine
     try:
         for p in range(P):
@@ -100,10 +98,10 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     with nogil:
         rc = t.begin(&d, timeout)
         mine = rb.ptr + lay.off[r] * es
-        if rc == 0 and mine != sb.ptr and lay.len[r] and not (
-                algo == ALGO_DIRECT and P > 1 and total > 0):
+        moves = P > 1 and total > 0
+        if rc == 0 and mine != sb.ptr and lay.len[r] and not (moves and algo == ALGO_DIRECT):
             memmove(mine, sb.ptr, lay.len[r] * es)     # direct places it as it writes it
-        if rc == 0 and P > 1 and total > 0:
+        if rc == 0 and moves:
             if algo == ALGO_DIRECT:
                 rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es)
                 if rc == 1:

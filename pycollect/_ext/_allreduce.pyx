@@ -69,7 +69,7 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport DirectHello, direct_hello, direct_release
+from pycollect._ext._direct cimport DIRECT_CHUNK_BYTES, DirectHello, direct_hello, direct_release
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -84,8 +84,6 @@ ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
               "ring": ALGO_RING, "ring_chunked": ALGO_RING_CHUNKED, "direct": ALGO_DIRECT,
               "flags": ALGO_FLAGS}
 DEFAULT_BCUBE_BASE = 4
-# direct: bytes read from a peer and reduced at a time (fits in L2 with the own chunk).
-DIRECT_CHUNK_BYTES = 256 << 10
 
 cdef enum:
     MAX_BCUBE_BASE = 16
@@ -401,29 +399,27 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
         raise InvalidArgument("allreduce: unknown algorithm code %d" % algo)
     if t.solo:
         rc = t.begin(&d, timeout)       # a world of one: the buffer is the result, GIL kept
-        if rc < 0:
-            raise_error(t)
-        return algo
-    with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0:
-            if algo == ALGO_FLAGS:
-                rc = flags_allreduce(t, fl, b.ptr, n, es, b.dtype, op)
-            elif algo == ALGO_RECURSIVE_DOUBLING:
-                rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
-            elif algo == ALGO_HALVING_DOUBLING:
-                rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
-            elif algo == ALGO_BCUBE:
-                rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
-            elif algo == ALGO_DIRECT:
-                rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, seg)
-                if rc == 1:
-                    algo = ALGO_HALVING_DOUBLING
-                    rc = 0
-            else:
-                rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
-        if rc == 0 and op == OP_AVG and t.size > 1:
-            divide_by(b.ptr, n, b.dtype, t.size)     # every algorithm sums; AVG divides once
+    else:
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0:
+                if algo == ALGO_FLAGS:
+                    rc = flags_allreduce(t, fl, b.ptr, n, es, b.dtype, op)
+                elif algo == ALGO_RECURSIVE_DOUBLING:
+                    rc = recursive_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
+                elif algo == ALGO_HALVING_DOUBLING:
+                    rc = halving_doubling_allreduce(t, b.ptr, n, es, b.dtype, op)
+                elif algo == ALGO_BCUBE:
+                    rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
+                elif algo == ALGO_DIRECT:
+                    rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, seg)
+                    if rc == 1:
+                        algo = ALGO_HALVING_DOUBLING
+                        rc = 0
+                else:
+                    rc = ring_allreduce(t, b.ptr, n, es, b.dtype, op, seg, window)
+            if rc == 0 and op == OP_AVG and t.size > 1:
+                divide_by(b.ptr, n, b.dtype, t.size)   # every algorithm sums; AVG divides once
     if rc < 0:
         raise_error(t)
     return algo

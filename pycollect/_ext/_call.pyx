@@ -57,7 +57,6 @@ cdef enum:
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
-cdef object _ALGORITHM_NAMES = ALGORITHM_NAMES
 cdef str _AUTO = "auto"
 cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
 cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGORITHM_NAMES) + 1))
@@ -263,8 +262,7 @@ cdef class CallPath:
             self._seq = seq
         finally:
             lock.give()
-        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) \
-            else _ALGORITHM_NAMES.get(code)
+        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
         if entry >= 0:
             rec.end(entry, name, None)
         return name

@@ -6,6 +6,11 @@
 from libc.stdint cimport uint64_t
 from pycollect._ext._transport cimport Transport
 
+cdef enum:
+    # The piece a direct algorithm works on while it is in cache: read from a peer and
+    # reduced (allreduce), or placed and written to the peers (allgather).
+    DIRECT_CHUNK_BYTES = 262144
+
 cdef struct DirectHello:
     uint64_t addr       # the sender's buffer
     uint64_t readable   # 1: the sender may read every peer's memory

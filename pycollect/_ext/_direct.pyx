@@ -13,13 +13,15 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    same in the other direction, for a rank that would otherwise sit idle (a
    broadcast's root).
 3. Release (``direct_release``): every rank tells every other that it reads
-   nobody's buffer any more, and returns only once every peer has said the
-   same, so no caller changes a buffer that a peer still reads.
+   and writes nobody's buffer any more, and returns only once every peer has
+   said the same, so no caller uses a buffer that a peer still reads or
+   writes.
 """
 
 from pycollect._ext._transport cimport *
 
-# One read_remote call copies at most this many bytes.
+# One read_remote or write_remote call of direct_read/direct_write copies at most this
+# many bytes.
 DIRECT_READ_BYTES = 1 << 20
 cdef size_t _read_bytes = DIRECT_READ_BYTES
 
