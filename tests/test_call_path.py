@@ -155,6 +155,38 @@ def test_the_compiled_path_records_what_the_python_path_does(monkeypatch):
         assert ar[12][1] == line
 
 
+def test_the_recorder_finds_the_callers_line_from_frames_of_every_kind():
+    # The caller's frame is found from the interpreter's frames in place (3.11, 3.12) or
+    # through frame objects: a fresh function frame each call, a comprehension, a
+    # generator, a thread's first frame, and calls through the package's own Python
+    # code (a sub-group's Python path) all name the user's line.
+    ctx = pc.init(rank=0, size=1, store="hash://recorder-frames", timeout=30)
+    buf = np.zeros(2, np.float32)
+    here = inspect.currentframe().f_lineno
+
+    def step():
+        ctx.allreduce(buf)                                  # here + 3
+
+    def gen():
+        yield ctx.broadcast(buf)                            # here + 6
+    try:
+        for _ in range(3):
+            step()
+        [ctx.barrier() for _ in range(2)]                   # here + 10
+        list(gen())
+        t = threading.Thread(target=step)
+        t.start()
+        t.join(30)
+        ctx.allreduce(buf, async_op=True).wait()            # here + 15
+        entries = ctx._recorder.entries()
+        got = [(e[2], e[12][0].co_filename, e[12][1] - here) for e in entries]
+        assert got == ([("allreduce", __file__, 3)] * 3 + [("barrier", __file__, 10)] * 2
+                       + [("broadcast", __file__, 6), ("allreduce", __file__, 3),
+                          ("allreduce", __file__, 15)])
+    finally:
+        ctx.close()
+
+
 def test_a_failure_on_the_compiled_path_fails_the_context_and_its_entry(monkeypatch):
     monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "10")
     group = ThreadGroup(2, timeout=3)
@@ -280,3 +312,54 @@ def test_the_call_lock_excludes_and_releases():
             1 / 0
     with lock:      # released by the error above
         pass
+
+
+def _all_finish(body, n, within=30.0):
+    """Run ``body`` in ``n`` threads at once; whether all of them end within ``within`` s."""
+    threads = [threading.Thread(target=body, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + within
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    return not any(t.is_alive() for t in threads)
+
+
+def test_the_call_lock_admits_one_thread_at_a_time_and_loses_no_waiter():
+    # Four threads take the lock 300 times each and, holding it, read a counter, give the
+    # GIL away (time.sleep(0)) and write it back: a second holder would lose increments,
+    # and a waiter that missed its wake-up would hang the join.
+    lock = CallLock()
+    count = [0]
+    inside = [0]
+    overlaps = []
+
+    def body():
+        for _ in range(300):
+            with lock:
+                inside[0] += 1
+                if inside[0] != 1:
+                    overlaps.append(inside[0])
+                seen = count[0]
+                time.sleep(0)
+                count[0] = seen + 1
+                inside[0] -= 1
+    assert _all_finish(body, 4)
+    assert overlaps == [] and count[0] == 1200
+
+
+def test_threads_sharing_a_context_run_its_compiled_calls_one_at_a_time():
+    ctx = pc.init(rank=0, size=1, store="hash://call-lock-threads", timeout=30)
+    try:
+        first = ctx._seq
+        buf = np.ones(4, np.float32)
+
+        def body():
+            for _ in range(500):
+                ctx.barrier()
+                ctx.allreduce(buf)
+        assert _all_finish(body, 3)
+        assert ctx._seq - first == 3000     # every call numbered once
+        assert buf.tolist() == [1.0] * 4
+    finally:
+        ctx.close()

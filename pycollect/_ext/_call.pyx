@@ -22,14 +22,31 @@ steps.
 
 cimport numpy as cnp
 
-cdef extern from "<pthread.h>" nogil:
-    ctypedef struct pthread_mutex_t:
+cdef extern from "<semaphore.h>" nogil:
+    ctypedef struct sem_t:
         pass
-    int pthread_mutex_init(pthread_mutex_t* m, const void* attr)
-    int pthread_mutex_destroy(pthread_mutex_t* m)
-    int pthread_mutex_lock(pthread_mutex_t* m)
-    int pthread_mutex_trylock(pthread_mutex_t* m)
-    int pthread_mutex_unlock(pthread_mutex_t* m)
+    int sem_init(sem_t* s, int pshared, unsigned int value)
+    int sem_destroy(sem_t* s)
+    int sem_wait(sem_t* s)
+    int sem_post(sem_t* s)
+
+cdef extern from *:
+    """
+    /* CallLock's word: takers and givers hold the GIL, which orders them, so a plain
+       load and store do; where there is no GIL (a free-threaded build) they are atomic. */
+    #ifdef Py_GIL_DISABLED
+    static inline int pc_lock_try(int* held) { return __atomic_exchange_n(held, 1, __ATOMIC_ACQUIRE) == 0; }
+    static inline void pc_lock_clear(int* held) { __atomic_store_n(held, 0, __ATOMIC_RELEASE); }
+    static inline int pc_lock_add(int* n, int d) { return __atomic_add_fetch(n, d, __ATOMIC_SEQ_CST); }
+    #else
+    static inline int pc_lock_try(int* held) { if (*held) return 0; *held = 1; return 1; }
+    static inline void pc_lock_clear(int* held) { *held = 0; }
+    static inline int pc_lock_add(int* n, int d) { return *n += d; }
+    #endif
+    """
+    bint pc_lock_try(int* held) noexcept
+    void pc_lock_clear(int* held) noexcept
+    int pc_lock_add(int* n, int d) noexcept
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
 from pycollect._ext._barrier cimport barrier as run_barrier
@@ -63,30 +80,50 @@ cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGOR
 
 
 cdef class CallLock:
-    """The lock that runs the collectives of a context and its sub-groups one at a time: a
-    C mutex, so that the compiled path takes it without a Python call (and, uncontended,
-    without the clock read that a Python lock's acquire makes); ``with lock:`` from
-    Python.  A wait for it releases the GIL.  The thread that takes it gives it back."""
+    """The lock that runs the collectives of a context and its sub-groups one at a time.
 
-    cdef pthread_mutex_t mutex
+    Every taker holds the GIL, so the lock is a word the GIL guards: taking a free lock
+    is a load and a store, with no atomic instruction and no clock read (a Python lock's
+    acquire makes both); ``with lock:`` from Python.  A thread that finds it held counts
+    itself a waiter and sleeps on a semaphore with the GIL released; the giver posts the
+    semaphore when a waiter is counted, and a woken waiter takes the lock only if it is
+    free by then (else it waits again).  The thread that takes it gives it back."""
+
+    cdef int held
+    cdef int waiters
+    cdef sem_t wake
 
     def __cinit__(self):
-        if pthread_mutex_init(&self.mutex, NULL) != 0:
+        if sem_init(&self.wake, 0, 0) != 0:
             raise MemoryError()
 
     def __dealloc__(self):
-        pthread_mutex_destroy(&self.mutex)
+        sem_destroy(&self.wake)
 
     cdef inline bint take(self) noexcept:
         """Take the lock; whether this had to wait for it."""
-        if pthread_mutex_trylock(&self.mutex) == 0:
+        if pc_lock_try(&self.held):
             return False
-        with nogil:
-            pthread_mutex_lock(&self.mutex)
+        self.wait()
         return True
 
+    cdef void wait(self) noexcept:
+        while True:
+            pc_lock_add(&self.waiters, 1)
+            if pc_lock_try(&self.held):       # given back in between (free-threaded builds)
+                pc_lock_add(&self.waiters, -1)
+                return
+            with nogil:
+                while sem_wait(&self.wake) != 0:    # EINTR: a signal came; wait on
+                    pass
+            pc_lock_add(&self.waiters, -1)
+            if pc_lock_try(&self.held):
+                return
+
     cdef inline void give(self) noexcept:
-        pthread_mutex_unlock(&self.mutex)
+        pc_lock_clear(&self.held)
+        if pc_lock_add(&self.waiters, 0) > 0:
+            sem_post(&self.wake)
 
     def __enter__(self):
         self.take()

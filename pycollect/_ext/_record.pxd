@@ -26,7 +26,7 @@ cdef class Ring:
     cdef readonly Py_ssize_t capacity
     cdef readonly Py_ssize_t recorded       # operations ever recorded: the next id
     cdef Slot* slots
-    cdef list objects                       # N_OBJECTS per slot
+    cdef PyObject** objects                 # N_OBJECTS per slot, owned references or NULL
     cdef int64_t tick0                      # the clock's ticks and the wall-clock time
     cdef int64_t wall0                      # ... when the ring was made
     cdef object code_outside                # the last code objects the frame walk found
@@ -34,7 +34,7 @@ cdef class Ring:
 
     cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
                         object peers) except -1
-    cdef bint is_outside(self, PyObject* code)
+    cdef bint is_outside(self, PyObject* code) noexcept
     cdef Slot* live(self, Py_ssize_t id) noexcept
     cdef void begin(self, Py_ssize_t id, int64_t seq, bint at_queue=*) noexcept
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1

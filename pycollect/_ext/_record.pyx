@@ -1,8 +1,10 @@
 """The flight recorder's ring: a context's last N operations, written from compiled code.
 
 A ``Ring`` holds ``capacity`` preallocated slots; recording an operation
-fills the next slot in place (numbers in C arrays, the few objects in one
-list each), so that recording allocates nothing: the caller's frame is kept as
+fills the next slot in place (numbers in C structs, the few objects in one C
+array of references, each replaced only when it changes: a loop that records
+the same operation from the same line moves no reference counts), so that
+recording allocates nothing: the caller's frame is kept as
 its code object and position, and the line is found only when a dump asks.
 An operation is named by its id, the count of operations recorded before it;
 ``started`` and ``ended`` on an id whose slot has been reused do nothing.
@@ -15,7 +17,7 @@ pycollect package: the user's line, even when the call came through
 """
 
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_XDECREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_Tailmatch
 from libc.stdlib cimport calloc, free
 
@@ -45,31 +47,77 @@ cdef extern from *:
         struct timespec ts; clock_gettime(CLOCK_REALTIME, &ts);
         return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     }
-    /* Where a frame is: its last instruction's byte offset from 3.11 on (the line is
-       found from it only when a dump asks), its line before. */
+    /* The caller's frame: the first frame, from the innermost out, whose code object
+       `outside` accepts; its code (a new reference, NULL when none) and in *where its
+       position: from 3.11 its last instruction's byte offset (the line is found from it
+       only when a dump asks), before 3.11 its line.  On 3.11 and 3.12 the walk reads the
+       interpreter's frames in place (the layout Cython's own tracebacks read), so that no
+       frame object is made for a frame that has none yet (making one costs an allocation
+       per call in a function's loop); elsewhere it goes through the frame objects. */
+    typedef int (*pc_outside_fn)(void* ring, PyObject* code);
     #if PY_VERSION_HEX >= 0x030B0000
     #define PC_FRAME_LASTI 1
-    static inline int pc_frame_where(PyFrameObject* f) { return PyFrame_GetLasti(f); }
     #else
     #define PC_FRAME_LASTI 0
-    static inline int pc_frame_where(PyFrameObject* f) { return PyFrame_GetLineNumber(f); }
+    #endif
+    #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000 && !defined(Py_GIL_DISABLED)
+    #ifndef Py_BUILD_CORE
+    #define Py_BUILD_CORE 1
+    #endif
+    #include "internal/pycore_frame.h"
+    #define PC_FRAMES_IN_PLACE 1
+    static PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where) {
+        _PyInterpreterFrame* f = PyThreadState_Get()->cframe->current_frame;
+        for (; f != NULL; f = f->previous) {
+        #if PY_VERSION_HEX >= 0x030C0000
+            if (f->owner == FRAME_OWNED_BY_CSTACK) continue;    /* a C caller's shim */
+        #endif
+            if (_PyFrame_IsIncomplete(f)) continue;             /* not started yet */
+            if (outside(ring, (PyObject*)f->f_code)) {
+                *where = (int)(_PyInterpreterFrame_LASTI(f) * sizeof(_Py_CODEUNIT));
+                Py_INCREF(f->f_code);
+                return (PyObject*)f->f_code;
+            }
+        }
+        return NULL;
+    }
+    #else
+    #define PC_FRAMES_IN_PLACE 0
+    static PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where) {
+        PyFrameObject* f = PyEval_GetFrame();       /* borrowed */
+        PyFrameObject* back;
+        PyCodeObject* code;
+        Py_XINCREF(f);
+        while (f != NULL) {
+            code = PyFrame_GetCode(f);
+            if (outside(ring, (PyObject*)code)) {
+            #if PC_FRAME_LASTI
+                *where = PyFrame_GetLasti(f);
+            #else
+                *where = PyFrame_GetLineNumber(f);
+            #endif
+                Py_DECREF(f);
+                return (PyObject*)code;
+            }
+            Py_DECREF(code);
+            back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+        }
+        return NULL;
+    }
     #endif
     """
     int64_t pc_ticks() nogil
     int64_t pc_wall_ns() nogil
     bint PC_FRAME_LASTI
+    bint PC_FRAMES_IN_PLACE
+    ctypedef int (*pc_outside_fn)(void* ring, PyObject* code) noexcept
+    PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where)
 
 cdef extern from "Python.h":
-    ctypedef struct PyFrameObject:
-        pass
     ctypedef struct PyCodeObject:
         PyObject* co_filename
-    PyFrameObject* PyEval_GetFrame()                    # borrowed
-    PyFrameObject* PyFrame_GetBack(PyFrameObject* f)    # new reference
-    PyCodeObject* PyFrame_GetCode(PyFrameObject* f)     # new reference
-
-cdef extern from *:
-    int pc_frame_where(PyFrameObject* f)
 
 __all__ = ["Ring", "FIELDS", "QUEUED", "STARTED", "COMPLETED", "FAILED"]
 
@@ -97,6 +145,7 @@ cdef class Ring:
 
     def __cinit__(self, *args, **kwargs):
         self.slots = NULL
+        self.objects = NULL
 
     def __init__(self, Py_ssize_t capacity):
         if capacity < 1:
@@ -106,24 +155,29 @@ cdef class Ring:
         self.capacity = capacity
         self.recorded = 0
         self.slots = <Slot*>calloc(capacity, sizeof(Slot))
-        if self.slots == NULL:
+        self.objects = <PyObject**>calloc(capacity * N_OBJECTS, sizeof(PyObject*))
+        if self.slots == NULL or self.objects == NULL:
             raise MemoryError()
-        self.objects = [None] * (capacity * N_OBJECTS)
         self.tick0 = pc_ticks()
         self.wall0 = pc_wall_ns()
 
     def __dealloc__(self):
+        # The objects are strings, dtypes, code objects and tuples of ranks: none refers
+        # back to a ring, so the references need no cycle collection.
+        cdef Py_ssize_t i
+        if self.objects != NULL:
+            for i in range(self.capacity * N_OBJECTS):
+                Py_XDECREF(self.objects[i])
+        free(self.objects)
         free(self.slots)
 
     cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
                         object peers) except -1:
         """A new queued entry; its id."""
-        cdef Py_ssize_t i = self.recorded % self.capacity, o = i * N_OBJECTS
+        cdef Py_ssize_t i = self.recorded % self.capacity
+        cdef PyObject** o = &self.objects[i * N_OBJECTS]
         cdef Slot* s = &self.slots[i]
-        cdef PyFrameObject* f = PyEval_GetFrame()
-        cdef PyFrameObject* back
         cdef PyObject* code
-        cdef object code_obj = None
         cdef int line = 0
         s.id = self.recorded
         s.seq = NONE
@@ -133,33 +187,19 @@ cdef class Ring:
         s.started_ns = NONE
         s.ended_ns = NONE
         s.state = S_QUEUED
-        # The first frame outside the package (the walk holds a reference to each frame it
-        # steps back to, and drops it on leaving).
-        back = NULL
-        while f != NULL:
-            code = <PyObject*>PyFrame_GetCode(f)
-            if self.is_outside(code):
-                code_obj = <object>code
-                Py_XDECREF(code)
-                line = pc_frame_where(f)
-                break
-            Py_XDECREF(code)
-            f = PyFrame_GetBack(f)
-            Py_XDECREF(<PyObject*>back)
-            back = f
-        Py_XDECREF(<PyObject*>back)
+        # The first frame outside the package: the user's line.
+        code = pc_caller(_is_outside, <void*>self, &line)
         s.line = line
-        objects = self.objects
-        objects[o] = name
-        objects[o + 1] = None               # algorithm
-        objects[o + 2] = dtype
-        objects[o + 3] = peers
-        objects[o + 4] = code_obj
-        objects[o + 5] = None               # error
+        _put(&o[0], name)
+        _put(&o[1], None)                   # algorithm
+        _put(&o[2], dtype)
+        _put(&o[3], peers)
+        _give(&o[4], code)
+        _put(&o[5], None)                   # error
         self.recorded += 1
         return s.id
 
-    cdef bint is_outside(self, PyObject* code):
+    cdef bint is_outside(self, PyObject* code) noexcept:
         """Whether ``code`` lies outside the package; the last answer each way is kept
         (with a reference, so that the address cannot come back as another code object)."""
         if code == <PyObject*>self.code_outside:
@@ -191,17 +231,17 @@ cdef class Ring:
 
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1:
         cdef Slot* s = self.live(id)
-        cdef Py_ssize_t o = (id % self.capacity) * N_OBJECTS
+        cdef PyObject** o = &self.objects[(id % self.capacity) * N_OBJECTS]
         if s == NULL:
             return 0
         s.ended_ns = pc_ticks()
         if algorithm is not None:
-            self.objects[o + 1] = algorithm
+            _put(&o[1], algorithm)
         if error is None:
             s.state = S_COMPLETED
         else:
             s.state = S_FAILED
-            self.objects[o + 5] = "%s: %s" % (type(error).__name__, error)
+            _put(&o[5], "%s: %s" % (type(error).__name__, error))
         return 0
 
     # -- from Python ------------------------------------------------------
@@ -228,7 +268,8 @@ cdef class Ring:
         """The recorded entries, oldest first, each a list of FIELDS."""
         cdef Py_ssize_t first = self.recorded - self.capacity if self.recorded > self.capacity \
             else 0
-        cdef Py_ssize_t id, o
+        cdef Py_ssize_t id
+        cdef PyObject** o
         cdef Slot* s
         cdef int64_t tick1, wall1
         cdef double ns_per_tick
@@ -241,16 +282,15 @@ cdef class Ring:
         ns_per_tick = (wall1 - self.wall0) / <double>(tick1 - self.tick0) \
             if tick1 > self.tick0 else 1.0
         out = []
-        objects = self.objects
         for id in range(first, self.recorded):
             s = &self.slots[id % self.capacity]
-            o = (id % self.capacity) * N_OBJECTS
-            code = objects[o + 4]
-            out.append([s.id, _opt(s.seq), objects[o], objects[o + 1], objects[o + 2],
-                        _opt(s.count), _opt(s.root), objects[o + 3], _STATES[s.state],
+            o = &self.objects[(id % self.capacity) * N_OBJECTS]
+            code = _get(o[4])
+            out.append([s.id, _opt(s.seq), _get(o[0]), _get(o[1]), _get(o[2]),
+                        _opt(s.count), _opt(s.root), _get(o[3]), _STATES[s.state],
                         self.wall(s.queued_ns, ns_per_tick),
                         self.wall(s.started_ns, ns_per_tick), self.wall(s.ended_ns, ns_per_tick),
-                        None if code is None else (code, _line(code, s.line)), objects[o + 5]])
+                        None if code is None else (code, _line(code, s.line)), _get(o[5])])
         return out
 
 
@@ -268,6 +308,33 @@ cdef object _line(object code, int where):
         if start <= where < end:
             return line
     return code.co_firstlineno
+
+
+cdef inline void _put(PyObject** at, object value) noexcept:
+    """Store a reference to ``value`` at ``at``, dropping the one it replaces."""
+    cdef PyObject* old = at[0]
+    if old != <PyObject*>value:
+        Py_INCREF(value)
+        at[0] = <PyObject*>value
+        Py_XDECREF(old)
+
+
+cdef inline void _give(PyObject** at, PyObject* ref) noexcept:
+    """Store the new reference ``ref`` (NULL: None) at ``at``, dropping the one it replaces."""
+    cdef PyObject* old = at[0]
+    if ref == NULL:
+        ref = <PyObject*>None
+        Py_INCREF(None)
+    at[0] = ref
+    Py_XDECREF(old)
+
+
+cdef int _is_outside(void* ring, PyObject* code) noexcept:
+    return (<Ring>ring).is_outside(code)
+
+
+cdef inline object _get(PyObject* p):
+    return None if p == NULL else <object>p
 
 
 cdef inline object _opt(int64_t v):
