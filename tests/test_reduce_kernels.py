@@ -2,7 +2,9 @@
 
 ``reduce(out, a, b, op)`` must give exactly what NumPy gives: the same wrapped
 integers, the same float bits (float16 and bfloat16 included), NaN where NumPy
-has NaN.  ``divide`` is the tail of AVG.
+has NaN.  ``divide`` is the tail of AVG.  float16 has two loops (the CPU's
+F16C conversions, and one value at a time): every float16 result here is
+computed by both, which must give the same bits.
 """
 
 import itertools
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pycollect import InvalidArgument, ReduceOp
-from pycollect._ext._reduce import divide, reduce
+from pycollect._ext import _reduce
+from pycollect._ext._reduce import float16_simd, reduce
 
 try:
     import ml_dtypes
@@ -72,11 +75,42 @@ def reference(a, b, op):
         return NUMPY_OP[op](a, b)
 
 
+def _both_float16_loops(run, dtype):
+    """``run()``'s result; for float16 run by both loops, which must agree bit for bit."""
+    if dtype != np.float16:
+        return run()
+    simd = float16_simd()
+    try:
+        float16_simd(False)
+        portable = run()
+        float16_simd(True)
+        vector = run()
+    finally:
+        float16_simd(simd)
+    np.testing.assert_array_equal(vector.view(np.uint16), portable.view(np.uint16))
+    return vector
+
+
 def kernel(a, b, op):
-    out = np.empty_like(a)
-    result = reduce(out, a, b, op)
-    assert result is out
-    return out
+    def run():
+        out = np.empty_like(a)
+        result = reduce(out, a, b, op)
+        assert result is out
+        return out
+    return _both_float16_loops(run, a.dtype)
+
+
+def divide(x, d):
+    """_reduce.divide in place on ``x`` (for float16 by both loops, from the same input)."""
+    before = x.copy()
+
+    def run():
+        y = before.copy()
+        return _reduce.divide(y, d)
+    out = _both_float16_loops(run, x.dtype)
+    assert _reduce.divide(x, d) is x
+    np.testing.assert_array_equal(x.view(np.uint8), out.view(np.uint8))
+    return x
 
 
 def widen(x):

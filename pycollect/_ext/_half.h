@@ -53,9 +53,10 @@ static inline uint16_t pc_float_to_half(float f) {
 static inline float pc_bf16_to_float(uint16_t b) { return pc_bits_to_float((uint32_t)b << 16); }
 
 static inline uint16_t pc_float_to_bf16(float f) {
+    /* branch-free, so that loops over it vectorise: a NaN keeps its upper bits, quieted */
     uint32_t u = pc_float_to_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);  /* quiet nan */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 #endif

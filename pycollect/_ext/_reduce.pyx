@@ -2,7 +2,9 @@
 
 ``reduce_into(out, a, b, n, dtype, op)`` computes ``out[i] = a[i] op b[i]``;
 ``out`` may alias ``a`` or ``b``.  The loops are plain pointer loops over one
-C type each, which GCC vectorises at -O3.  Integer arithmetic wraps like
+C type each, which GCC vectorises at -O3; those of float16 and bfloat16 are C
+loops of their own (_half_loops.h: float16 through the CPU's F16C conversions
+where it has them).  Integer arithmetic wraps like
 NumPy's (the extension is built with -fwrapv).  MIN and MAX propagate NaN like
 ``np.minimum``/``np.maximum``.  float16 and bfloat16 are computed in float32
 and rounded to nearest even, as NumPy does.  AVG reduces like SUM; the
@@ -18,11 +20,16 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect.errors import InvalidArgument
 from pycollect.types import DTYPES, ReduceOp
 
-cdef extern from "_half.h":
-    float pc_half_to_float(uint16_t h) noexcept nogil
-    uint16_t pc_float_to_half(float f) noexcept nogil
-    float pc_bf16_to_float(uint16_t b) noexcept nogil
-    uint16_t pc_float_to_bf16(float f) noexcept nogil
+cdef extern from "_half_loops.h":
+    int PC_HALF_SUM, PC_HALF_PRODUCT, PC_HALF_MIN, PC_HALF_MAX
+    void pc_float16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
+                         int kind) noexcept nogil
+    void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
+                          int kind) noexcept nogil
+    void pc_float16_divide(uint16_t* buf, size_t n, float d) noexcept nogil
+    void pc_bfloat16_divide(uint16_t* buf, size_t n, float d) noexcept nogil
+    int pc_f16c_set(int on) noexcept nogil
+    int pc_f16c_on() noexcept nogil
 
 ctypedef fused int_t:
     int8_t
@@ -105,29 +112,15 @@ cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
             out[i] = a[i] * b[i]
 
 
-cdef inline float _widen(uint16_t x, bint brain) noexcept nogil:
-    return pc_bf16_to_float(x) if brain else pc_half_to_float(x)
-
-
-cdef inline uint16_t _narrow(float x, bint brain) noexcept nogil:
-    return pc_float_to_bf16(x) if brain else pc_float_to_half(x)
-
-
-cdef void _half_kernel(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
-                       int op, bint brain) noexcept nogil:
-    cdef size_t i
-    cdef float x, y
-    for i in range(n):
-        x = _widen(a[i], brain)
-        y = _widen(b[i], brain)
-        if op == OP_SUM or op == OP_AVG:
-            out[i] = _narrow(x + y, brain)
-        elif op == OP_PRODUCT:
-            out[i] = _narrow(x * y, brain)
-        elif op == OP_MIN:   # ties: NumPy's float16 keeps a, ml_dtypes' bfloat16 takes b
-            out[i] = a[i] if (x < y or (x == y and not brain) or x != x) else b[i]
-        elif op == OP_MAX:
-            out[i] = a[i] if (x > y or (x == y and not brain) or x != x) else b[i]
+cdef inline int _half_kind(int op) noexcept nogil:
+    """The loop of _half_loops.h for ``op`` (AVG reduces like SUM)."""
+    if op == OP_PRODUCT:
+        return PC_HALF_PRODUCT
+    if op == OP_MIN:
+        return PC_HALF_MIN
+    if op == OP_MAX:
+        return PC_HALF_MAX
+    return PC_HALF_SUM
 
 
 cdef void _bool_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n,
@@ -171,9 +164,12 @@ cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
         _real_kernel(<float*>out, <const float*>a, <const float*>b, n, op)
     elif dtype == DT_FLOAT64:
         _real_kernel(<double*>out, <const double*>a, <const double*>b, n, op)
-    elif dtype == DT_FLOAT16 or dtype == DT_BFLOAT16:
-        _half_kernel(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, op,
-                     dtype == DT_BFLOAT16)
+    elif dtype == DT_FLOAT16:
+        pc_float16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
+                        _half_kind(op))
+    elif dtype == DT_BFLOAT16:
+        pc_bfloat16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
+                         _half_kind(op))
     elif dtype == DT_COMPLEX64:
         _cplx_kernel(<float complex*>out, <const float complex*>a,
                      <const float complex*>b, n, op)
@@ -189,7 +185,6 @@ cdef void divide_by(void* buf, size_t n, int dtype, double divisor) noexcept nog
     """buf[i] /= divisor, for the floating and complex types (the tail of AVG)."""
     cdef size_t i
     cdef float fd = <float>divisor
-    cdef bint brain = dtype == DT_BFLOAT16
     if dtype == DT_FLOAT32:
         for i in range(n):
             (<float*>buf)[i] /= fd
@@ -202,9 +197,10 @@ cdef void divide_by(void* buf, size_t n, int dtype, double divisor) noexcept nog
     elif dtype == DT_COMPLEX128:
         for i in range(n):
             (<double complex*>buf)[i] = (<double complex*>buf)[i] / divisor
-    elif dtype == DT_FLOAT16 or dtype == DT_BFLOAT16:
-        for i in range(n):
-            (<uint16_t*>buf)[i] = _narrow(_widen((<uint16_t*>buf)[i], brain) / fd, brain)
+    elif dtype == DT_FLOAT16:
+        pc_float16_divide(<uint16_t*>buf, n, fd)
+    elif dtype == DT_BFLOAT16:
+        pc_bfloat16_divide(<uint16_t*>buf, n, fd)
 
 
 cdef int check_op(int dtype, int op, str where) except -1:
@@ -257,3 +253,12 @@ def divide(buf, double divisor):
     with nogil:
         divide_by(b.ptr, <size_t>b.count, b.dtype, divisor)
     return buf
+
+
+def float16_simd(on=None):
+    """Whether float16's loops use the CPU's F16C conversions; ``on`` (a bool) turns them
+    on or off first (a test aid: both paths must give the same bits).  They stay off
+    where the CPU lacks F16C."""
+    if on is not None:
+        pc_f16c_set(1 if on else 0)
+    return bool(pc_f16c_on())
