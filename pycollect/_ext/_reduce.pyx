@@ -2,9 +2,9 @@
 
 ``reduce_into(out, a, b, n, dtype, op)`` computes ``out[i] = a[i] op b[i]``;
 ``out`` may alias ``a`` or ``b``.  The loops are plain pointer loops over one
-C type each, which GCC vectorises at -O3; those of float16 and bfloat16 are C
-loops of their own (_half_loops.h: float16 through the CPU's F16C conversions
-where it has them).  Integer arithmetic wraps like
+C type each, which GCC vectorises at -O3; those of the floating types are C
+loops (_loops.h: built for AVX2 and the baseline, float16 through the CPU's F16C
+conversions where it has them).  Integer arithmetic wraps like
 NumPy's (the extension is built with -fwrapv).  MIN and MAX propagate NaN like
 ``np.minimum``/``np.maximum``.  float16 and bfloat16 are computed in float32
 and rounded to nearest even, as NumPy does.  AVG reduces like SUM; the
@@ -20,8 +20,12 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect.errors import InvalidArgument
 from pycollect.types import DTYPES, ReduceOp
 
-cdef extern from "_half_loops.h":
-    int PC_HALF_SUM, PC_HALF_PRODUCT, PC_HALF_MIN, PC_HALF_MAX
+cdef extern from "_loops.h":
+    int PC_K_SUM, PC_K_PRODUCT, PC_K_MIN, PC_K_MAX
+    void pc_float32_loop(float* out, const float* a, const float* b, size_t n,
+                         int kind) noexcept nogil
+    void pc_float64_loop(double* out, const double* a, const double* b, size_t n,
+                         int kind) noexcept nogil
     void pc_float16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
                          int kind) noexcept nogil
     void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
@@ -40,10 +44,6 @@ ctypedef fused int_t:
     uint32_t
     int64_t
     uint64_t
-
-ctypedef fused real_t:
-    float
-    double
 
 ctypedef fused cplx_t:
     float complex
@@ -84,23 +84,6 @@ cdef void _int_kernel(int_t* out, const int_t* a, const int_t* b, size_t n,
             out[i] = a[i] ^ b[i]
 
 
-cdef void _real_kernel(real_t* out, const real_t* a, const real_t* b, size_t n,
-                       int op) noexcept nogil:
-    cdef size_t i
-    if op == OP_SUM or op == OP_AVG:
-        for i in range(n):
-            out[i] = a[i] + b[i]
-    elif op == OP_PRODUCT:
-        for i in range(n):
-            out[i] = a[i] * b[i]
-    elif op == OP_MIN:
-        for i in range(n):
-            out[i] = a[i] if (a[i] < b[i] or a[i] != a[i]) else b[i]
-    elif op == OP_MAX:
-        for i in range(n):
-            out[i] = a[i] if (a[i] > b[i] or a[i] != a[i]) else b[i]
-
-
 cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
                        int op) noexcept nogil:
     cdef size_t i
@@ -112,15 +95,15 @@ cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
             out[i] = a[i] * b[i]
 
 
-cdef inline int _half_kind(int op) noexcept nogil:
-    """The loop of _half_loops.h for ``op`` (AVG reduces like SUM)."""
+cdef inline int _loop_kind(int op) noexcept nogil:
+    """The operation of _loops.h's loops for ``op`` (AVG reduces like SUM)."""
     if op == OP_PRODUCT:
-        return PC_HALF_PRODUCT
+        return PC_K_PRODUCT
     if op == OP_MIN:
-        return PC_HALF_MIN
+        return PC_K_MIN
     if op == OP_MAX:
-        return PC_HALF_MAX
-    return PC_HALF_SUM
+        return PC_K_MAX
+    return PC_K_SUM
 
 
 cdef void _bool_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n,
@@ -161,15 +144,15 @@ cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
     elif dtype == DT_BOOL:
         _bool_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
     elif dtype == DT_FLOAT32:
-        _real_kernel(<float*>out, <const float*>a, <const float*>b, n, op)
+        pc_float32_loop(<float*>out, <const float*>a, <const float*>b, n, _loop_kind(op))
     elif dtype == DT_FLOAT64:
-        _real_kernel(<double*>out, <const double*>a, <const double*>b, n, op)
+        pc_float64_loop(<double*>out, <const double*>a, <const double*>b, n, _loop_kind(op))
     elif dtype == DT_FLOAT16:
         pc_float16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
-                        _half_kind(op))
+                        _loop_kind(op))
     elif dtype == DT_BFLOAT16:
         pc_bfloat16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
-                         _half_kind(op))
+                         _loop_kind(op))
     elif dtype == DT_COMPLEX64:
         _cplx_kernel(<float complex*>out, <const float complex*>a,
                      <const float complex*>b, n, op)

@@ -1,5 +1,11 @@
-/* The reduction and division loops of the 16-bit float types (float16 and bfloat16):
- * computed in float32 and rounded to nearest even, as NumPy does (_half.h).
+/* The reduction loops of the floating types, in C, where the compiler is told which
+ * vector instructions it may use.
+ *
+ * float32 and float64: plain loops, built twice on x86-64 (for AVX2 and for the
+ * baseline, the CPU's choice made when the module loads: target_clones).
+ *
+ * The 16-bit types (float16 and bfloat16), and their division (AVG's tail): computed in
+ * float32 and rounded to nearest even, as NumPy does (_half.h).
  *
  * float16: where the CPU has the F16C conversions (found at run time), eight values are
  * widened and narrowed per instruction; elsewhere, and for the last n % 8 values, the
@@ -16,19 +22,47 @@
  * MIN and MAX return one operand's bits: float16's ties keep a (NumPy's
  * np.minimum/np.maximum), bfloat16's take b (ml_dtypes'); a NaN in a wins, then one in b.
  */
-#ifndef PYCOLLECT_HALF_LOOPS_H
-#define PYCOLLECT_HALF_LOOPS_H
+#ifndef PYCOLLECT_LOOPS_H
+#define PYCOLLECT_LOOPS_H
 #include <stddef.h>
 #include <stdint.h>
 #include "_half.h"
 
-enum { PC_HALF_SUM = 0, PC_HALF_PRODUCT = 1, PC_HALF_MIN = 2, PC_HALF_MAX = 3 };
+/* The loops' operations (AVG reduces like SUM). */
+enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3 };
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define PC_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef PC_CLONES
+#define PC_CLONES
+#endif
+
+/* -- float32, float64 ----------------------------------------------------------------- */
+
+/* MIN and MAX keep a where a wins or is NaN, else b (np.minimum/np.maximum's NaN rule). */
+#define PC_REAL_LOOP(T, NAME)                                                             \
+    PC_CLONES static void NAME(T* out, const T* a, const T* b, size_t n, int kind) {      \
+        size_t i;                                                                         \
+        if (kind == PC_K_SUM)                                                          \
+            for (i = 0; i < n; i++) out[i] = a[i] + b[i];                                 \
+        else if (kind == PC_K_PRODUCT)                                                 \
+            for (i = 0; i < n; i++) out[i] = a[i] * b[i];                                 \
+        else if (kind == PC_K_MIN)                                                     \
+            for (i = 0; i < n; i++) out[i] = (a[i] < b[i] || a[i] != a[i]) ? a[i] : b[i]; \
+        else                                                                              \
+            for (i = 0; i < n; i++) out[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i]; \
+    }
+PC_REAL_LOOP(float, pc_float32_loop)
+PC_REAL_LOOP(double, pc_float64_loop)
 
 /* -- portable: one value at a time ---------------------------------------------------- */
 
 static inline uint16_t pc_half_pick(uint16_t a, uint16_t b, float x, float y, int kind,
                                     int brain) {
-    int keep_a = kind == PC_HALF_MIN ? (x < y || (x == y && !brain) || x != x)
+    int keep_a = kind == PC_K_MIN ? (x < y || (x == y && !brain) || x != x)
                                      : (x > y || (x == y && !brain) || x != x);
     return keep_a ? a : b;
 }
@@ -43,8 +77,8 @@ static void pc_half_loop_portable(uint16_t* out, const uint16_t* a, const uint16
                                   size_t n, int kind, size_t from) {
     for (size_t i = from; i < n; i++) {
         float x = pc_half_to_float(a[i]), y = pc_half_to_float(b[i]);
-        if (kind == PC_HALF_SUM) out[i] = pc_float_to_half(pc_nan_of_b(x + y, y));
-        else if (kind == PC_HALF_PRODUCT) out[i] = pc_float_to_half(pc_nan_of_b(x * y, y));
+        if (kind == PC_K_SUM) out[i] = pc_float_to_half(pc_nan_of_b(x + y, y));
+        else if (kind == PC_K_PRODUCT) out[i] = pc_float_to_half(pc_nan_of_b(x * y, y));
         else out[i] = pc_half_pick(a[i], b[i], x, y, kind, 0);
     }
 }
@@ -76,14 +110,14 @@ PC_F16C static size_t pc_half_loop_f16c(uint16_t* out, const uint16_t* a, const 
         __m128i hb = _mm_loadu_si128((const __m128i*)(b + i));
         __m256 x = _mm256_cvtph_ps(ha), y = _mm256_cvtph_ps(hb);
         __m128i r;
-        if (kind == PC_HALF_SUM) {
+        if (kind == PC_K_SUM) {
             r = _mm256_cvtps_ph(pc_nan_of_b8(_mm256_add_ps(x, y), y), PC_F16C_ROUND);
-        } else if (kind == PC_HALF_PRODUCT) {
+        } else if (kind == PC_K_PRODUCT) {
             r = _mm256_cvtps_ph(pc_nan_of_b8(_mm256_mul_ps(x, y), y), PC_F16C_ROUND);
         } else {
             /* keep a where x <= y (x >= y for MAX) or x is NaN: the portable rule */
             __m256 keep = _mm256_or_ps(
-                kind == PC_HALF_MIN ? _mm256_cmp_ps(x, y, _CMP_LE_OQ)
+                kind == PC_K_MIN ? _mm256_cmp_ps(x, y, _CMP_LE_OQ)
                                     : _mm256_cmp_ps(x, y, _CMP_GE_OQ),
                 _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
             __m256i k = _mm256_castps_si256(keep);
@@ -151,14 +185,6 @@ static void pc_float16_divide(uint16_t* buf, size_t n, float d) {
 
 /* -- bfloat16: loops the compiler vectorises ------------------------------------------ */
 
-#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define PC_CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef PC_CLONES
-#define PC_CLONES
-#endif
 
 static inline uint16_t pc_bf16_result(float z, uint16_t b) {
     /* z rounded to bfloat16, or b's NaN (quieted) where b is a NaN: _half.h's rounding
@@ -172,13 +198,13 @@ static inline uint16_t pc_bf16_result(float z, uint16_t b) {
 PC_CLONES static void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
                              int kind) {
     size_t i;
-    if (kind == PC_HALF_SUM) {
+    if (kind == PC_K_SUM) {
         for (i = 0; i < n; i++)
             out[i] = pc_bf16_result(pc_bf16_to_float(a[i]) + pc_bf16_to_float(b[i]), b[i]);
-    } else if (kind == PC_HALF_PRODUCT) {
+    } else if (kind == PC_K_PRODUCT) {
         for (i = 0; i < n; i++)
             out[i] = pc_bf16_result(pc_bf16_to_float(a[i]) * pc_bf16_to_float(b[i]), b[i]);
-    } else if (kind == PC_HALF_MIN) {
+    } else if (kind == PC_K_MIN) {
         for (i = 0; i < n; i++) {
             float x = pc_bf16_to_float(a[i]), y = pc_bf16_to_float(b[i]);
             out[i] = (x < y || x != x) ? a[i] : b[i];
