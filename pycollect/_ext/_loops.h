@@ -16,9 +16,9 @@
  * baseline, the CPU's choice made when the module loads).
  *
  * Every loop reads a[i] and b[i] before it writes out[i]: out may be a or b.
- * A sum or product with a NaN in b is b's NaN (quieted), as NumPy's is; the loops say
- * so themselves, since a compiler may swap the operands of an addition it sees as
- * commutative (and the CPU's NaN is then the other one).
+ * In the 16-bit loops a sum or product with a NaN in b is b's NaN (quieted), as NumPy's
+ * is; they say so themselves, since a compiler may swap the operands of an addition it
+ * sees as commutative (and the CPU's NaN is then the other one).
  * MIN and MAX return one operand's bits: float16's ties keep a (NumPy's
  * np.minimum/np.maximum), bfloat16's take b (ml_dtypes'); a NaN in a wins, then one in b.
  */
@@ -43,27 +43,27 @@ enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3 };
 /* -- float32, float64 ----------------------------------------------------------------- */
 
 /* MIN and MAX keep a where a wins or is NaN, else b (np.minimum/np.maximum's NaN rule). */
-#define PC_REAL_LOOP(T, NAME)                                                             \
-    PC_CLONES static void NAME(T* out, const T* a, const T* b, size_t n, int kind) {      \
-        size_t i;                                                                         \
-        if (kind == PC_K_SUM)                                                          \
-            for (i = 0; i < n; i++) out[i] = a[i] + b[i];                                 \
-        else if (kind == PC_K_PRODUCT)                                                 \
-            for (i = 0; i < n; i++) out[i] = a[i] * b[i];                                 \
-        else if (kind == PC_K_MIN)                                                     \
-            for (i = 0; i < n; i++) out[i] = (a[i] < b[i] || a[i] != a[i]) ? a[i] : b[i]; \
-        else                                                                              \
-            for (i = 0; i < n; i++) out[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i]; \
+#define PC_REAL_LOOP(T, NAME)                                                              \
+    PC_CLONES static void NAME(T* out, const T* a, const T* b, size_t n, int kind) {       \
+        size_t i;                                                                          \
+        if (kind == PC_K_SUM)                                                              \
+            for (i = 0; i < n; i++) out[i] = a[i] + b[i];                                  \
+        else if (kind == PC_K_PRODUCT)                                                     \
+            for (i = 0; i < n; i++) out[i] = a[i] * b[i];                                  \
+        else if (kind == PC_K_MIN)                                                         \
+            for (i = 0; i < n; i++) out[i] = (a[i] < b[i] || a[i] != a[i]) ? a[i] : b[i];  \
+        else                                                                               \
+            for (i = 0; i < n; i++) out[i] = (a[i] > b[i] || a[i] != a[i]) ? a[i] : b[i];  \
     }
 PC_REAL_LOOP(float, pc_float32_loop)
 PC_REAL_LOOP(double, pc_float64_loop)
 
-/* -- portable: one value at a time ---------------------------------------------------- */
+/* -- the 16-bit types, one value at a time ---------------------------------------------- */
 
 static inline uint16_t pc_half_pick(uint16_t a, uint16_t b, float x, float y, int kind,
                                     int brain) {
     int keep_a = kind == PC_K_MIN ? (x < y || (x == y && !brain) || x != x)
-                                     : (x > y || (x == y && !brain) || x != x);
+                                  : (x > y || (x == y && !brain) || x != x);
     return keep_a ? a : b;
 }
 
@@ -195,8 +195,8 @@ static inline uint16_t pc_bf16_result(float z, uint16_t b) {
     return (uint16_t)((yb & 0x7fffffffu) > 0x7f800000u ? (b | 0x40u) : r);
 }
 
-PC_CLONES static void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
-                             int kind) {
+PC_CLONES static void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b,
+                                       size_t n, int kind) {
     size_t i;
     if (kind == PC_K_SUM) {
         for (i = 0; i < n; i++)
