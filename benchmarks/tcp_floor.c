@@ -1,0 +1,99 @@
+/* What a 1-float allreduce of 2 ranks over loopback TCP costs the kernel alone: the floor
+ * under pycollect's (and MPI's) figure in benchmarks/compare.py.
+ *
+ *     cc -O2 -o /tmp/tcp_floor benchmarks/tcp_floor.c && /tmp/tcp_floor
+ *
+ * Two processes on one TCP connection (TCP_NODELAY) do what such an allreduce does on the
+ * wire: each sends one 44-byte message (pycollect's 40-byte header and a float) and
+ * receives the peer's, in lockstep, 100,000 times after 1,000 for warmup.  The receive
+ * waits three ways: blocking in recv(), spinning on recv(MSG_DONTWAIT) (what pycollect's
+ * engine does for its spin time), and spinning on poll(0) before each recv.  Printed: the
+ * time per exchange, seen by one of the two processes.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EXCHANGES = 100000, WARMUP = 1000, MSG = 44 };
+enum { BLOCKING, SPIN_RECV, SPIN_POLL, WAYS };
+static const char* WAY_NAME[WAYS] = {"blocking recv()", "spinning on recv(MSG_DONTWAIT)",
+                                     "spinning on poll(0), then recv()"};
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void die(const char* what) {
+    perror(what);
+    exit(1);
+}
+
+static void receive(int fd, char* buf, int way) {
+    int got = 0;
+    while (got < MSG) {
+        ssize_t r;
+        if (way == SPIN_POLL) {
+            struct pollfd p = {fd, POLLIN, 0};
+            if (poll(&p, 1, 0) <= 0) continue;
+        }
+        r = recv(fd, buf + got, MSG - got, way == BLOCKING ? 0 : MSG_DONTWAIT);
+        if (r > 0) got += (int)r;
+        else if (r == 0) { fprintf(stderr, "peer closed\n"); exit(1); }
+        else if (errno != EAGAIN && errno != EINTR) die("recv");
+    }
+}
+
+static double exchange(int fd, int way) {
+    char buf[MSG] = {0};
+    int one = 1, i;
+    double t0 = now();
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) die("setsockopt");
+    for (i = 0; i < WARMUP + EXCHANGES; i++) {
+        if (i == WARMUP) t0 = now();
+        if (send(fd, buf, MSG, 0) != MSG) die("send");
+        receive(fd, buf, way);
+    }
+    return (now() - t0) / EXCHANGES;
+}
+
+int main(void) {
+    for (int way = 0; way < WAYS; way++) {
+        struct sockaddr_in a = {0};
+        socklen_t len = sizeof a;
+        int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0), s;
+        pid_t child;
+        if (ls < 0) die("socket");
+        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(ls, (struct sockaddr*)&a, sizeof a) < 0 || listen(ls, 1) < 0 ||
+            getsockname(ls, (struct sockaddr*)&a, &len) < 0)
+            die("listen");
+        child = fork();
+        if (child < 0) die("fork");
+        if (child == 0) {
+            int c = socket(AF_INET, SOCK_STREAM, 0);
+            if (c < 0 || connect(c, (struct sockaddr*)&a, sizeof a) < 0) die("connect");
+            exchange(c, way);
+            _exit(0);
+        }
+        s = accept(ls, NULL, NULL);
+        if (s < 0) die("accept");
+        printf("%-34s %6.2f us per exchange\n", WAY_NAME[way], exchange(s, way) * 1e6);
+        close(s);
+        close(ls);
+        waitpid(child, NULL, 0);
+    }
+    return 0;
+}
