@@ -1,8 +1,9 @@
 /* The reduction loops of the floating types, in C, where the compiler is told which
  * vector instructions it may use.
  *
- * float32 and float64: plain loops, built twice on x86-64 (for AVX2 and for the
- * baseline, the CPU's choice made when the module loads: target_clones).
+ * float32 and float64: plain loops (the reductions, and AVG's division), built twice
+ * on x86-64, for AVX2 and for the baseline (target_clones: the CPU's choice is made
+ * when the module loads).
  *
  * The 16-bit types (float16 and bfloat16), and their division (AVG's tail): computed in
  * float32 and rounded to nearest even, as NumPy does (_half.h).
@@ -57,6 +58,15 @@ enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3 };
     }
 PC_REAL_LOOP(float, pc_float32_loop)
 PC_REAL_LOOP(double, pc_float64_loop)
+
+/* AVG's tail: a division (not a multiplication by 1/d: NumPy's bits). */
+PC_CLONES static void pc_float32_divide(float* buf, size_t n, float d) {
+    for (size_t i = 0; i < n; i++) buf[i] /= d;
+}
+
+PC_CLONES static void pc_float64_divide(double* buf, size_t n, double d) {
+    for (size_t i = 0; i < n; i++) buf[i] /= d;
+}
 
 /* -- the 16-bit types, one value at a time ---------------------------------------------- */
 

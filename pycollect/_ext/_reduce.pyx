@@ -26,6 +26,8 @@ cdef extern from "_loops.h":
                          int kind) noexcept nogil
     void pc_float64_loop(double* out, const double* a, const double* b, size_t n,
                          int kind) noexcept nogil
+    void pc_float32_divide(float* buf, size_t n, float d) noexcept nogil
+    void pc_float64_divide(double* buf, size_t n, double d) noexcept nogil
     void pc_float16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
                          int kind) noexcept nogil
     void pc_bfloat16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
@@ -169,11 +171,9 @@ cdef void divide_by(void* buf, size_t n, int dtype, double divisor) noexcept nog
     cdef size_t i
     cdef float fd = <float>divisor
     if dtype == DT_FLOAT32:
-        for i in range(n):
-            (<float*>buf)[i] /= fd
+        pc_float32_divide(<float*>buf, n, fd)
     elif dtype == DT_FLOAT64:
-        for i in range(n):
-            (<double*>buf)[i] /= divisor
+        pc_float64_divide(<double*>buf, n, divisor)
     elif dtype == DT_COMPLEX64:
         for i in range(n):
             (<float complex*>buf)[i] = (<float complex*>buf)[i] / fd
