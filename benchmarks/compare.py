@@ -4,6 +4,7 @@
     python benchmarks/compare.py --quick         # a smoke run: 2 ranks, 3 sizes, short budgets
     python benchmarks/compare.py --peers pycollect-tcp,gloo --ranks 2 --no-write
     python benchmarks/compare.py --torch         # torch.distributed only: gloo vs "pycollect"
+    python benchmarks/compare.py --dtype float16 --ranks 2 --collectives none   # 16-bit
 
 Each peer runs as its own group of long-lived worker processes (MPI's under
 mpirun).  The driver hands one case at a time to one group over a loopback
@@ -19,6 +20,11 @@ backend gloo, torch.distributed with backend "pycollect" (pycollect.torch: the
 same dist calls, tensors handed to pycollect), and mpi4py on Open MPI with its default (shared memory) and with
 TCP forced (--mca pml ob1 --mca btl tcp,self).  A peer that is not installed
 is left out and named in the report.
+
+``--dtype float16`` or ``bfloat16`` times the same cases on that dtype, for the
+peers that have it: pycollect and both torch backends (MPI has no standard
+16-bit float type, and NumPy's 16-bit arithmetic is no memory ceiling); such a
+run prints its tables and leaves the page, whose tables are float32's, alone.
 
 Beside the peers, the run measures what the machine allows: the NumPy memory
 ceiling (peer "ceiling-shm": ranks whose buffers already lie in shared memory
@@ -66,6 +72,22 @@ LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm",
           "mpi-tcp": "MPI TCP", "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
           "torch-pycollect": "torch pycollect"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def np_dtype(name):
+    """The NumPy dtype named ``name`` (bfloat16: ml_dtypes', which pycollect installs)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def as_tensor(torch, array):
+    """A torch tensor sharing ``array``'s memory (torch cannot take ml_dtypes' bfloat16)."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def label(peer):
@@ -254,8 +276,8 @@ class Peer:
                     "barrier": ctx.barrier}[collective]
         if self.kind in TORCH_PEERS:
             dist, torch = self.dist, self.torch
-            ts = torch.from_numpy(send)
-            tr = torch.from_numpy(recv) if recv is not None else None
+            ts = as_tensor(torch, send)
+            tr = as_tensor(torch, recv) if recv is not None else None
             return {"allreduce": lambda: dist.all_reduce(ts),
                     "broadcast": lambda: dist.broadcast(ts, 0),
                     "allgather": lambda: dist.all_gather_into_tensor(tr, ts),
@@ -266,12 +288,12 @@ class Peer:
                 "allgather": lambda: comm.Allgather(send, recv),
                 "barrier": comm.Barrier}[collective]
 
-    def arrays(self, collective, count):
+    def arrays(self, collective, count, dtype=np.float32):
         """The buffers a case runs on: (send, recv or None)."""
         if self.kind == CEILING:
             return self.ceiling.arrays(collective, count)
-        recv = np.zeros(count * self.size, np.float32) if collective == "allgather" else None
-        return np.zeros(count, np.float32), recv
+        recv = np.zeros(count * self.size, dtype) if collective == "allgather" else None
+        return np.zeros(count, dtype), recv
 
     def close(self):
         """Leave the group."""
@@ -287,7 +309,7 @@ def run_case(peer, command):
     """Check one call of the case, then time it; return this rank's seconds per call."""
     collective, count = command["collective"], command["count"]
     n, rank = peer.size, peer.rank
-    buffers, recv = peer.arrays(collective, count)
+    buffers, recv = peer.arrays(collective, count, np_dtype(command.get("dtype", "float32")))
     send = buffers[rank] if peer.kind == CEILING else buffers
     call = peer.call(collective, buffers, recv)
     # One checked call: every peer must compute the right thing before it is timed.
@@ -299,7 +321,8 @@ def run_case(peer, command):
     elif collective == "broadcast":
         ok = bool(np.all(send == 1))
     elif collective == "allgather":
-        ok = bool(np.all(recv.reshape(n, count) == np.arange(1, n + 1, dtype=np.float32)[:, None]))
+        ok = bool(np.all(recv.reshape(n, count).astype(np.float32)
+                         == np.arange(1, n + 1, dtype=np.float32)[:, None]))
     else:
         ok = True
     if not ok:
@@ -505,6 +528,13 @@ def drive(args):
         wanted = args.peers.split(",")
         missing.update({p: "not asked for" for p in peers if p not in wanted})
         peers = [p for p in peers if p in wanted]
+    if args.dtype != "float32":
+        why = {CEILING: "NumPy's 16-bit arithmetic is no memory ceiling",
+               "mpi-shm": "MPI has no standard 16-bit float type",
+               "mpi-tcp": "MPI has no standard 16-bit float type"}
+        missing.update({p: f"{why[p]} ({args.dtype} run)" for p in peers if p in why})
+        peers = [p for p in peers if p not in why]
+    itemsize = np_dtype(args.dtype).itemsize
     cases = [("allreduce", c) for c in args.counts] + [c for c in OTHER_CASES
                                                        if c[0] in args.collectives]
     auth = secrets.token_hex(16)
@@ -512,7 +542,8 @@ def drive(args):
     doc = {"started": datetime.datetime.now().isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
            "load_before": os.getloadavg(), "machine": machine(), "versions": versions(peers),
-           "missing": missing, "peers": peers, "rounds": args.rounds, "budget_s": args.budget,
+           "missing": missing, "peers": peers, "dtype": args.dtype,
+           "rounds": args.rounds, "budget_s": args.budget,
            "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
            "results": []}
     doc["memcpy_GBps"] = memcpy_bandwidth()
@@ -542,6 +573,7 @@ def drive(args):
                                 continue
                             try:
                                 g.send({"collective": collective, "count": count,
+                                        "dtype": args.dtype,
                                         "budget": args.budget / args.rounds,
                                         "warmup": args.warmup, "min_iters": args.min_iters,
                                         "max_iters": args.max_iters})
@@ -553,7 +585,7 @@ def drive(args):
                                 continue
                             per_rank = np.array([replies[r]["times"] for r in sorted(replies)])
                             samples[g.peer].append(per_rank.max(axis=0))
-                    nbytes = count * 4 * (size if collective == "allgather" else 1)
+                    nbytes = count * itemsize * (size if collective == "allgather" else 1)
                     for peer, parts in samples.items():
                         if parts:
                             stats = latency_stats(np.concatenate(parts), nbytes,
@@ -769,11 +801,11 @@ def markdown(doc, images):
         + (f", torch {v['torch']} backend gloo" if "torch" in v else "")
         + (f", mpi4py {v['mpi4py']} on {v['mpi']} (shared memory = its default; TCP = "
            f"`{' '.join(MPI_TCP_ARGS)}`)" if "mpi4py" in v else "") + ".",
-        f"Method: float32, SUM; back-to-back calls after {doc['warmup']} warmups; a call's "
+        f"Method: {doc.get('dtype', 'float32')}, SUM; back-to-back calls after {doc['warmup']} warmups; a call's "
         f"latency is the slowest rank's; {doc['rounds']} interleaved rounds of "
         f"{doc['budget_s'] / doc['rounds']:g} s per peer and case. algbw = bytes / p50; "
         f"busbw as NCCL-tests define it "
-        f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M floats, broadcast × 1). "
+        f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M elements, broadcast × 1). "
         f"\"X ÷ pycollect\" is X's p50 over pycollect's: above 1, pycollect is faster. "
         f"load: the 1-minute load average as the case began (this run's own ranks count too).",
     ]
@@ -794,6 +826,8 @@ def markdown(doc, images):
             lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
                           f"({images[size]})"]
     lines += ["", "### What the machine allows", ""] + ceilings(doc)
+    if doc.get("dtype", "float32") != "float32":
+        ours, peers = None, []      # the issues' targets are float32's
     if ours:
         lines += ["", f"### Issue 5's targets in this run ({label(ours)})", ""]
         lines += targets(doc, ours)
@@ -1019,7 +1053,10 @@ def parse_args(argv=None):
                         help="pycollect transports to time, comma-separated (default tcp,shm); "
                              "the targets use the first")
     parser.add_argument("--counts", default=",".join(map(str, ALLREDUCE_COUNTS)),
-                        help="allreduce float32 counts")
+                        help="allreduce element counts")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the buffers' dtype (default float32; a 16-bit run prints its "
+                             "tables and leaves the page alone)")
     parser.add_argument("--collectives", default="broadcast,allgather,barrier",
                         help="other collectives besides allreduce (default all three)")
     parser.add_argument("--budget", type=float, default=1.0,
@@ -1067,6 +1104,8 @@ def parse_args(argv=None):
         args.counts = [int(c) for c in args.counts.split(",")]
     except ValueError:
         parser.error("--ranks and --counts take comma-separated integers")
+    if args.dtype != "float32":
+        args.no_write = True    # the page's tables are float32's
     args.transports = args.transports.split(",")
     args.collectives = args.collectives.split(",") if args.collectives else []
     if min(args.ranks) < 2 or min(args.counts) < 1:
