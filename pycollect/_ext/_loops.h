@@ -1,9 +1,10 @@
-/* The reduction loops of the floating types, in C, where the compiler is told which
- * vector instructions it may use.
+/* The reduction loops of the integer and floating types, in C, where the compiler is
+ * told which vector instructions it may use.
  *
- * float32 and float64: plain loops (the reductions, and AVG's division), built twice
- * on x86-64, for AVX2 and for the baseline (target_clones: the CPU's choice is made
- * when the module loads).
+ * The integers, float32 and float64: plain loops (the reductions, and AVG's division),
+ * built twice on x86-64, for AVX2 and for the baseline (target_clones: the CPU's choice
+ * is made when the module loads).  Integer arithmetic wraps like NumPy's: the extension
+ * is built with -fwrapv.
  *
  * The 16-bit types (float16 and bfloat16), and their division (AVG's tail): computed in
  * float32 and rounded to nearest even, as NumPy does (_half.h).
@@ -29,8 +30,9 @@
 #include <stdint.h>
 #include "_half.h"
 
-/* The loops' operations (AVG reduces like SUM). */
-enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3 };
+/* The loops' operations (AVG reduces like SUM; the bitwise ones are the integers'). */
+enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3, PC_K_BAND = 4,
+       PC_K_BOR = 5, PC_K_BXOR = 6 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
@@ -40,6 +42,30 @@ enum { PC_K_SUM = 0, PC_K_PRODUCT = 1, PC_K_MIN = 2, PC_K_MAX = 3 };
 #ifndef PC_CLONES
 #define PC_CLONES
 #endif
+
+/* -- the integers ---------------------------------------------------------------------- */
+
+#define PC_INT_LOOP(T, NAME)                                                               \
+    PC_CLONES static void NAME(T* out, const T* a, const T* b, size_t n, int kind) {       \
+        size_t i;                                                                          \
+        switch (kind) {                                                                    \
+        case PC_K_SUM: for (i = 0; i < n; i++) out[i] = (T)(a[i] + b[i]); break;           \
+        case PC_K_PRODUCT: for (i = 0; i < n; i++) out[i] = (T)(a[i] * b[i]); break;       \
+        case PC_K_MIN: for (i = 0; i < n; i++) out[i] = a[i] <= b[i] ? a[i] : b[i]; break; \
+        case PC_K_MAX: for (i = 0; i < n; i++) out[i] = a[i] >= b[i] ? a[i] : b[i]; break; \
+        case PC_K_BAND: for (i = 0; i < n; i++) out[i] = a[i] & b[i]; break;               \
+        case PC_K_BOR: for (i = 0; i < n; i++) out[i] = a[i] | b[i]; break;                \
+        default: for (i = 0; i < n; i++) out[i] = a[i] ^ b[i]; break;                      \
+        }                                                                                  \
+    }
+PC_INT_LOOP(int8_t, pc_int8_loop)
+PC_INT_LOOP(uint8_t, pc_uint8_loop)
+PC_INT_LOOP(int16_t, pc_int16_loop)
+PC_INT_LOOP(uint16_t, pc_uint16_loop)
+PC_INT_LOOP(int32_t, pc_int32_loop)
+PC_INT_LOOP(uint32_t, pc_uint32_loop)
+PC_INT_LOOP(int64_t, pc_int64_loop)
+PC_INT_LOOP(uint64_t, pc_uint64_loop)
 
 /* -- float32, float64 ----------------------------------------------------------------- */
 

@@ -2,9 +2,9 @@
 
 ``reduce_into(out, a, b, n, dtype, op)`` computes ``out[i] = a[i] op b[i]``;
 ``out`` may alias ``a`` or ``b``.  The loops are plain pointer loops over one
-C type each, which GCC vectorises at -O3; those of the floating types are C
-loops (_loops.h: built for AVX2 and the baseline, float16 through the CPU's F16C
-conversions where it has them).  Integer arithmetic wraps like
+C type each, which GCC vectorises at -O3: those of the integers and the floating
+types in C (_loops.h: built for AVX2 and the baseline, float16 through the CPU's
+F16C conversions where it has them), bool's and complex's here.  Integer arithmetic wraps like
 NumPy's (the extension is built with -fwrapv).  MIN and MAX propagate NaN like
 ``np.minimum``/``np.maximum``.  float16 and bfloat16 are computed in float32
 and rounded to nearest even, as NumPy does.  AVG reduces like SUM; the
@@ -21,7 +21,23 @@ from pycollect.errors import InvalidArgument
 from pycollect.types import DTYPES, ReduceOp
 
 cdef extern from "_loops.h":
-    int PC_K_SUM, PC_K_PRODUCT, PC_K_MIN, PC_K_MAX
+    int PC_K_SUM, PC_K_PRODUCT, PC_K_MIN, PC_K_MAX, PC_K_BAND, PC_K_BOR, PC_K_BXOR
+    void pc_int8_loop(int8_t* out, const int8_t* a, const int8_t* b, size_t n,
+                      int kind) noexcept nogil
+    void pc_uint8_loop(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n,
+                       int kind) noexcept nogil
+    void pc_int16_loop(int16_t* out, const int16_t* a, const int16_t* b, size_t n,
+                       int kind) noexcept nogil
+    void pc_uint16_loop(uint16_t* out, const uint16_t* a, const uint16_t* b, size_t n,
+                        int kind) noexcept nogil
+    void pc_int32_loop(int32_t* out, const int32_t* a, const int32_t* b, size_t n,
+                       int kind) noexcept nogil
+    void pc_uint32_loop(uint32_t* out, const uint32_t* a, const uint32_t* b, size_t n,
+                        int kind) noexcept nogil
+    void pc_int64_loop(int64_t* out, const int64_t* a, const int64_t* b, size_t n,
+                       int kind) noexcept nogil
+    void pc_uint64_loop(uint64_t* out, const uint64_t* a, const uint64_t* b, size_t n,
+                        int kind) noexcept nogil
     void pc_float32_loop(float* out, const float* a, const float* b, size_t n,
                          int kind) noexcept nogil
     void pc_float64_loop(double* out, const double* a, const double* b, size_t n,
@@ -37,16 +53,6 @@ cdef extern from "_loops.h":
     int pc_f16c_set(int on) noexcept nogil
     int pc_f16c_on() noexcept nogil
 
-ctypedef fused int_t:
-    int8_t
-    uint8_t
-    int16_t
-    uint16_t
-    int32_t
-    uint32_t
-    int64_t
-    uint64_t
-
 ctypedef fused cplx_t:
     float complex
     double complex
@@ -58,32 +64,6 @@ _ITEMSIZE[:] = [1, 1, 2, 2, 4, 4, 8, 8, 1, 2, 2, 4, 8, 8, 16]
 
 cdef int dtype_itemsize(int dtype) noexcept nogil:
     return _ITEMSIZE[dtype] if 0 <= dtype < DT_COUNT else 0
-
-
-cdef void _int_kernel(int_t* out, const int_t* a, const int_t* b, size_t n,
-                      int op) noexcept nogil:
-    cdef size_t i
-    if op == OP_SUM:
-        for i in range(n):
-            out[i] = a[i] + b[i]
-    elif op == OP_PRODUCT:
-        for i in range(n):
-            out[i] = a[i] * b[i]
-    elif op == OP_MIN:
-        for i in range(n):
-            out[i] = a[i] if a[i] <= b[i] else b[i]
-    elif op == OP_MAX:
-        for i in range(n):
-            out[i] = a[i] if a[i] >= b[i] else b[i]
-    elif op == OP_BAND:
-        for i in range(n):
-            out[i] = a[i] & b[i]
-    elif op == OP_BOR:
-        for i in range(n):
-            out[i] = a[i] | b[i]
-    elif op == OP_BXOR:
-        for i in range(n):
-            out[i] = a[i] ^ b[i]
 
 
 cdef void _cplx_kernel(cplx_t* out, const cplx_t* a, const cplx_t* b, size_t n,
@@ -105,6 +85,12 @@ cdef inline int _loop_kind(int op) noexcept nogil:
         return PC_K_MIN
     if op == OP_MAX:
         return PC_K_MAX
+    if op == OP_BAND:
+        return PC_K_BAND
+    if op == OP_BOR:
+        return PC_K_BOR
+    if op == OP_BXOR:
+        return PC_K_BXOR
     return PC_K_SUM
 
 
@@ -128,21 +114,21 @@ cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
                      int dtype, int op) noexcept nogil:
     """out = a op b over n elements of ``dtype``; -1 for a pair check_op rejects."""
     if dtype == DT_INT8:
-        _int_kernel(<int8_t*>out, <const int8_t*>a, <const int8_t*>b, n, op)
+        pc_int8_loop(<int8_t*>out, <const int8_t*>a, <const int8_t*>b, n, _loop_kind(op))
     elif dtype == DT_UINT8:
-        _int_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
+        pc_uint8_loop(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, _loop_kind(op))
     elif dtype == DT_INT16:
-        _int_kernel(<int16_t*>out, <const int16_t*>a, <const int16_t*>b, n, op)
+        pc_int16_loop(<int16_t*>out, <const int16_t*>a, <const int16_t*>b, n, _loop_kind(op))
     elif dtype == DT_UINT16:
-        _int_kernel(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, op)
+        pc_uint16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, _loop_kind(op))
     elif dtype == DT_INT32:
-        _int_kernel(<int32_t*>out, <const int32_t*>a, <const int32_t*>b, n, op)
+        pc_int32_loop(<int32_t*>out, <const int32_t*>a, <const int32_t*>b, n, _loop_kind(op))
     elif dtype == DT_UINT32:
-        _int_kernel(<uint32_t*>out, <const uint32_t*>a, <const uint32_t*>b, n, op)
+        pc_uint32_loop(<uint32_t*>out, <const uint32_t*>a, <const uint32_t*>b, n, _loop_kind(op))
     elif dtype == DT_INT64:
-        _int_kernel(<int64_t*>out, <const int64_t*>a, <const int64_t*>b, n, op)
+        pc_int64_loop(<int64_t*>out, <const int64_t*>a, <const int64_t*>b, n, _loop_kind(op))
     elif dtype == DT_UINT64:
-        _int_kernel(<uint64_t*>out, <const uint64_t*>a, <const uint64_t*>b, n, op)
+        pc_uint64_loop(<uint64_t*>out, <const uint64_t*>a, <const uint64_t*>b, n, _loop_kind(op))
     elif dtype == DT_BOOL:
         _bool_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
     elif dtype == DT_FLOAT32:
