@@ -52,7 +52,9 @@ spin time sleeps in ``Transport.watch`` (poll() on the pairs' doorbells and the
 abort eventfd) with its "sleeping" word set, so that a posting peer wakes it.
 A peer that has not arrived by the deadline is named in the Timeout; one whose
 pair ended fails the call with PeerError; any failure of a flags operation
-sets the area's failure word, which every spinner checks on each pass, and the
+sets the area's failure word, which every spinner checks on each pass (and
+where it finds the word set, looks at the posts once more: those it waits for
+may have come before the failure, which is then a later operation's), and the
 transport's abort frames tell the peers what happened.
 """
 
@@ -269,6 +271,15 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
         if p > last:
             return 0
         if pc_load_u32(&f.hdr.failed):
+            # Look at the posts once more, after the failure word (an acquire load): a
+            # rank preempted between its look at the posts and its look at the word may
+            # find the word set by a later operation whose rank saw these very posts. If
+            # every post this wait needs is here, the operation completes, as it would
+            # have had this rank looked a moment earlier.
+            while p <= last and (p == f.me or _entered(f, p, want)):
+                p += 1
+            if p > last:
+                return 0
             return _failed_elsewhere(t, f, want, p, last)
         spins += 1
         if spins % CLOCK_EVERY:
