@@ -258,6 +258,14 @@ cdef int _failed_elsewhere(Transport t, Flags* f, uint64_t want, int first,
     return t.set_error(ERR_PEER, origin if 0 <= origin < f.n else -1, "", 0, detail)
 
 
+cdef inline int _first_missing(Flags* f, uint64_t want, int p, int last) noexcept nogil:
+    """The first peer from ``p`` to ``last`` that has not entered operation ``want - 1``;
+    ``last + 1`` when every one has."""
+    while p <= last and (p == f.me or _entered(f, p, want)):
+        p += 1
+    return p
+
+
 cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """Wait until the flags of peers ``first``..``last`` are at least ``want``; 0, or -1
     after set_error."""
@@ -266,8 +274,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
     cdef int64_t now = pc_now_ns()
     cdef int64_t spin_end = now + f.spin_ns, look_at = now + LOOK_NS, until
     while True:
-        while p <= last and (p == f.me or _entered(f, p, want)):
-            p += 1
+        p = _first_missing(f, want, p, last)
         if p > last:
             return 0
         if pc_load_u32(&f.hdr.failed):
@@ -276,8 +283,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             # find the word set by a later operation whose rank saw these very posts. If
             # every post this wait needs is here, the operation completes, as it would
             # have had this rank looked a moment earlier.
-            while p <= last and (p == f.me or _entered(f, p, want)):
-                p += 1
+            p = _first_missing(f, want, p, last)
             if p > last:
                 return 0
             return _failed_elsewhere(t, f, want, p, last)
