@@ -52,7 +52,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # run from a checkout without installing
-from pycollect.bench import busbw_factor, latency_stats, time_calls  # noqa: E402
+from pycollect.bench import busbw_factor, latency_stats, numpy_dtype, time_calls  # noqa: E402
+from pycollect.tensors import as_tensor_like  # noqa: E402
 
 MPI_TCP_ARGS = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", "lo"]
@@ -73,21 +74,6 @@ LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm",
           "torch-pycollect": "torch pycollect"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
 DTYPES = ("float32", "float16", "bfloat16")
-
-
-def np_dtype(name):
-    """The NumPy dtype named ``name`` (bfloat16: ml_dtypes', which pycollect installs)."""
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
-
-
-def as_tensor(torch, array):
-    """A torch tensor sharing ``array``'s memory (torch cannot take ml_dtypes' bfloat16)."""
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
 
 
 def label(peer):
@@ -275,9 +261,9 @@ class Peer:
                     "allgather": lambda: ctx.allgather(send, recv),
                     "barrier": ctx.barrier}[collective]
         if self.kind in TORCH_PEERS:
-            dist, torch = self.dist, self.torch
-            ts = as_tensor(torch, send)
-            tr = as_tensor(torch, recv) if recv is not None else None
+            dist = self.dist
+            ts = as_tensor_like(send)
+            tr = as_tensor_like(recv) if recv is not None else None
             return {"allreduce": lambda: dist.all_reduce(ts),
                     "broadcast": lambda: dist.broadcast(ts, 0),
                     "allgather": lambda: dist.all_gather_into_tensor(tr, ts),
@@ -309,7 +295,7 @@ def run_case(peer, command):
     """Check one call of the case, then time it; return this rank's seconds per call."""
     collective, count = command["collective"], command["count"]
     n, rank = peer.size, peer.rank
-    buffers, recv = peer.arrays(collective, count, np_dtype(command.get("dtype", "float32")))
+    buffers, recv = peer.arrays(collective, count, numpy_dtype(command.get("dtype", "float32")))
     send = buffers[rank] if peer.kind == CEILING else buffers
     call = peer.call(collective, buffers, recv)
     # One checked call: every peer must compute the right thing before it is timed.
@@ -534,7 +520,7 @@ def drive(args):
                "mpi-tcp": "MPI has no standard 16-bit float type"}
         missing.update({p: f"{why[p]} ({args.dtype} run)" for p in peers if p in why})
         peers = [p for p in peers if p not in why]
-    itemsize = np_dtype(args.dtype).itemsize
+    itemsize = numpy_dtype(args.dtype).itemsize
     cases = [("allreduce", c) for c in args.counts] + [c for c in OTHER_CASES
                                                        if c[0] in args.collectives]
     auth = secrets.token_hex(16)

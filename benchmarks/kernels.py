@@ -21,16 +21,10 @@ import numpy as np
 
 from pycollect import ReduceOp
 from pycollect._ext._reduce import divide, float16_simd, reduce
+from pycollect.bench import numpy_dtype
 
 UFUNC = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
          "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
-
-
-def _dtype(name):
-    if name == "bfloat16":
-        import ml_dtypes
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def _best(call, n, repeats, budget=0.05):
@@ -54,7 +48,7 @@ def rows(dtypes, ops, sizes, repeats):
     rng = np.random.default_rng(0)
     out = []
     for name in dtypes:
-        dt = _dtype(name)
+        dt = numpy_dtype(name)
         paths = [("", None)]
         if name == "float16" and float16_simd():
             paths = [(" (F16C)", True), (" (one value at a time)", False)]
@@ -100,7 +94,8 @@ def main(argv=None):
         if op not in UFUNC:
             parser.error("unknown op %r (choose from %s)" % (op, ", ".join(UFUNC)))
     sizes = [int(x) for x in args.elements.split(",")]
-    print("| dtype | op | elements | pycollect ns/element | NumPy ns/element | NumPy ÷ pycollect |")
+    print("| dtype | op | elements | pycollect ns/element | NumPy ns/element "
+          "| NumPy ÷ pycollect |")
     print("|---|---|---:|---:|---:|---:|")
     for name, op, n, ours, theirs in rows(args.dtypes.split(","), ops, sizes, args.repeats):
         print("| %s | %s | %d | %.3f | %.3f | %.2f× |" % (name, op, n, ours, theirs,

@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-__all__ = ["main", "BENCHMARKS", "SWEEP", "busbw_factor", "latency_stats", "time_calls"]
+__all__ = ["main", "BENCHMARKS", "SWEEP", "busbw_factor", "latency_stats", "numpy_dtype",
+           "time_calls"]
 
 # Gloo's --elements -1 sweep: 15 sizes from 100 to 5,000,000 elements.
 SWEEP = (100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000,
@@ -257,7 +258,7 @@ class Config:
         if dtype_name not in DTYPES.values():
             raise InvalidArgument(f"--dtype {dtype_name!r} is not one of "
                                   f"{', '.join(DTYPES.values())}")
-        self.dtype = _numpy_dtype(dtype_name)
+        self.dtype = numpy_dtype(dtype_name)
         if args.op is not None and self.collective not in REDUCING:
             raise InvalidArgument(f"--op: {name} does not reduce")
         op_name = (args.op or "sum").upper()
@@ -326,7 +327,7 @@ def _default_transport():
     return inspect.signature(init).parameters["transport"].default
 
 
-def _numpy_dtype(name):
+def numpy_dtype(name):
     """Return the NumPy dtype of a pycollect dtype name (bfloat16 through ml_dtypes)."""
     if name == "bfloat16":
         from .errors import InvalidArgument
