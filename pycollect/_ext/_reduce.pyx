@@ -113,34 +113,33 @@ cdef void _bool_kernel(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t 
 cdef int reduce_into(void* out, const void* a, const void* b, size_t n,
                      int dtype, int op) noexcept nogil:
     """out = a op b over n elements of ``dtype``; -1 for a pair check_op rejects."""
+    cdef int kind = _loop_kind(op)      # for the loops of _loops.h
     if dtype == DT_INT8:
-        pc_int8_loop(<int8_t*>out, <const int8_t*>a, <const int8_t*>b, n, _loop_kind(op))
+        pc_int8_loop(<int8_t*>out, <const int8_t*>a, <const int8_t*>b, n, kind)
     elif dtype == DT_UINT8:
-        pc_uint8_loop(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, _loop_kind(op))
+        pc_uint8_loop(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, kind)
     elif dtype == DT_INT16:
-        pc_int16_loop(<int16_t*>out, <const int16_t*>a, <const int16_t*>b, n, _loop_kind(op))
+        pc_int16_loop(<int16_t*>out, <const int16_t*>a, <const int16_t*>b, n, kind)
     elif dtype == DT_UINT16:
-        pc_uint16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, _loop_kind(op))
+        pc_uint16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, kind)
     elif dtype == DT_INT32:
-        pc_int32_loop(<int32_t*>out, <const int32_t*>a, <const int32_t*>b, n, _loop_kind(op))
+        pc_int32_loop(<int32_t*>out, <const int32_t*>a, <const int32_t*>b, n, kind)
     elif dtype == DT_UINT32:
-        pc_uint32_loop(<uint32_t*>out, <const uint32_t*>a, <const uint32_t*>b, n, _loop_kind(op))
+        pc_uint32_loop(<uint32_t*>out, <const uint32_t*>a, <const uint32_t*>b, n, kind)
     elif dtype == DT_INT64:
-        pc_int64_loop(<int64_t*>out, <const int64_t*>a, <const int64_t*>b, n, _loop_kind(op))
+        pc_int64_loop(<int64_t*>out, <const int64_t*>a, <const int64_t*>b, n, kind)
     elif dtype == DT_UINT64:
-        pc_uint64_loop(<uint64_t*>out, <const uint64_t*>a, <const uint64_t*>b, n, _loop_kind(op))
+        pc_uint64_loop(<uint64_t*>out, <const uint64_t*>a, <const uint64_t*>b, n, kind)
     elif dtype == DT_BOOL:
         _bool_kernel(<uint8_t*>out, <const uint8_t*>a, <const uint8_t*>b, n, op)
     elif dtype == DT_FLOAT32:
-        pc_float32_loop(<float*>out, <const float*>a, <const float*>b, n, _loop_kind(op))
+        pc_float32_loop(<float*>out, <const float*>a, <const float*>b, n, kind)
     elif dtype == DT_FLOAT64:
-        pc_float64_loop(<double*>out, <const double*>a, <const double*>b, n, _loop_kind(op))
+        pc_float64_loop(<double*>out, <const double*>a, <const double*>b, n, kind)
     elif dtype == DT_FLOAT16:
-        pc_float16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
-                        _loop_kind(op))
+        pc_float16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, kind)
     elif dtype == DT_BFLOAT16:
-        pc_bfloat16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n,
-                         _loop_kind(op))
+        pc_bfloat16_loop(<uint16_t*>out, <const uint16_t*>a, <const uint16_t*>b, n, kind)
     elif dtype == DT_COMPLEX64:
         _cplx_kernel(<float complex*>out, <const float complex*>a,
                      <const float complex*>b, n, op)
