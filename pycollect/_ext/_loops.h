@@ -96,10 +96,9 @@ PC_CLONES static void pc_float64_divide(double* buf, size_t n, double d) {
 
 /* -- the 16-bit types, one value at a time ---------------------------------------------- */
 
-static inline uint16_t pc_half_pick(uint16_t a, uint16_t b, float x, float y, int kind,
-                                    int brain) {
-    int keep_a = kind == PC_K_MIN ? (x < y || (x == y && !brain) || x != x)
-                                  : (x > y || (x == y && !brain) || x != x);
+static inline uint16_t pc_half_pick(uint16_t a, uint16_t b, float x, float y, int kind) {
+    /* float16's MIN and MAX: a where it wins, ties or is NaN (NumPy's rule) */
+    int keep_a = kind == PC_K_MIN ? (x <= y || x != x) : (x >= y || x != x);
     return keep_a ? a : b;
 }
 
@@ -115,7 +114,7 @@ static void pc_half_loop_portable(uint16_t* out, const uint16_t* a, const uint16
         float x = pc_half_to_float(a[i]), y = pc_half_to_float(b[i]);
         if (kind == PC_K_SUM) out[i] = pc_float_to_half(pc_nan_of_b(x + y, y));
         else if (kind == PC_K_PRODUCT) out[i] = pc_float_to_half(pc_nan_of_b(x * y, y));
-        else out[i] = pc_half_pick(a[i], b[i], x, y, kind, 0);
+        else out[i] = pc_half_pick(a[i], b[i], x, y, kind);
     }
 }
 
@@ -154,7 +153,7 @@ PC_F16C static size_t pc_half_loop_f16c(uint16_t* out, const uint16_t* a, const 
             /* keep a where x <= y (x >= y for MAX) or x is NaN: the portable rule */
             __m256 keep = _mm256_or_ps(
                 kind == PC_K_MIN ? _mm256_cmp_ps(x, y, _CMP_LE_OQ)
-                                    : _mm256_cmp_ps(x, y, _CMP_GE_OQ),
+                                 : _mm256_cmp_ps(x, y, _CMP_GE_OQ),
                 _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
             __m256i k = _mm256_castps_si256(keep);
             __m128i k16 = _mm_packs_epi32(_mm256_castsi256_si128(k),
