@@ -65,7 +65,6 @@ cdef extern from *:
     #define Py_BUILD_CORE 1
     #endif
     #include "internal/pycore_frame.h"
-    #define PC_FRAMES_IN_PLACE 1
     static PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where) {
         _PyInterpreterFrame* f = PyThreadState_Get()->cframe->current_frame;
         for (; f != NULL; f = f->previous) {
@@ -82,7 +81,6 @@ cdef extern from *:
         return NULL;
     }
     #else
-    #define PC_FRAMES_IN_PLACE 0
     static PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where) {
         PyFrameObject* f = PyEval_GetFrame();       /* borrowed */
         PyFrameObject* back;
@@ -111,7 +109,6 @@ cdef extern from *:
     int64_t pc_ticks() nogil
     int64_t pc_wall_ns() nogil
     bint PC_FRAME_LASTI
-    bint PC_FRAMES_IN_PLACE
     ctypedef int (*pc_outside_fn)(void* ring, PyObject* code) noexcept
     PyObject* pc_caller(pc_outside_fn outside, void* ring, int* where)
 
