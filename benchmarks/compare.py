@@ -620,10 +620,12 @@ def tcp_ceiling(seconds=3):
             done = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "--bidir",
                                    "-t", str(seconds), "-J"], capture_output=True, text=True,
                                   timeout=seconds + 30)
-            if done.returncode == 0:
+            # With -J, iperf3 (3.12) exits 0 even when it could not connect: the report's
+            # "error" says so, and a server not listening yet is worth another try.
+            report = json.loads(done.stdout) if done.stdout.strip() else {}
+            if done.returncode == 0 and "error" not in report:
                 break
             time.sleep(0.2)
-        report = json.loads(done.stdout)
         if done.returncode != 0 or "error" in report:
             return None, "not measured (iperf3: %s)" % report.get("error", done.stderr.strip())
         end = report["end"]
