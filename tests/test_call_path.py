@@ -5,6 +5,7 @@ array) never enter the Context's Python methods; every other form does.  Both
 paths must number, record and fail a collective alike.
 """
 
+import datetime
 import inspect
 import threading
 import time
@@ -55,18 +56,82 @@ def test_blocking_calls_on_arrays_stay_compiled(trio, python_calls):
     assert python_calls == {"allreduce": 0, "broadcast": 0, "barrier": 0}
 
 
+def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
+    # Every flat algorithm by name, and a timeout= in seconds (int or float), take the
+    # compiled path and give what auto gives.
+    names = ("recursive_doubling", "halving_doubling", "ring", "ring_chunked", "bcube")
+
+    def body(ctx):
+        out = []
+        for name in names:
+            a = np.arange(40, dtype=np.float64) + ctx.rank
+            ctx.allreduce(a, algorithm=name)
+            out.append(a.tolist())
+        a = np.full(6, ctx.rank, np.int32)
+        ctx.allreduce(a, pc.ReduceOp.MAX, timeout=20)
+        out.append(a.tolist())
+        for name in ("binomial", "pipelined"):
+            b = np.full(5, ctx.rank, np.float32)
+            ctx.broadcast(b, root=1, algorithm=name, timeout=7.5)
+            out.append(b.tolist())
+        ctx.barrier(timeout=20)
+        return out
+    want = [(np.arange(40) * 3 + 3).tolist()] * len(names) + [[2] * 6] + [[1.0] * 5] * 2
+    assert trio.run(body) == [want] * 3
+    assert python_calls == {"allreduce": 0, "broadcast": 0, "barrier": 0}
+
+
 @pytest.mark.parametrize("call", [
     lambda ctx, a: ctx.allreduce(a, async_op=True).wait(),
     lambda ctx, a: ctx.allreduce(a, recvbuf=np.empty_like(a)),
-    lambda ctx, a: ctx.allreduce(a, timeout=20),
-    lambda ctx, a: ctx.allreduce(a, algorithm="ring"),
+    lambda ctx, a: ctx.allreduce(a, timeout=datetime.timedelta(seconds=20)),
+    lambda ctx, a: ctx.allreduce(a, timeout=np.float64(20)),
+    lambda ctx, a: ctx.allreduce(a, algorithm="bcube:2"),
     lambda ctx, a: ctx.allreduce(a, pc.ReduceOp.SUM.value),
     lambda ctx, a: ctx.allreduce(a.tolist()[0]),
     lambda ctx, a: ctx.allreduce(memoryview(a)),
-], ids=["async", "recvbuf", "timeout", "named", "int-op", "number", "memoryview"])
+], ids=["async", "recvbuf", "timedelta", "numpy-timeout", "bcube-base", "int-op", "number",
+        "memoryview"])
 def test_every_other_form_takes_the_python_path(trio, python_calls, call):
     trio.run(lambda ctx: call(ctx, np.ones(4, np.float64)))
     assert python_calls["allreduce"] == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(timeout=0), "timeout must be a positive"),
+    (dict(timeout=-2.0), "timeout must be a positive"),
+    (dict(timeout=float("nan")), "timeout must be"),
+    (dict(timeout=float("inf")), "timeout must be"),
+    (dict(timeout=True), "timeout"),
+    (dict(algorithm="nope"), "unknown algorithm 'nope'"),
+    (dict(algorithm="binomial"), "unknown algorithm 'binomial'"),
+], ids=["zero", "negative", "nan", "inf", "bool", "unknown", "broadcast's"])
+def test_what_the_compiled_path_does_not_take_is_refused_as_before(trio, kwargs, match):
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match=match):
+            ctx.allreduce(np.ones(3), **kwargs)
+        a = np.ones(1)
+        ctx.allreduce(a)        # still in step
+        return a[0]
+    assert trio.run(body) == [3.0] * 3
+
+
+def test_a_call_timeout_on_the_compiled_path_is_its_deadline(python_calls):
+    # The context allows 60 s; the call's own 0.3 s is what rank 0 waits for rank 1.
+    group = ThreadGroup(2, timeout=60)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                return None
+            start = time.monotonic()
+            with pytest.raises(pc.Timeout):
+                ctx.allreduce(np.ones(4), algorithm="ring", timeout=0.3)
+            return time.monotonic() - start
+        waited = group.run(body)[0]
+        assert 0.25 <= waited < 10
+        assert python_calls["allreduce"] == 0
+    finally:
+        group.close()
 
 
 def test_both_paths_agree_on_every_result(trio):

@@ -3,15 +3,17 @@
 ``CallPath`` is the base class of ``pycollect.Context``.  It holds what every
 call reads (the transport, the sequence number, the failure state, the
 flight recorder, the lock) as C fields, and answers the commonest calls
-itself: a blocking ``allreduce`` (in place, ``algorithm="auto"``), ``broadcast``
-and ``barrier`` on a C-contiguous NumPy array with the context's deadline.
+itself: a blocking ``allreduce`` (in place), ``broadcast`` and ``barrier`` on a
+C-contiguous NumPy array, with ``algorithm="auto"`` or a flat algorithm named
+(``"ring"``...), with the context's deadline or a ``timeout=`` in seconds.
 For those the checks, the plan (auto's rules of this group, copied into C
 arrays on first use), the flight recorder's slot, the sequence number and
 the call into the algorithm stay in C; the algorithm releases the GIL for the
 collective itself.
 
 Every other form (async handles, ``recvbuf=``, numbers, torch tensors, a
-``timeout=``, a named algorithm, a hierarchical plan, ``PYCOLLECT_DEBUG``, a
+``timeout=`` as a timedelta or one to refuse, ``"bcube:B"``, ``"hierarchical"``
+or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a
 context with queued work or unreceived messages, or one that is failed or
 closed) goes to the Context's Python method of the same name with a
 leading ``_`` and trailing ``_any`` (``_allreduce_any``...), which validates and
@@ -56,6 +58,8 @@ from pycollect._ext._transport cimport Transport
 
 import numpy as np
 
+from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
+from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect.errors import Aborted, Error, InvalidArgument
 from pycollect.types import ReduceOp
@@ -77,6 +81,35 @@ cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
 cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
 cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGORITHM_NAMES) + 1))
+cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
+                    K_BROADCAST: dict(_BROADCAST_ALGORITHMS)}
+cdef double _INF = float("inf")
+cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
+
+
+cdef inline int _named(int kind, object algorithm) except -2:
+    """The wire code of the flat algorithm of ``kind`` called ``algorithm``, else -1 (the
+    Python path takes the other names: "bcube:B", "hierarchical", and those it refuses)."""
+    if type(algorithm) is not str:
+        return -1
+    code = (<dict>_NAMED[kind]).get(algorithm)
+    return -1 if code is None else <int>code
+
+
+cdef inline double _seconds(object timeout, double default):
+    """A call's deadline in seconds: the context's for None, ``timeout`` where it is a
+    positive finite float or int, else -1 (the Python path converts a timedelta and
+    refuses the rest, as _call_timeout words it)."""
+    cdef double s
+    if timeout is None:
+        return default
+    if type(timeout) is float:
+        s = <double>timeout
+    elif type(timeout) is int and 0 < timeout < _EXACT_INT:
+        s = <double>timeout
+    else:
+        return -1.0
+    return s if 0.0 < s < _INF else -1.0
 
 
 cdef class CallLock:
@@ -166,9 +199,10 @@ cdef class CallPath:
 
     def barrier(self, async_op=False, timeout=None):
         """Block until every rank has called barrier."""
-        if async_op or timeout is not None or not self.ready():
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if async_op or seconds < 0 or not self.ready():
             return self._barrier_any(async_op, timeout)
-        result = self.run(K_BARRIER, None, 0, 0, 0)
+        result = self.run(K_BARRIER, None, 0, 0, 0, seconds)
         if result is _TAKE_SLOW:
             return self._barrier_any(async_op, timeout)
         return None
@@ -176,12 +210,15 @@ cdef class CallPath:
     def broadcast(self, buf, root=0, algorithm="auto", async_op=False, timeout=None):
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         cdef int code
-        if (type(buf) is not np.ndarray or async_op or timeout is not None
-                or type(root) is not int or not 0 <= root < self._size
-                or not (algorithm is _AUTO or algorithm == _AUTO) or not self.ready()):
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(buf) is not np.ndarray or async_op or seconds < 0
+                or type(root) is not int or not 0 <= root < self._size or not self.ready()):
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
-        code = self.auto(K_BROADCAST, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
-        if code < 0 or self.run(K_BROADCAST, buf, code, 0, root) is _TAKE_SLOW:
+        if algorithm is _AUTO or algorithm == _AUTO:
+            code = self.auto(K_BROADCAST, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
+        else:
+            code = _named(K_BROADCAST, algorithm)
+        if code < 0 or self.run(K_BROADCAST, buf, code, 0, root, seconds) is _TAKE_SLOW:
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
         return buf
 
@@ -200,13 +237,16 @@ cdef class CallPath:
         "hierarchical" (inside each host, then across hosts: pycollect/hierarchy.py).
         """
         cdef int code
+        cdef double seconds = _seconds(timeout, self._timeout)
         if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
-                or async_op or timeout is not None
-                or not (algorithm is _AUTO or algorithm == _AUTO) or not self.ready()):
+                or async_op or seconds < 0 or not self.ready()):
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
-        code = self.auto(K_ALLREDUCE, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
-        if code < 0 or self.run(K_ALLREDUCE, buf, code, op, 0) is _TAKE_SLOW:
+        if algorithm is _AUTO or algorithm == _AUTO:
+            code = self.auto(K_ALLREDUCE, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
+        else:
+            code = _named(K_ALLREDUCE, algorithm)
+        if code < 0 or self.run(K_ALLREDUCE, buf, code, op, 0, seconds) is _TAKE_SLOW:
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
         return buf
@@ -244,10 +284,10 @@ cdef class CallPath:
         self.n_rules[kind] = n
         return n
 
-    cdef object run(self, int kind, object buf, int code, int op, int root):
-        """Record, number and run one collective under the context lock; the algorithm's
-        name, or _TAKE_SLOW when the context stopped being ready while this call waited or
-        its arguments were refused."""
+    cdef object run(self, int kind, object buf, int code, int op, int root, double timeout):
+        """Record, number and run one collective under the context lock, within ``timeout``
+        seconds; the algorithm's name, or _TAKE_SLOW when the context stopped being ready
+        while this call waited or its arguments were refused."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef unsigned int seq
@@ -271,13 +311,11 @@ cdef class CallPath:
                 if entry >= 0:
                     rec.begin(entry, seq, not waited)
                 if kind == K_ALLREDUCE:
-                    code = run_allreduce(t, buf, op, code, seq, self._timeout,
-                                         self._segment_bytes)
+                    code = run_allreduce(t, buf, op, code, seq, timeout, self._segment_bytes)
                 elif kind == K_BROADCAST:
-                    code = run_broadcast(t, buf, root, code, seq, self._timeout,
-                                         self._segment_bytes)
+                    code = run_broadcast(t, buf, root, code, seq, timeout, self._segment_bytes)
                 else:
-                    code = run_barrier(t, seq, self._timeout)
+                    code = run_barrier(t, seq, timeout)
             except InvalidArgument as exc:
                 if t.is_failed:
                     raise
