@@ -13,7 +13,8 @@ drift hits all of them alike; a call's latency is the slowest rank's.  Rank
 0 prints, per algorithm, the p50 of its best round (the lowest per-round
 median, so that a burst of load from elsewhere spoils one round rather than
 the verdict), the best fixed choice, what auto picked, and auto's time and
-its pick's time relative to the best (the JSON also has the plain p50s).
+its pick's time relative to the best (the JSON also has the plain p50s);
+``--markdown`` ends with the same as a table.
 """
 
 import argparse
@@ -55,6 +56,21 @@ def measure(ctx, call, algorithm, iters):
     return times
 
 
+def markdown(algorithms, results):
+    """The rows as docs/algorithms.md's crossover tables have them."""
+    fixed = [a for a in algorithms if a != "auto"]
+    lines = ["| elements | " + " | ".join("`%s`" % a for a in fixed)
+             + " | auto | auto picks | pick / best | auto / best |",
+             "|---:|" + "---:|" * len(fixed) + "---:|---|---:|---:|"]
+    for row in results:
+        cells = ["**%.1f**" % row["best_round_p50_us"][a] if a == row["best"]
+                 else "%.1f" % row["best_round_p50_us"][a] for a in fixed]
+        lines.append("| %d | %s | %.1f | %s | %.2f | %.2f |" % (
+            row["elements"], " | ".join(cells), row["best_round_p50_us"]["auto"], row["auto"],
+            row["pick_vs_best"], row["auto_vs_best"]))
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, nargs="*", default=GLOO_SWEEP)
@@ -62,6 +78,9 @@ def main():
     parser.add_argument("--budget", type=float, default=1.0,
                         help="seconds per size and algorithm, at most")
     parser.add_argument("--json", help="write the results here (rank 0)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="rank 0 ends with the results as a Markdown table (best rounds, "
+                             "µs; bold: the fastest fixed choice)")
     parser.add_argument("--transport", default="auto", help="tcp, shm or auto (default)")
     parser.add_argument("--collective", default="allreduce", choices=sorted(ALGORITHMS))
     args = parser.parse_args()
@@ -101,6 +120,8 @@ def main():
                     n, "  ".join("%s %8.1f" % (a[:5], row["best_round_p50_us"][a])
                                  for a in algorithms),
                     best, row["auto"], row["auto_vs_best"], row["pick_vs_best"]), flush=True)
+        if ctx.rank == 0 and args.markdown:
+            print(markdown(algorithms, results))
         if ctx.rank == 0 and args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": ctx.size, "collective": args.collective,

@@ -107,7 +107,7 @@ def _allreduce_rules(collective, large_multi_host, why):
     """allreduce's rules, with what a multi-host topology runs from 128 KiB."""
     return [
         Rule(collective, None, "multi-host", 128 * KiB, large_multi_host, why),
-        Rule(collective, 2, "shm", 32 * KiB, "direct",
+        Rule(collective, 2, "shm", 16 * KiB + 1, "direct",
              "each rank reduces its slice straight from the peers' memory and writes it "
              "into theirs"),
         Rule(collective, None, "shm", 128 * KiB, "direct",
@@ -119,8 +119,6 @@ def _allreduce_rules(collective, large_multi_host, why):
              "segments overlap the reduction with the wire"),
         Rule(collective, 4, "any", 256 * KiB, "bcube",
              "base 4 at 4 ranks is one exchange step among all four"),
-        Rule(collective, 2, "shm", 16 * KiB + 1, "recursive_doubling",
-             "above the flag area, below direct: one message each way beats halving's two"),
         Rule(collective, None, "flags", FLAGS_MAX_BYTES + 1, "halving_doubling"),
         Rule(collective, None, "flags", 0, "flags",
              "copy into shared memory, raise a flag, reduce every rank's copy: one "

@@ -23,9 +23,8 @@ def test_the_docs_table_is_the_rule_table():
 
 
 @pytest.mark.parametrize("size,shm,multi,cases", [
-    (2, True, False, [(16 * KiB, "recursive_doubling"), (16 * KiB + 1, "recursive_doubling"),
-                      (32 * KiB - 1, "recursive_doubling"), (32 * KiB, "direct"),
-                      (64 * MiB, "direct")]),
+    (2, True, False, [(16 * KiB, "recursive_doubling"), (16 * KiB + 1, "direct"),
+                      (32 * KiB, "direct"), (64 * MiB, "direct")]),
     (2, False, False, [(64 * KiB, "recursive_doubling"), (64 * KiB + 1, "halving_doubling"),
                        (4 * MiB - 1, "halving_doubling"), (4 * MiB, "ring_chunked")]),
     (4, False, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "halving_doubling"),
