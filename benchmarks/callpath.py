@@ -2,6 +2,7 @@
 
     python benchmarks/callpath.py                   # every peer found, 5 rounds
     python benchmarks/callpath.py --peers pycollect,mpi4py --rounds 3 --json out.json
+    python benchmarks/callpath.py --ops all         # the other collectives too
 
 On a group of one rank no byte moves, so what a call costs is the library's
 own path: argument checks, the plan, the sequence number, the flight
@@ -19,8 +20,14 @@ Peers: ``pycollect`` (``ctx.allreduce(buf)``, ``ctx.barrier()``,
 ``mpi4py`` (``Allreduce(IN_PLACE, buf)``, ``Barrier()``, ``Bcast(buf)`` on
 Open MPI), ``torch-pycollect`` and ``torch-gloo`` (``dist.all_reduce``,
 ``dist.barrier``, ``dist.broadcast`` of a one-element float32 tensor with
-backend ``"pycollect"`` and ``"gloo"``).  A peer that is not installed is left
-out and named.
+backend ``"pycollect"`` and ``"gloo"``).  ``--ops all`` adds reduce (in place
+on the root), allgather, gather, scatter, reduce_scatter and alltoall of one
+element, each peer's own call for it (mpi4py's ``Reduce(IN_PLACE, buf)``,
+``Allgather``, ``Gather``, ``Scatter``, ``Reduce_scatter_block``,
+``Alltoall``; torch's ``reduce``, ``all_gather_into_tensor``, ``gather``,
+``scatter``, ``reduce_scatter_tensor``, ``all_to_all_single``); a call a
+peer refuses shows as a dash.  A peer that is not installed is left out and
+named.
 """
 
 import argparse
@@ -34,6 +41,7 @@ import tempfile
 import time
 
 OPS = ("allreduce", "barrier", "broadcast")
+MORE_OPS = ("reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall")
 PEERS = ("pycollect", "mpi4py", "torch-pycollect", "torch-gloo")
 BATCHES = 30
 
@@ -44,24 +52,37 @@ def _calls(peer):
     if peer == "pycollect":
         import pycollect as pc
         ctx = pc.init(rank=0, size=1, store="hash://callpath", timeout=30)
-        buf = np.zeros(1, np.float32)
+        buf, out = np.zeros(1, np.float32), np.zeros(1, np.float32)
         return {"allreduce": lambda: ctx.allreduce(buf), "barrier": ctx.barrier,
-                "broadcast": lambda: ctx.broadcast(buf)}, ctx.close
+                "broadcast": lambda: ctx.broadcast(buf), "reduce": lambda: ctx.reduce(buf, 0),
+                "allgather": lambda: ctx.allgather(buf, out),
+                "gather": lambda: ctx.gather(buf, out, 0), "scatter": lambda: ctx.scatter(out, buf, 0),
+                "reduce_scatter": lambda: ctx.reduce_scatter(buf, out),
+                "alltoall": lambda: ctx.alltoall(buf, out)}, ctx.close
     if peer == "mpi4py":
         from mpi4py import MPI
-        comm, buf = MPI.COMM_WORLD, np.zeros(1, np.float32)
+        comm, buf, out = MPI.COMM_WORLD, np.zeros(1, np.float32), np.zeros(1, np.float32)
         in_place = MPI.IN_PLACE
         return {"allreduce": lambda: comm.Allreduce(in_place, buf), "barrier": comm.Barrier,
-                "broadcast": lambda: comm.Bcast(buf, 0)}, lambda: None
+                "broadcast": lambda: comm.Bcast(buf, 0),
+                "reduce": lambda: comm.Reduce(in_place, buf, root=0),
+                "allgather": lambda: comm.Allgather(buf, out),
+                "gather": lambda: comm.Gather(buf, out, 0), "scatter": lambda: comm.Scatter(out, buf, 0),
+                "reduce_scatter": lambda: comm.Reduce_scatter_block(buf, out),
+                "alltoall": lambda: comm.Alltoall(buf, out)}, lambda: None
     import torch
     import torch.distributed as dist
     if peer == "torch-pycollect":
         import pycollect.torch  # noqa: F401  (registers the backend)
     store = dist.HashStore()
     dist.init_process_group(peer.split("-", 1)[1], store=store, rank=0, world_size=1)
-    t = torch.zeros(1, dtype=torch.float32)
+    t, o = torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.float32)
     return {"allreduce": lambda: dist.all_reduce(t), "barrier": dist.barrier,
-            "broadcast": lambda: dist.broadcast(t, 0)}, dist.destroy_process_group
+            "broadcast": lambda: dist.broadcast(t, 0), "reduce": lambda: dist.reduce(t, 0),
+            "allgather": lambda: dist.all_gather_into_tensor(o, t),
+            "gather": lambda: dist.gather(t, [o], 0), "scatter": lambda: dist.scatter(t, [o], 0),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(o, t),
+            "alltoall": lambda: dist.all_to_all_single(o, t)}, dist.destroy_process_group
 
 
 def _time(call, calls):
@@ -78,10 +99,15 @@ def _time(call, calls):
     return out
 
 
-def worker(peer, calls, out):
+def worker(peer, ops, calls, out):
     table, close = _calls(peer)
     result = {}
-    for op in OPS:
+    for op in ops:
+        try:
+            table[op]()
+        except Exception:       # the peer does not have this call (its backend refuses it)
+            result[op] = None
+            continue
         per_call = _time(table[op], calls)
         result[op] = {"median": statistics.median(per_call), "best": min(per_call)}
     close()
@@ -99,9 +125,9 @@ def available(peer):
                           timeout=120).returncode == 0
 
 
-def _command(peer, calls, out):
+def _command(peer, ops, calls, out):
     me = [sys.executable, os.path.abspath(__file__), "--worker", peer, "--calls", str(calls),
-          "--out", out]
+          "--ops", ",".join(ops), "--out", out]
     if peer == "mpi4py":
         return ["mpirun", "--allow-run-as-root", "-n", "1"] + me
     return me
@@ -112,12 +138,19 @@ def main(argv=None):
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed batch")
+    ap.add_argument("--ops", default=",".join(OPS),
+                    help="operations to time, comma-separated, or 'all' (default: %(default)s)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    ops = list(OPS + MORE_OPS) if args.ops == "all" else [o for o in args.ops.split(",") if o]
+    bad = sorted(set(ops) - set(OPS + MORE_OPS))
+    if bad:
+        ap.error("unknown operation(s) %s (choose from %s, or all)"
+                 % (", ".join(bad), ", ".join(OPS + MORE_OPS)))
     if args.worker:
-        return worker(args.worker, args.calls, args.out)
+        return worker(args.worker, ops, args.calls, args.out)
 
     wanted = [p for p in args.peers.split(",") if p]
     unknown = sorted(set(wanted) - set(PEERS))
@@ -132,24 +165,27 @@ def main(argv=None):
             order = peers[r % len(peers):] + peers[:r % len(peers)]
             for peer in order:
                 out = os.path.join(tmp, "%s.json" % peer)
-                subprocess.run(_command(peer, args.calls, out), check=True, timeout=600,
+                subprocess.run(_command(peer, ops, args.calls, out), check=True, timeout=600,
                                env=env, cwd=tmp, stdout=subprocess.DEVNULL)
                 with open(out) as f:
                     runs[peer].append(json.load(f))
-    figures = {p: {op: {"median": statistics.median(run[op]["median"] for run in runs[p]),
-                        "best": min(run[op]["best"] for run in runs[p])} for op in OPS}
-               for p in peers}
+    figures = {p: {op: None if runs[p][0][op] is None else {
+        "median": statistics.median(run[op]["median"] for run in runs[p]),
+        "best": min(run[op]["best"] for run in runs[p])} for op in ops} for p in peers}
     base = figures.get("pycollect")
     print("one-rank call path, µs per call (median over %d rounds of each run's median "
           "batch; fastest batch in brackets)" % args.rounds)
     print("| operation | " + " | ".join(peers) + " |")
     print("|---|" + "---:|" * len(peers))
-    for op in OPS:
+    for op in ops:
         cells = []
         for p in peers:
             f = figures[p][op]
+            if f is None:
+                cells.append("—")
+                continue
             cell = "%.2f (%.2f)" % (f["median"] * 1e6, f["best"] * 1e6)
-            if base is not None and p != "pycollect":
+            if base is not None and p != "pycollect" and base[op] is not None:
                 cell += " = %.2f× pycollect" % (f["median"] / base[op]["median"])
             cells.append(cell)
         print("| %s | %s |" % (op, " | ".join(cells)))

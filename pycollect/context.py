@@ -75,9 +75,11 @@ def _refusable(method):
 class Context(CallPath):
     """A connected group of ``size`` ranks, seen from ``rank``.
 
-    Its hot state and its commonest calls (blocking ``allreduce``, ``broadcast`` and
-    ``barrier`` on NumPy arrays) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).
-    Every other form of those calls arrives at ``_allreduce_any`` and its kin here.
+    Its hot state and its commonest calls (the blocking collectives on NumPy arrays:
+    ``allreduce``, ``broadcast``, ``barrier``, ``reduce``, ``allgather``, ``gather``,
+    ``scatter``, ``reduce_scatter``, ``alltoall``) are compiled: ``CallPath``
+    (pycollect/_ext/_call.pyx).  Every other form of those calls arrives at
+    ``_allreduce_any`` and its kin here.
     """
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,
@@ -224,11 +226,9 @@ class Context(CallPath):
             t, data, op, algo, seq, tmo, seg, base), result, async_op)
 
     @_refusable
-    def reduce(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
-               recvbuf=None, timeout=None):
-        """Reduce ``buf`` across ranks into root's ``buf`` (or root's ``recvbuf``, leaving
-        ``buf`` untouched); other ranks' ``buf`` is untouched.  Returns the result on root
-        (a number for a number), ``buf`` elsewhere."""
+    def _reduce_any(self, buf, root=0, op=ReduceOp.SUM, algorithm="auto", async_op=False, *,
+                    recvbuf=None, timeout=None):
+        # reduce() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         root = self._check_root(root, "reduce")
         op = self._check_op(op, "reduce")
         if _is_number(buf):
@@ -247,12 +247,9 @@ class Context(CallPath):
             t, data, root, op, algo, seq, tmo, seg), result, async_op, root=root)
 
     @_refusable
-    def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None, *,
-                  algorithm="auto"):
-        """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere.
-
-        ``algorithm``: "auto", "ring", or "direct" (every rank on one host: each writes its
-        block straight into the others' ``recvbuf``)."""
+    def _allgather_any(self, sendbuf, recvbuf=None, async_op=False, timeout=None, *,
+                       algorithm="auto"):
+        # allgather() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, algorithm=algorithm)
         tmo = self._call_timeout(timeout, "allgather")
         call = _Call(self, "allgather", checked)
@@ -279,8 +276,8 @@ class Context(CallPath):
             t, send, recv, counts, seq, tmo, seg), call.result, async_op)
 
     @_refusable
-    def gather(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
-        """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
+    def _gather_any(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
+        # gather() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
         root = self._check_root(root, "gather")
         tmo = self._call_timeout(timeout, "gather")
@@ -316,10 +313,8 @@ class Context(CallPath):
             root=root)
 
     @_refusable
-    def scatter(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
-        """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``
-        (``recvbuf=None``: allocated from ``sendbuf``'s shape, which ranks other than
-        root then pass too)."""
+    def _scatter_any(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
+        # scatter() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, root=root)
         root = self._check_root(root, "scatter")
         tmo = self._call_timeout(timeout, "scatter")
@@ -353,9 +348,9 @@ class Context(CallPath):
             root=root)
 
     @_refusable
-    def reduce_scatter(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False,
-                       timeout=None):
-        """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
+    def _reduce_scatter_any(self, sendbuf, recvbuf=None, op=ReduceOp.SUM, async_op=False,
+                            timeout=None):
+        # reduce_scatter() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, op=op)
         op = self._check_op(op, "reduce_scatter")
         tmo = self._call_timeout(timeout, "reduce_scatter")
@@ -384,8 +379,8 @@ class Context(CallPath):
             t, send, recv, counts, op, seq, tmo, seg), call.result, async_op)
 
     @_refusable
-    def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
-        """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
+    def _alltoall_any(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
+        # alltoall() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf)
         tmo = self._call_timeout(timeout, "alltoall")
         call = _Call(self, "alltoall", checked)

@@ -20,7 +20,7 @@ from libc.stdlib cimport free
 from libc.string cimport memmove
 
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
-                                     counts_array)
+                                     counts_array, filled_array)
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_allgather
 from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
                                      direct_release, direct_write)
@@ -73,8 +73,8 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     cdef Buffer rb = as_buffer(recvbuf, name, "recvbuf", True)
     check_pair(sb, rb, name)
     cdef int P = t.size, r = t.rank
-    cdef size_t* lens = counts_array([sb.count] * P if counts is None else counts, P, name,
-                                     "counts")
+    cdef size_t* lens = (filled_array(P, sb.count) if counts is None
+                         else counts_array(counts, P, name, "counts"))
     cdef Layout lay
     cdef size_t total = 0, es = rb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1

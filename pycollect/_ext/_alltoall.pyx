@@ -12,7 +12,7 @@ from libc.string cimport memmove
 
 from pycollect._ext._algo cimport wrap
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
-                                     counts_array)
+                                     counts_array, filled_array)
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
@@ -58,18 +58,19 @@ def alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf, obj
             raise InvalidArgument("alltoall: 'sendbuf' holds %d elements, not a multiple of "
                                   "the group size %d" % (sb.count, P))
         block = sb.count // P
-        sendcounts = recvcounts = [block] * P
     elif recvcounts is None:
         raise InvalidArgument("alltoallv: 'recvcounts' is required with 'sendcounts'")
-    cdef size_t* slen = counts_array(sendcounts, P, name, "sendcounts")
+    cdef size_t* slen = (filled_array(P, block) if sendcounts is None
+                         else counts_array(sendcounts, P, name, "sendcounts"))
     cdef size_t* rlen = NULL
     cdef size_t* soff = NULL
     cdef size_t* roff = NULL
     cdef OpDesc d
     try:
-        rlen = counts_array(recvcounts, P, name, "recvcounts")
-        soff = counts_array([0] * P, P, name, "sendcounts")
-        roff = counts_array([0] * P, P, name, "recvcounts")
+        rlen = (filled_array(P, block) if sendcounts is None
+                else counts_array(recvcounts, P, name, "recvcounts"))
+        soff = filled_array(P, 0)
+        roff = filled_array(P, 0)
         check_count(sb, _prefix(soff, slen, P), name, "sendbuf", "the sum of sendcounts")
         check_count(rb, _prefix(roff, rlen, P), name, "recvbuf", "the sum of recvcounts")
         if slen[t.rank] != rlen[t.rank]:

@@ -15,5 +15,6 @@ cdef class Buffer:
 cdef Buffer as_buffer(object obj, str op, str arg, bint writable)
 
 cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL
+cdef size_t* filled_array(int size, size_t value) except NULL
 cdef int check_pair(Buffer send, Buffer recv, str op) except -1
 cdef int check_count(Buffer b, Py_ssize_t expected, str op, str arg, str why) except -1

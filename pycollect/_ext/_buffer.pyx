@@ -186,6 +186,18 @@ cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
     return out
 
 
+cdef size_t* filled_array(int size, size_t value) except NULL:
+    """A malloc'd array of ``size`` + 1 copies of ``value`` (caller frees): counts_array's
+    result for equal counts (or zeros for offsets) without a Python list."""
+    cdef size_t* out = <size_t*>malloc((size + 1) * sizeof(size_t))
+    cdef int i
+    if out == NULL:
+        raise MemoryError()
+    for i in range(size + 1):
+        out[i] = value
+    return out
+
+
 cdef int check_pair(Buffer send, Buffer recv, str op) except -1:
     """Refuse a send and a receive buffer of different dtypes."""
     if send.dtype != recv.dtype:

@@ -3,21 +3,25 @@
 ``CallPath`` is the base class of ``pycollect.Context``.  It holds what every
 call reads (the transport, the sequence number, the failure state, the
 flight recorder, the lock) as C fields, and answers the commonest calls
-itself: a blocking ``allreduce`` (in place), ``broadcast`` and ``barrier`` on a
-C-contiguous NumPy array, with ``algorithm="auto"`` or a flat algorithm named
-(``"ring"``...), with the context's deadline or a ``timeout=`` in seconds.
+itself: a blocking ``allreduce`` (in place), ``broadcast``, ``barrier``,
+``reduce`` (in place), ``allgather``, ``gather``, ``scatter``, ``reduce_scatter``
+and ``alltoall`` on C-contiguous NumPy arrays (the outputs given), with
+``algorithm="auto"`` or a flat algorithm named (``"ring"``...), with the
+context's deadline or a ``timeout=`` in seconds.
 For those the checks, the plan (auto's rules of this group, copied into C
 arrays on first use), the flight recorder's slot, the sequence number and
 the call into the algorithm stay in C; the algorithm releases the GIL for the
 collective itself.
 
-Every other form (async handles, ``recvbuf=``, numbers, torch tensors, a
+Every other form (async handles, an allreduce's or a root's reduce ``recvbuf=``,
+outputs left to be allocated, numbers, torch tensors, a
 ``timeout=`` as a timedelta or one to refuse, ``"bcube:B"``, ``"hierarchical"``
 or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a
 context with queued work or unreceived messages, or one that is failed or
 closed) goes to the Context's Python method of the same name with a
 leading ``_`` and trailing ``_any`` (``_allreduce_any``...), which validates and
-reports exactly as before.  Both paths number, record and fail a collective
+reports exactly as before (the v-variants, ``allreduce_coalesced`` and the
+point-to-point calls have only that path).  Both paths number, record and fail a collective
 alike: ``_execute`` in pycollect/context.py and ``run`` here are the same
 steps.
 """
@@ -58,8 +62,14 @@ from pycollect._ext._transport cimport Transport
 
 import numpy as np
 
+from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
+from pycollect._ext._allgather import allgather as _allgather
 from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
+from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
+from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
+from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
+from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect.errors import Aborted, Error, InvalidArgument
 from pycollect.types import ReduceOp
@@ -72,19 +82,36 @@ cdef enum:
     K_BARRIER = 0
     K_BROADCAST = 1
     K_ALLREDUCE = 2
-    N_KINDS = 3
+    K_REDUCE = 3
+    K_ALLGATHER = 4
+    N_KINDS = 5         # the kinds with auto's rules; those below have none
+    K_GATHER = 5
+    K_SCATTER = 6
+    K_REDUCE_SCATTER = 7
+    K_ALLTOALL = 8
     MAX_RULES = 16
 
-cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce")
+cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
+                           "scatter", "reduce_scatter", "alltoall")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
 cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
 cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGORITHM_NAMES) + 1))
 cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
-                    K_BROADCAST: dict(_BROADCAST_ALGORITHMS)}
+                    K_BROADCAST: dict(_BROADCAST_ALGORITHMS),
+                    K_REDUCE: dict(_REDUCE_ALGORITHMS),
+                    K_ALLGATHER: dict(_ALLGATHER_ALGORITHMS)}
 cdef double _INF = float("inf")
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
+
+
+cdef tuple _ROOTED = (False, True, False, True, False, True, True, False, False)   # by kind
+
+
+cdef inline int _code(object algo):
+    """An entry point's answer as a code (-1: it names no algorithm)."""
+    return <int>algo if type(algo) is int else -1
 
 
 cdef inline int _named(int kind, object algorithm) except -2:
@@ -202,7 +229,7 @@ cdef class CallPath:
         cdef double seconds = _seconds(timeout, self._timeout)
         if async_op or seconds < 0 or not self.ready():
             return self._barrier_any(async_op, timeout)
-        result = self.run(K_BARRIER, None, 0, 0, 0, seconds)
+        result = self.run(K_BARRIER, None, None, 0, 0, 0, seconds)
         if result is _TAKE_SLOW:
             return self._barrier_any(async_op, timeout)
         return None
@@ -214,11 +241,8 @@ cdef class CallPath:
         if (type(buf) is not np.ndarray or async_op or seconds < 0
                 or type(root) is not int or not 0 <= root < self._size or not self.ready()):
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
-        if algorithm is _AUTO or algorithm == _AUTO:
-            code = self.auto(K_BROADCAST, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
-        else:
-            code = _named(K_BROADCAST, algorithm)
-        if code < 0 or self.run(K_BROADCAST, buf, code, 0, root, seconds) is _TAKE_SLOW:
+        code = self.plan(K_BROADCAST, algorithm, buf)
+        if code < 0 or self.run(K_BROADCAST, buf, None, code, 0, root, seconds) is _TAKE_SLOW:
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
         return buf
 
@@ -242,16 +266,129 @@ cdef class CallPath:
                 or async_op or seconds < 0 or not self.ready()):
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
-        if algorithm is _AUTO or algorithm == _AUTO:
-            code = self.auto(K_ALLREDUCE, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
-        else:
-            code = _named(K_ALLREDUCE, algorithm)
-        if code < 0 or self.run(K_ALLREDUCE, buf, code, op, 0, seconds) is _TAKE_SLOW:
+        code = self.plan(K_ALLREDUCE, algorithm, buf)
+        if code < 0 or self.run(K_ALLREDUCE, buf, None, code, op, 0, seconds) is _TAKE_SLOW:
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
         return buf
 
+    def reduce(self, buf, root=0, op=_SUM, algorithm="auto", async_op=False, *, recvbuf=None,
+               timeout=None):
+        """Reduce ``buf`` across ranks into root's ``buf`` (or root's ``recvbuf``, leaving
+        ``buf`` untouched); other ranks' ``buf`` is untouched.  Returns the result on root
+        (a number for a number), ``buf`` elsewhere."""
+        cdef int code
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
+                or async_op or seconds < 0 or not self.is_rank(root) or not self.ready()):
+            return self._reduce_any(buf, root, op, algorithm, async_op, recvbuf=recvbuf,
+                                    timeout=timeout)
+        code = self.plan(K_REDUCE, algorithm, buf)
+        if code < 0 or self.run(K_REDUCE, buf, None, code, op, root, seconds) is _TAKE_SLOW:
+            return self._reduce_any(buf, root, op, algorithm, async_op, recvbuf=recvbuf,
+                                    timeout=timeout)
+        return buf
+
+    def allgather(self, sendbuf, recvbuf=None, async_op=False, timeout=None, *,
+                  algorithm="auto"):
+        """Gather every rank's ``sendbuf`` into ``recvbuf`` (size blocks, rank order) everywhere.
+
+        ``algorithm``: "auto", "ring", or "direct" (every rank on one host: each writes its
+        block straight into the others' ``recvbuf``)."""
+        cdef int code
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+                or seconds < 0 or not self.ready()):
+            return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
+        code = self.plan(K_ALLGATHER, algorithm, sendbuf)
+        if code < 0 or self.run(K_ALLGATHER, sendbuf, recvbuf, code, 0, 0,
+                                seconds) is _TAKE_SLOW:
+            return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
+        return recvbuf
+
+    def gather(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
+        """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
+        return self.rooted(K_GATHER, sendbuf, recvbuf, root, async_op, timeout)
+
+    def scatter(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
+        """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``
+        (``recvbuf=None``: allocated from ``sendbuf``'s shape, which ranks other than
+        root then pass too)."""
+        return self.rooted(K_SCATTER, sendbuf, recvbuf, root, async_op, timeout)
+
+    def reduce_scatter(self, sendbuf, recvbuf=None, op=_SUM, async_op=False, timeout=None):
+        """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray
+                or type(op) is not _REDUCE_OP or async_op or seconds < 0 or not self.ready()
+                or self.run(K_REDUCE_SCATTER, sendbuf, recvbuf, 0, op, 0,
+                            seconds) is _TAKE_SLOW):
+            return self._reduce_scatter_any(sendbuf, recvbuf, op, async_op, timeout)
+        return recvbuf
+
+    def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
+        """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+                or seconds < 0 or not self.ready()
+                or self.run(K_ALLTOALL, sendbuf, recvbuf, 0, 0, 0, seconds) is _TAKE_SLOW):
+            return self._alltoall_any(sendbuf, recvbuf, async_op, timeout)
+        return recvbuf
+
     # -- the steps --------------------------------------------------------
+
+    cdef object rooted(self, int kind, object sendbuf, object recvbuf, object root,
+                       bint async_op, object timeout):
+        """gather and scatter: compiled where this rank's block (gather's ``sendbuf``,
+        scatter's ``recvbuf``) is an array and, on the root, the blocks of all (gather's
+        ``recvbuf``, scatter's ``sendbuf``) are too; the other ranks' blocks argument is
+        not used.  Returns what the call returns (gather: None off the root)."""
+        cdef bint gathering = kind == K_GATHER
+        cdef double seconds = _seconds(timeout, self._timeout)
+        mine, blocks = (sendbuf, recvbuf) if gathering else (recvbuf, sendbuf)
+        if (type(mine) is np.ndarray and not async_op and seconds >= 0 and self.is_rank(root)
+                and self.ready()):
+            if root != self._rank:
+                blocks = None                       # not used off the root
+            elif type(blocks) is not np.ndarray:
+                mine = None                         # the root's blocks: the Python path's
+            if mine is not None:
+                if gathering:
+                    done = self.run(K_GATHER, mine, blocks, 0, 0, root, seconds)
+                else:
+                    done = self.run(K_SCATTER, blocks, mine, 0, 0, root, seconds)
+                if done is not _TAKE_SLOW:
+                    return blocks if gathering else mine
+        if gathering:
+            return self._gather_any(sendbuf, recvbuf, root, async_op, timeout)
+        return self._scatter_any(sendbuf, recvbuf, root, async_op, timeout)
+
+    cdef object run_other(self, int kind, Transport t, object buf, object recv, int code,
+                          int op, int root, unsigned int seq, double timeout, Py_ssize_t seg):
+        """The call into the algorithm modules' Python-level entry points, as the Python
+        path makes it (what it returns: an algorithm code, or None)."""
+        if kind == K_REDUCE:
+            return _reduce(t, buf, root, op, code, seq, timeout, seg)
+        if kind == K_ALLGATHER:
+            return _allgather(t, buf, recv, None, seq, timeout, seg, code)
+        if kind == K_GATHER:
+            return _gather(t, buf, recv, None, root, seq, timeout)
+        if kind == K_SCATTER:
+            return _scatter(t, buf, recv, None, root, seq, timeout)
+        if kind == K_REDUCE_SCATTER:
+            return _reduce_scatter(t, buf, recv, None, op, seq, timeout, seg)
+        return _alltoall(t, buf, None, recv, None, seq, timeout)
+
+    cdef inline bint is_rank(self, object root):
+        """``root`` is an int naming a rank of this group (the Python path words the rest)."""
+        return type(root) is int and 0 <= root < self._size
+
+    cdef int plan(self, int kind, object algorithm, object buf) except -2:
+        """The wire code that ``algorithm`` ("auto" or a flat name) runs for the array
+        ``buf``; -1 where the Python path decides (a hierarchical plan, another name)."""
+        if algorithm is _AUTO or algorithm == _AUTO:
+            return self.auto(kind, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
+        return _named(kind, algorithm)
 
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
@@ -284,38 +421,49 @@ cdef class CallPath:
         self.n_rules[kind] = n
         return n
 
-    cdef object run(self, int kind, object buf, int code, int op, int root, double timeout):
+    cdef object run(self, int kind, object buf, object recv, int code, int op, int root,
+                    double timeout):
         """Record, number and run one collective under the context lock, within ``timeout``
-        seconds; the algorithm's name, or _TAKE_SLOW when the context stopped being ready
-        while this call waited or its arguments were refused."""
+        seconds (``buf``: the input, or the buffer a kind works in place; ``recv``: the
+        output of the kinds that have one, None where this rank has none); the algorithm's
+        name, or _TAKE_SLOW when the context stopped being ready while this call waited or
+        its arguments were refused."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef unsigned int seq
         cdef Transport t = self._transport
+        cdef Py_ssize_t seg = self._segment_bytes
         cdef CallLock lock = self._lock
         cdef bint waited = lock.take()
+        # What the flight recorder notes, as the Python path does: the result's buffer
+        # (None for barrier and for a gather's non-root) and the root of a rooted kind.
+        described = buf if kind <= K_REDUCE else recv
         try:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
             if rec is not None:
-                if buf is None:
-                    entry = rec.add(_COLLECTIVES[kind], None, NONE, NONE, None)
+                if described is None:
+                    entry = rec.add(_COLLECTIVES[kind], None, NONE,
+                                    root if kind == K_GATHER else NONE, None)
                 else:
                     entry = rec.add(_COLLECTIVES[kind],
-                                    <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
-                                    cnp.PyArray_SIZE(<cnp.ndarray>buf),
-                                    root if kind == K_BROADCAST else NONE, None)
+                                    <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
+                                    cnp.PyArray_SIZE(<cnp.ndarray>described),
+                                    root if _ROOTED[kind] else NONE, None)
             seq = self._seq + 1
             self._busy = True
             try:
                 if entry >= 0:
                     rec.begin(entry, seq, not waited)
                 if kind == K_ALLREDUCE:
-                    code = run_allreduce(t, buf, op, code, seq, timeout, self._segment_bytes)
+                    code = run_allreduce(t, buf, op, code, seq, timeout, seg)
                 elif kind == K_BROADCAST:
-                    code = run_broadcast(t, buf, root, code, seq, timeout, self._segment_bytes)
-                else:
+                    code = run_broadcast(t, buf, root, code, seq, timeout, seg)
+                elif kind == K_BARRIER:
                     code = run_barrier(t, seq, timeout)
+                else:
+                    code = _code(self.run_other(kind, t, buf, recv, code, op, root, seq,
+                                                timeout, seg))
             except InvalidArgument as exc:
                 if t.is_failed:
                     raise

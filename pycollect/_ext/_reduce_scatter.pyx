@@ -9,7 +9,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
-                                     counts_array)
+                                     counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_reduce_scatter
@@ -27,8 +27,8 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
     check_pair(sb, rb, name)
     check_op(sb.dtype, op, name)
     cdef int P = t.size, r = t.rank, rc = 0, p
-    cdef size_t* lens = counts_array([rb.count] * P if counts is None else counts, P, name,
-                                     "counts")
+    cdef size_t* lens = (filled_array(P, rb.count) if counts is None
+                         else counts_array(counts, P, name, "counts"))
     cdef Layout lay
     cdef size_t total = 0, es = sb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1

@@ -21,7 +21,7 @@ from libc.string cimport memcpy, memmove
 
 from pycollect._ext._algo cimport wrap
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
-                                     counts_array)
+                                     counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._ring cimport Layout, layout_even, layout_free, ring_reduce_scatter
@@ -149,7 +149,7 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
     cdef int P = t.size, p
     cdef Buffer mine, blocks = None
     cdef size_t* lens
-    cdef size_t* offs
+    cdef size_t* offs = NULL
     cdef size_t total = 0
     cdef OpDesc d
     cdef int rc, coll
@@ -160,11 +160,11 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
                            "recvbuf" if gathering else "sendbuf", gathering)
         check_pair(mine if gathering else blocks, blocks if gathering else mine, name)
     if counts is None:
-        lens = counts_array([mine.count] * P, P, name, "counts")
+        lens = filled_array(P, mine.count)
     else:
         lens = counts_array(counts, P, name, "counts")
-    offs = counts_array([0] * P, P, name, "counts")
     try:
+        offs = filled_array(P, 0)
         for p in range(P):
             offs[p] = total
             total += lens[p]
@@ -187,7 +187,7 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
                              root, gathering, mine.ptr)
     finally:
         free(lens)
-        free(offs)
+        free(offs)       # NULL (a no-op) when its allocation failed
     if rc < 0:
         raise_error(t)
     return ALGO_LINEAR
