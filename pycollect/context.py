@@ -508,8 +508,8 @@ class Context(CallPath):
     # Receives match messages by (source, tag), as MPI's do (pycollect/_ext/_p2p.pyx):
     # a message that arrives before its receive waits in this context's mailbox.
 
-    def send(self, buf, dst, tag=0, async_op=False, timeout=None):
-        """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
+    def _send_any(self, buf, dst, tag=0, async_op=False, timeout=None):
+        # send() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         dst = self._check_peer(dst, "send", "dst")
         tag = self._check_tag(tag, "send", allow_any=False)
         tmo = self._call_timeout(timeout, "send")
@@ -521,13 +521,9 @@ class Context(CallPath):
                             queued=P2P(False, buf, dst, tag, self._new_batch, None, tmo),
                             peer=dst, described=buf)
 
-    def recv(self, buf, src=ANY_SOURCE, tag=0, async_op=False, *, status=None, timeout=None):
-        """Receive the first message from ``src`` with ``tag`` (at most ``buf``'s size) into
-        ``buf``; return the source rank, and fill ``status`` (a ``pc.Status``) when given.
-
-        ``src=ANY_SOURCE`` and ``tag=ANY_TAG`` take any.  With ``async_op=True`` the
-        Work's result is the ``Status`` (source, count, tag).
-        """
+    def _recv_any(self, buf, src=ANY_SOURCE, tag=0, async_op=False, *, status=None,
+                  timeout=None):
+        # recv() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         if src != ANY_SOURCE:
             src = self._check_peer(src, "recv", "src")
         tag = self._check_tag(tag, "recv", allow_any=True)

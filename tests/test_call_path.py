@@ -25,7 +25,7 @@ from group import ThreadGroup
 def python_calls(monkeypatch):
     """Count the calls that reach the Context's Python path, by collective."""
     seen = {"allreduce": 0, "broadcast": 0, "barrier": 0, "reduce": 0, "allgather": 0,
-            "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0}
+            "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "send": 0, "recv": 0}
     for name in seen:
         slow = getattr(Context, "_%s_any" % name)
 
@@ -171,6 +171,95 @@ def test_a_root_that_allocates_takes_the_python_path_alone(monkeypatch):
         return ctx._recorder.recorded - before, entries[-1][8], None if got is None else got.size
     try:
         assert group.run(body) == [(1, "completed", None), (1, "completed", 4)]
+    finally:
+        group.close()
+
+
+def test_blocking_send_and_recv_on_arrays_stay_compiled(python_calls):
+    group = ThreadGroup(2, timeout=30)
+
+    def body(ctx):
+        before = ctx._seq
+        peer = 1 - ctx.rank
+        got = np.zeros(3, np.int32)
+        if ctx.rank == 0:
+            ctx.send(np.arange(3, dtype=np.int32), 1, tag=7)
+            src = ctx.recv(got, pc.ANY_SOURCE, tag=pc.ANY_TAG, timeout=20)
+        else:
+            src = ctx.recv(got, 0, tag=7)
+            ctx.send(got * 2, peer, timeout=20.0)
+        return src, got.tolist(), ctx._seq - before
+    try:
+        assert group.run(body) == [(1, [0, 2, 4], 0), (0, [0, 1, 2], 0)]   # no seq used
+        assert python_calls["send"] == python_calls["recv"] == 0
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("kind, sender, receiver", [
+    ("recv", lambda ctx, a: ctx.send(a, 1), lambda ctx, a: ctx.recv(a, 0, status=pc.Status())),
+    ("recv", lambda ctx, a: ctx.send(a, 1), lambda ctx, a: ctx.recv(a, np.int64(0))),
+    ("recv", lambda ctx, a: ctx.send(a, 1), lambda ctx, a: ctx.recv(memoryview(a), 0)),
+    ("send", lambda ctx, a: ctx.send(a, 1, async_op=True).wait(), lambda ctx, a: ctx.recv(a, 0)),
+    ("send", lambda ctx, a: ctx.send(a, 1, timeout=datetime.timedelta(seconds=5)),
+     lambda ctx, a: ctx.recv(a, 0)),
+    ("send", lambda ctx, a: ctx.send(a, np.int32(1)), lambda ctx, a: ctx.recv(a, 0)),
+], ids=["status", "numpy-src", "memoryview", "async", "timedelta", "numpy-dst"])
+def test_other_point_to_point_forms_take_the_python_path(python_calls, kind, sender, receiver):
+    group = ThreadGroup(2, timeout=30)
+
+    def body(ctx):
+        a = np.full(2, 5.0) if ctx.rank == 0 else np.zeros(2)
+        (sender if ctx.rank == 0 else receiver)(ctx, a)
+        return a.tolist()
+    try:
+        assert group.run(body) == [[5.0, 5.0]] * 2
+        assert python_calls[kind] == 1
+    finally:
+        group.close()
+
+
+def test_a_message_waiting_in_the_mailbox_is_received_either_way(python_calls):
+    # A message that arrived before its receive (while the rank received another) waits
+    # in the mailbox; the context is then not "ready" and the Python path takes it.
+    group = ThreadGroup(2, timeout=30)
+
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.array([1.0]), 1, tag=1)
+            ctx.send(np.array([2.0]), 1, tag=2)
+            return None
+        second, first = np.zeros(1), np.zeros(1)
+        ctx.recv(second, 0, tag=2)          # tag 1's message is put aside meanwhile
+        ctx.recv(first, 0, tag=1)
+        return first[0], second[0]
+    try:
+        assert group.run(body)[1] == (1.0, 2.0)
+        assert python_calls["recv"] == 1
+    finally:
+        group.close()
+
+
+def test_the_compiled_path_records_send_and_recv_as_the_python_path_does(monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "16")
+    group = ThreadGroup(2, timeout=30)
+
+    def body(ctx):
+        a = np.ones(4, np.float32)
+        for async_op in (False, True):
+            if ctx.rank == 0:
+                w = ctx.send(a, 1, tag=3, async_op=async_op)
+            else:
+                w = ctx.recv(a, 0, tag=3, async_op=async_op)
+            if async_op:
+                w.wait()
+        return ctx._recorder.entries()[-2:]
+    try:
+        for fast, slow in group.run(body):
+            assert fast[8] == slow[8] == "completed"
+            assert fast[1] is None and slow[1] is None          # no sequence number
+            for field in (2, 3, 4, 5, 6, 7):
+                assert fast[field] == slow[field], (fast[2], field, fast[field], slow[field])
     finally:
         group.close()
 

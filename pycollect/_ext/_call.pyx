@@ -4,26 +4,25 @@
 call reads (the transport, the sequence number, the failure state, the
 flight recorder, the lock) as C fields, and answers the commonest calls
 itself: a blocking ``allreduce`` (in place), ``broadcast``, ``barrier``,
-``reduce`` (in place), ``allgather``, ``gather``, ``scatter``, ``reduce_scatter``
-and ``alltoall`` on C-contiguous NumPy arrays (the outputs given), with
-``algorithm="auto"`` or a flat algorithm named (``"ring"``...), with the
-context's deadline or a ``timeout=`` in seconds.
-For those the checks, the plan (auto's rules of this group, copied into C
-arrays on first use), the flight recorder's slot, the sequence number and
-the call into the algorithm stay in C; the algorithm releases the GIL for the
-collective itself.
+``reduce`` (in place), ``allgather``, ``gather``, ``scatter``,
+``reduce_scatter``, ``alltoall``, ``send`` and ``recv`` (without ``status=``)
+on C-contiguous NumPy arrays (the outputs given), with ``algorithm="auto"`` or
+a flat algorithm named (``"ring"``...), with the context's deadline or a
+``timeout=`` in seconds.  For those the checks, the plan (auto's rules of this
+group, copied into C arrays on first use), the flight recorder's slot, the
+sequence number and the call into the algorithm stay in C; the algorithm
+releases the GIL for the collective itself.
 
-Every other form (async handles, an allreduce's or a root's reduce ``recvbuf=``,
-outputs left to be allocated, numbers, torch tensors, a
+Every other form (async handles, an allreduce's or a root's reduce
+``recvbuf=``, outputs left to be allocated, numbers, torch tensors, a
 ``timeout=`` as a timedelta or one to refuse, ``"bcube:B"``, ``"hierarchical"``
-or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a
-context with queued work or unreceived messages, or one that is failed or
-closed) goes to the Context's Python method of the same name with a
-leading ``_`` and trailing ``_any`` (``_allreduce_any``...), which validates and
-reports exactly as before (the v-variants, ``allreduce_coalesced`` and the
-point-to-point calls have only that path).  Both paths number, record and fail a collective
-alike: ``_execute`` in pycollect/context.py and ``run`` here are the same
-steps.
+or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a context with
+queued work or unreceived messages, or one that is failed or closed) goes to
+the Context's Python method of the same name with a leading ``_`` and trailing
+``_any`` (``_allreduce_any``...), which validates and reports exactly as before
+(the v-variants, ``allreduce_coalesced``, probes and ``sendrecv`` have only
+that path).  Both paths number, record and fail a call alike: ``_execute`` in
+pycollect/context.py and ``run`` here are the same steps.
 """
 
 cimport numpy as cnp
@@ -68,6 +67,8 @@ from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
 from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
+from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
+from pycollect._ext._p2p import recv as _recv, send as _send
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
@@ -89,15 +90,18 @@ cdef enum:
     K_SCATTER = 6
     K_REDUCE_SCATTER = 7
     K_ALLTOALL = 8
+    K_SEND = 9          # point to point: no sequence number, the peer recorded
+    K_RECV = 10
     MAX_RULES = 16
 
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
-                           "scatter", "reduce_scatter", "alltoall")
+                           "scatter", "reduce_scatter", "alltoall", "send", "recv")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
 cdef object _TAKE_SLOW = object()      # run() found the context not ready: the Python path
-cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) for c in range(max(ALGORITHM_NAMES) + 1))
+cdef tuple _NAME_OF_CODE = tuple(ALGORITHM_NAMES.get(c) or None     # as Context._execute names
+                                  for c in range(max(ALGORITHM_NAMES) + 1))
 cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
                     K_BROADCAST: dict(_BROADCAST_ALGORITHMS),
                     K_REDUCE: dict(_REDUCE_ALGORITHMS),
@@ -106,7 +110,14 @@ cdef double _INF = float("inf")
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
 
 
-cdef tuple _ROOTED = (False, True, False, True, False, True, True, False, False)   # by kind
+cdef tuple _ROOTED = (False, True, False, True, False, True, True, False, False, False,
+                      False)   # by kind
+cdef object _TAG_END = 1 << 31          # tags are 0 .. 2**31 - 1
+
+
+cdef inline bint _is_tag(object tag, bint allow_any):
+    """``tag`` is an int tag (or, where allowed, ANY_TAG); the Python path words the rest."""
+    return type(tag) is int and (0 <= tag < _TAG_END or allow_any and tag == _ANY_TAG)
 
 
 cdef inline int _code(object algo):
@@ -335,7 +346,36 @@ cdef class CallPath:
             return self._alltoall_any(sendbuf, recvbuf, async_op, timeout)
         return recvbuf
 
+    def send(self, buf, dst, tag=0, async_op=False, timeout=None):
+        """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
+                or not _is_tag(tag, False) or not self.ready()
+                or self.run(K_SEND, buf, None, 0, tag, dst, seconds) is _TAKE_SLOW):
+            return self._send_any(buf, dst, tag, async_op, timeout)
+        return None
+
+    def recv(self, buf, src=_ANY_SOURCE, tag=0, async_op=False, *, status=None, timeout=None):
+        """Receive the first message from ``src`` with ``tag`` (at most ``buf``'s size) into
+        ``buf``; return the source rank, and fill ``status`` (a ``pc.Status``) when given.
+
+        ``src=ANY_SOURCE`` and ``tag=ANY_TAG`` take any.  With ``async_op=True`` the
+        Work's result is the ``Status`` (source, count, tag).
+        """
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(buf) is np.ndarray and not async_op and status is None and seconds >= 0
+                and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
+                and _is_tag(tag, True) and self.ready()):
+            got = self.run(K_RECV, buf, None, 0, tag, src, seconds)
+            if got is not _TAKE_SLOW:
+                return (<tuple>got)[0]
+        return self._recv_any(buf, src, tag, async_op, status=status, timeout=timeout)
+
     # -- the steps --------------------------------------------------------
+
+    cdef inline bint is_peer(self, object rank):
+        """``rank`` is an int naming another rank of this group."""
+        return self.is_rank(rank) and rank != self._rank
 
     cdef object rooted(self, int kind, object sendbuf, object recvbuf, object root,
                        bint async_op, object timeout):
@@ -377,6 +417,10 @@ cdef class CallPath:
             return _scatter(t, buf, recv, None, root, seq, timeout)
         if kind == K_REDUCE_SCATTER:
             return _reduce_scatter(t, buf, recv, None, op, seq, timeout, seg)
+        if kind == K_SEND:
+            return _send(t, buf, root, op, timeout)
+        if kind == K_RECV:
+            return _recv(t, self._mailbox, buf, root, op, timeout)
         return _alltoall(t, buf, None, recv, None, seq, timeout)
 
     cdef inline bint is_rank(self, object root):
@@ -427,7 +471,7 @@ cdef class CallPath:
         seconds (``buf``: the input, or the buffer a kind works in place; ``recv``: the
         output of the kinds that have one, None where this rank has none); the algorithm's
         name, or _TAKE_SLOW when the context stopped being ready while this call waited or
-        its arguments were refused."""
+        its arguments were refused; a receive's (source, count, tag) in place of the name."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef unsigned int seq
@@ -437,7 +481,9 @@ cdef class CallPath:
         cdef bint waited = lock.take()
         # What the flight recorder notes, as the Python path does: the result's buffer
         # (None for barrier and for a gather's non-root) and the root of a rooted kind.
-        described = buf if kind <= K_REDUCE else recv
+        cdef bint p2p = kind >= K_SEND          # root: the peer; op: the tag
+        described = buf if kind <= K_REDUCE or p2p else recv
+        result = None
         try:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
@@ -449,12 +495,12 @@ cdef class CallPath:
                     entry = rec.add(_COLLECTIVES[kind],
                                     <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
                                     cnp.PyArray_SIZE(<cnp.ndarray>described),
-                                    root if _ROOTED[kind] else NONE, None)
+                                    root if _ROOTED[kind] else NONE, [root] if p2p else None)
             seq = self._seq + 1
             self._busy = True
             try:
                 if entry >= 0:
-                    rec.begin(entry, seq, not waited)
+                    rec.begin(entry, NONE if p2p else seq, not waited)
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, timeout, seg)
                 elif kind == K_BROADCAST:
@@ -462,8 +508,9 @@ cdef class CallPath:
                 elif kind == K_BARRIER:
                     code = run_barrier(t, seq, timeout)
                 else:
-                    code = _code(self.run_other(kind, t, buf, recv, code, op, root, seq,
-                                                timeout, seg))
+                    result = self.run_other(kind, t, buf, recv, code, op, root, seq, timeout,
+                                            seg)
+                    code = _code(result)
             except InvalidArgument as exc:
                 if t.is_failed:
                     raise
@@ -482,10 +529,11 @@ cdef class CallPath:
                 raise
             finally:
                 self._busy = False
-            self._seq = seq
+            if not p2p:
+                self._seq = seq
         finally:
             lock.give()
         name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
         if entry >= 0:
             rec.end(entry, name, None)
-        return name
+        return result if kind == K_RECV else name
