@@ -115,7 +115,7 @@ class _Buf:
         self.tensor = t
         if t.is_contiguous():
             self.staging = None
-            self.array = _view(t)
+            self.array = _cached_view(t)
         else:
             self.staging = t.detach().contiguous() if copy_in else torch.empty(
                 t.shape, dtype=t.dtype)
@@ -130,7 +130,8 @@ class _Buf:
 # NumPy views of small tensors, reused: t.numpy() costs about 5 µs, a fifth of a
 # one-element all_reduce.  An entry holds its tensor (the view does anyway), so a
 # tensor's id cannot be reused while cached; it is used again only while the
-# tensor still has the same memory and element count.  At most _VIEW_CACHE_SIZE
+# tensor still has the same memory, element count and dtype (``t.data = ...`` can
+# change the dtype and keep the memory).  At most _VIEW_CACHE_SIZE
 # tensors of at most _VIEW_CACHE_MAX_BYTES each are kept alive by the cache.
 _VIEW_CACHE = {}
 _VIEW_CACHE_SIZE = 8
@@ -141,8 +142,8 @@ def _cached_view(t):
     """``_view(t)`` for a contiguous CPU tensor, from the cache when it still applies."""
     entry = _VIEW_CACHE.get(id(t))
     if entry is not None and entry[0] is t and entry[1] == t.data_ptr() \
-            and entry[2] == t.numel():
-        return entry[3]
+            and entry[2] == t.numel() and entry[3] is t.dtype:
+        return entry[4]
     array = _view(t)
     if array.nbytes <= _VIEW_CACHE_MAX_BYTES:
         try:
@@ -150,7 +151,7 @@ def _cached_view(t):
                 del _VIEW_CACHE[next(iter(_VIEW_CACHE))]
         except (KeyError, RuntimeError, StopIteration):   # another thread evicted it
             pass
-        _VIEW_CACHE[id(t)] = (t, t.data_ptr(), t.numel(), array)
+        _VIEW_CACHE[id(t)] = (t, t.data_ptr(), t.numel(), t.dtype, array)
     return array
 
 
@@ -169,7 +170,7 @@ def _finish_all(bufs):
 def _flat_input(t, what):
     """A contiguous NumPy array holding ``t``'s values (a view when possible)."""
     _check_cpu(t, what)
-    return _view(t if t.is_contiguous() else t.detach().contiguous())
+    return _cached_view(t) if t.is_contiguous() else _view(t.detach().contiguous())
 
 
 def _op_table():

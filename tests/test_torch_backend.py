@@ -314,6 +314,9 @@ def test_view_cache_follows_the_tensor():
     assert b.size == 1000 and b is not a
     b[:] = 3
     assert t.sum().item() == 3000
+    t.data = t.data.view(torch.int32)            # same memory and count, another dtype
+    c = pctorch._cached_view(t)
+    assert c is not b and c.dtype == np.int32
     big = torch.zeros((pctorch._VIEW_CACHE_MAX_BYTES // 4) + 1)
     pctorch._cached_view(big)
     assert id(big) not in pctorch._VIEW_CACHE    # large tensors are not kept alive
