@@ -39,7 +39,7 @@ cdef enum:
     FROM_MAILBOX = -3   # a receive served from the mailbox
 
 
-cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept:
+cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept nogil:
     """Whether a receive for (want_src, want_tag) takes a message from src with tag."""
     return (want_src < 0 or want_src == src) and (
         want_tag == tag or (want_tag == -1 and tag >= 0))
@@ -156,22 +156,48 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
     rank, element count, tag)."""
     cdef Buffer b = as_buffer(buf, "recv", "buf", True)
-    cdef OpDesc d
+    cdef OpDesc d, any_head
     cdef Probe pr
-    cdef int rc, req = -1, peer
+    cdef int rc, req = -1, peer = -1
+    cdef bint taken = False
     m = box.take(src, tag)
     if m is not None:
         return _deliver(m, b, "recv")
     fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
-    peer = _matching_head(t, box, &d, src, tag, timeout, 0, &pr)
-    fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
+    fill_desc(&any_head, 0, COLL_P2P, 0, 0, 0, -1, 0)
+    # The common case in one stretch without the GIL: the first head to come is the one
+    # asked for, and its body is read straight into buf.  Any other head is parked in
+    # the mailbox (with the GIL) and the wait goes on in _matching_loop.
     with nogil:
-        rc = t.set_op(&d)
+        rc = t.begin(&d, timeout)
         if rc == 0:
-            req = t.post_recv_upto(peer, b.ptr, b.nbytes)
-            rc = req if req < 0 else t.wait(req)
+            t.set_op(&any_head)
+            peer = t.probe_until(src, &pr, 0)
+            if peer >= 0 and _wants(src, tag, peer, pr.desc.root):
+                taken = True
+                fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
+                rc = t.set_op(&d)
+                if rc == 0:
+                    req = t.post_recv_upto(peer, b.ptr, b.nbytes)
+                    rc = req if req < 0 else t.wait(req)
     if rc < 0:
         raise_error(t)
+    if peer == -1:
+        try:
+            raise_error(t)
+        except Timeout:
+            raise_timeout(t, box, src, tag, timeout)
+    if not taken:
+        _park(t, box, &pr)
+        peer = _matching_loop(t, box, src, tag, timeout, 0, &pr)
+        fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
+        with nogil:
+            rc = t.set_op(&d)
+            if rc == 0:
+                req = t.post_recv_upto(peer, b.ptr, b.nbytes)
+                rc = req if req < 0 else t.wait(req)
+        if rc < 0:
+            raise_error(t)
     return peer, _count(t, req, b), pr.desc.root
 
 
@@ -196,11 +222,18 @@ cdef int _matching_head(Transport t, Mailbox box, OpDesc* d, int src, int tag, d
     """Begin operation ``d``, then wait for the first head from ``src`` with ``tag``,
     parking the other point-to-point heads in the mailbox: its peer, described in
     ``pr``; -2 when ``until_ns`` (when not 0) passes first."""
-    cdef int rc, peer = -1
+    cdef int rc
     with nogil:
         rc = t.begin(d, timeout)
     if rc < 0:
         raise_error(t)
+    return _matching_loop(t, box, src, tag, timeout, until_ns, pr)
+
+
+cdef int _matching_loop(Transport t, Mailbox box, int src, int tag, double timeout,
+                        int64_t until_ns, Probe* pr) except -3:
+    """_matching_head's wait, on an operation already begun."""
+    cdef int peer = -1
     while True:     # bounded by the deadline: each turn takes one message off the wire
         try:
             peer = _next_head(t, src, pr, until_ns)
