@@ -152,6 +152,20 @@ cdef int _next_head(Transport t, int src, Probe* pr, int64_t until_ns) except -3
     return peer
 
 
+cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, int dtype,
+                    size_t count, int* req) noexcept nogil:
+    """Read the body of the head ``pr`` (from ``peer``) into ``ptr``; 0, or -1 after the
+    transport's error (``req[0]``: the request, for the byte count received)."""
+    cdef OpDesc d
+    cdef int rc
+    fill_desc(&d, 0, COLL_P2P, dtype, 0, 0, pr.desc.root, count)
+    rc = t.set_op(&d)
+    if rc == 0:
+        req[0] = t.post_recv_upto(peer, ptr, nbytes)
+        rc = req[0] if req[0] < 0 else t.wait(req[0])
+    return rc
+
+
 def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
     """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
     rank, element count, tag)."""
@@ -175,11 +189,7 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
             peer = t.probe_until(src, &pr, 0)
             if peer >= 0 and _wants(src, tag, peer, pr.desc.root):
                 taken = True
-                fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
-                rc = t.set_op(&d)
-                if rc == 0:
-                    req = t.post_recv_upto(peer, b.ptr, b.nbytes)
-                    rc = req if req < 0 else t.wait(req)
+                rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
     if rc < 0:
         raise_error(t)
     if peer == -1:
@@ -190,12 +200,8 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     if not taken:
         _park(t, box, &pr)
         peer = _matching_loop(t, box, src, tag, timeout, 0, &pr)
-        fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
         with nogil:
-            rc = t.set_op(&d)
-            if rc == 0:
-                req = t.post_recv_upto(peer, b.ptr, b.nbytes)
-                rc = req if req < 0 else t.wait(req)
+            rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
         if rc < 0:
             raise_error(t)
     return peer, _count(t, req, b), pr.desc.root
