@@ -404,14 +404,17 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             raise pc.Error("pycollect backend: the process group has been shut down")
         return self._ctx
 
-    @staticmethod
-    def _work(async_op, outputs, works, finish=None, source=-1):
-        """The dist.Work for an operation issued with ``async_op``: pending or completed."""
+    def _work(self, async_op, outputs, works, finish=None, source=-1):
+        """The dist.Work for an operation issued with ``async_op``: a pending one, or for a
+        blocking call the group's one completed Work (a new dist.Work costs microseconds)."""
         if async_op:
             return PycollectWork(outputs, works, finish, source)
         if finish is not None:
             finish()
-        return PycollectWork(outputs, source=source)
+        if source != -1:
+            return PycollectWork(outputs, source=source)
+        self._done_work._outputs = outputs
+        return self._done_work
 
     # collectives
     def allreduce(self, tensors, opts=None):
