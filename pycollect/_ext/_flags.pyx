@@ -266,6 +266,15 @@ cdef inline int _first_missing(Flags* f, uint64_t want, int p, int last) noexcep
     return p
 
 
+cdef inline int _completed_anyway(Flags* f, uint64_t want, int p, int last) noexcept nogil:
+    """After a failure seen on the pairs while waiting (an abort frame, a peer's end): 0
+    when every post this wait needs is here by now, else -1.  A peer may post, finish
+    this operation, and fail the next one (or exit) between this rank's look at its post
+    and the look at the pairs; the operation then completed, as it would have had this
+    rank looked a moment earlier, and the transport keeps the failure for the next one."""
+    return 0 if _first_missing(f, want, p, last) > last else -1
+
+
 cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """Wait until the flags of peers ``first``..``last`` are at least ``want``; 0, or -1
     after set_error."""
@@ -298,7 +307,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             # Without sleeping: abort(), abort frames, disagreement (a message from the
             # peer we wait for), a peer's end.
             if t.watch(0, p) < 0 or _left(t, f, want, p, last) < 0:
-                return -1
+                return _completed_anyway(f, want, p, last)
             look_at = now + LOOK_NS
         if now < spin_end:
             if f.yield_spin:
@@ -314,7 +323,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             rc = t.watch(until if until < deadline_of(t) else deadline_of(t), p)
         pc_exchange_u32(&f.sleep[f.me].sleeping, 0)
         if rc < 0 or _left(t, f, want, p, last) < 0:
-            return -1
+            return _completed_anyway(f, want, p, last)
         now = pc_now_ns()
         spin_end = now + f.spin_ns
         look_at = now + LOOK_NS
