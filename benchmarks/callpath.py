@@ -33,12 +33,11 @@ named.
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from turns import importable, pick_peers, take_turns
 
 OPS = ("allreduce", "barrier", "broadcast")
 MORE_OPS = ("reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall")
@@ -56,7 +55,8 @@ def _calls(peer):
         return {"allreduce": lambda: ctx.allreduce(buf), "barrier": ctx.barrier,
                 "broadcast": lambda: ctx.broadcast(buf), "reduce": lambda: ctx.reduce(buf, 0),
                 "allgather": lambda: ctx.allgather(buf, out),
-                "gather": lambda: ctx.gather(buf, out, 0), "scatter": lambda: ctx.scatter(out, buf, 0),
+                "gather": lambda: ctx.gather(buf, out, 0),
+                "scatter": lambda: ctx.scatter(out, buf, 0),
                 "reduce_scatter": lambda: ctx.reduce_scatter(buf, out),
                 "alltoall": lambda: ctx.alltoall(buf, out)}, ctx.close
     if peer == "mpi4py":
@@ -67,7 +67,8 @@ def _calls(peer):
                 "broadcast": lambda: comm.Bcast(buf, 0),
                 "reduce": lambda: comm.Reduce(in_place, buf, root=0),
                 "allgather": lambda: comm.Allgather(buf, out),
-                "gather": lambda: comm.Gather(buf, out, 0), "scatter": lambda: comm.Scatter(out, buf, 0),
+                "gather": lambda: comm.Gather(buf, out, 0),
+                "scatter": lambda: comm.Scatter(out, buf, 0),
                 "reduce_scatter": lambda: comm.Reduce_scatter_block(buf, out),
                 "alltoall": lambda: comm.Alltoall(buf, out)}, lambda: None
     import torch
@@ -117,12 +118,9 @@ def worker(peer, ops, calls, out):
 
 def available(peer):
     """Whether ``peer`` can run here (its packages import, mpirun exists)."""
-    probe = {"pycollect": "pycollect", "mpi4py": "mpi4py",
-             "torch-pycollect": "torch, pycollect.torch", "torch-gloo": "torch"}[peer]
-    if peer == "mpi4py" and shutil.which("mpirun") is None:
-        return False
-    return subprocess.run([sys.executable, "-c", "import %s" % probe], capture_output=True,
-                          timeout=120).returncode == 0
+    return importable({"pycollect": "pycollect", "mpi4py": "mpi4py",
+                       "torch-pycollect": "torch, pycollect.torch", "torch-gloo": "torch"}[peer],
+                      mpirun=peer == "mpi4py")
 
 
 def _command(peer, ops, calls, out):
@@ -152,23 +150,8 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, ops, args.calls, args.out)
 
-    wanted = [p for p in args.peers.split(",") if p]
-    unknown = sorted(set(wanted) - set(PEERS))
-    if unknown:
-        ap.error("unknown peer(s) %s (choose from %s)" % (", ".join(unknown), ", ".join(PEERS)))
-    peers = [p for p in wanted if available(p)]
-    missing = [p for p in wanted if p not in peers]
-    runs = {p: [] for p in peers}
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            order = peers[r % len(peers):] + peers[:r % len(peers)]
-            for peer in order:
-                out = os.path.join(tmp, "%s.json" % peer)
-                subprocess.run(_command(peer, ops, args.calls, out), check=True, timeout=600,
-                               env=env, cwd=tmp, stdout=subprocess.DEVNULL)
-                with open(out) as f:
-                    runs[peer].append(json.load(f))
+    peers, missing = pick_peers(ap, args.peers, PEERS, available)
+    runs = take_turns(peers, args.rounds, lambda peer, out: _command(peer, ops, args.calls, out))
     figures = {p: {op: None if runs[p][0][op] is None else {
         "median": statistics.median(run[op]["median"] for run in runs[p]),
         "best": min(run[op]["best"] for run in runs[p])} for op in ops} for p in peers}

@@ -19,12 +19,11 @@ out and named.
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+from turns import importable, pick_peers, take_turns
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
@@ -73,14 +72,9 @@ def worker(peer, counts, iters, out):
 
 
 def available(peer):
-    if peer.startswith("mpi-"):
-        if shutil.which("mpirun") is None:
-            return False
-        probe = "mpi4py"
-    else:
-        probe = "pycollect"
-    return subprocess.run([sys.executable, "-c", "import %s" % probe], capture_output=True,
-                          timeout=120).returncode == 0
+    """Whether ``peer`` can run here (its package imports, mpirun exists)."""
+    mpi = peer.startswith("mpi-")
+    return importable("mpi4py" if mpi else "pycollect", mpirun=mpi)
 
 
 def _command(peer, counts, iters, out):
@@ -89,8 +83,8 @@ def _command(peer, counts, iters, out):
     if peer.startswith("mpi-"):
         return (["mpirun", "--allow-run-as-root", "-n", "2"]
                 + (MPI_TCP if peer == "mpi-tcp" else []) + me)
-    return [sys.executable, "-c", "import sys; from pycollect.launch import main; "
-            "sys.exit(main())", "-n", "2", "--timeout", "300"] + me
+    from pycollect.launch import module_command
+    return module_command("pycollect.launch") + ["-n", "2", "--timeout", "300"] + me
 
 
 def main(argv=None):
@@ -112,22 +106,8 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, counts, args.iters, args.out)
 
-    wanted = [p for p in args.peers.split(",") if p]
-    unknown = sorted(set(wanted) - set(PEERS))
-    if unknown:
-        ap.error("unknown peer(s) %s (choose from %s)" % (", ".join(unknown), ", ".join(PEERS)))
-    peers = [p for p in wanted if available(p)]
-    missing = [p for p in wanted if p not in peers]
-    runs = {p: [] for p in peers}
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
-                out = os.path.join(tmp, "%s.json" % peer)
-                subprocess.run(_command(peer, counts, args.iters, out), check=True,
-                               timeout=600, env=env, cwd=tmp, stdout=subprocess.DEVNULL)
-                with open(out) as f:
-                    runs[peer].append(json.load(f))
+    peers, missing = pick_peers(ap, args.peers, PEERS, available)
+    runs = take_turns(peers, args.rounds, lambda peer, out: _command(peer, counts, args.iters, out))
     figures = {p: {c: {"median": statistics.median(run[str(c)]["median"] for run in runs[p]),
                        "best": min(run[str(c)]["best"] for run in runs[p])} for c in counts}
                for p in peers}
