@@ -138,15 +138,21 @@ def send(Transport t, object buf, int dst, int tag, double timeout):
     return ALGO_NONE
 
 
-cdef int _next_head(Transport t, int src, Probe* pr, int64_t until_ns) except -3:
+cdef inline int _probe_head(Transport t, int src, Probe* pr, int64_t until_ns) noexcept nogil:
     """Wait for the next point-to-point head from ``src`` (-1: any rank), whatever its
-    tag: its peer, or -2 once ``until_ns`` (when not 0) passes."""
+    tag: its peer, -2 once ``until_ns`` (when not 0) passes, -1 after the transport's
+    error."""
     cdef OpDesc d
-    cdef int peer
     fill_desc(&d, 0, COLL_P2P, 0, 0, 0, -1, 0)
+    t.set_op(&d)
+    return t.probe_until(src, pr, until_ns)
+
+
+cdef int _next_head(Transport t, int src, Probe* pr, int64_t until_ns) except -3:
+    """_probe_head with the GIL released; the transport's error raised."""
+    cdef int peer
     with nogil:
-        t.set_op(&d)
-        peer = t.probe_until(src, pr, until_ns)
+        peer = _probe_head(t, src, pr, until_ns)
     if peer == -1:
         raise_error(t)
     return peer
@@ -166,11 +172,20 @@ cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, 
     return rc
 
 
+cdef int _receive_failed(Transport t, Mailbox box, int src, int tag, double timeout) except -1:
+    """Raise the transport's error from a wait for a head; a timeout as the receive's."""
+    try:
+        raise_error(t)
+    except Timeout:
+        raise_timeout(t, box, src, tag, timeout)
+    return -1
+
+
 def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
     """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
     rank, element count, tag)."""
     cdef Buffer b = as_buffer(buf, "recv", "buf", True)
-    cdef OpDesc d, any_head
+    cdef OpDesc d
     cdef Probe pr
     cdef int rc, req = -1, peer = -1
     cdef bint taken = False
@@ -178,25 +193,20 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     if m is not None:
         return _deliver(m, b, "recv")
     fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
-    fill_desc(&any_head, 0, COLL_P2P, 0, 0, 0, -1, 0)
     # The common case in one stretch without the GIL: the first head to come is the one
     # asked for, and its body is read straight into buf.  Any other head is parked in
     # the mailbox (with the GIL) and the wait goes on in _matching_loop.
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0:
-            t.set_op(&any_head)
-            peer = t.probe_until(src, &pr, 0)
+            peer = _probe_head(t, src, &pr, 0)
             if peer >= 0 and _wants(src, tag, peer, pr.desc.root):
                 taken = True
                 rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
     if rc < 0:
         raise_error(t)
     if peer == -1:
-        try:
-            raise_error(t)
-        except Timeout:
-            raise_timeout(t, box, src, tag, timeout)
+        _receive_failed(t, box, src, tag, timeout)
     if not taken:
         _park(t, box, &pr)
         peer = _matching_loop(t, box, src, tag, timeout, 0, &pr)
@@ -241,10 +251,10 @@ cdef int _matching_loop(Transport t, Mailbox box, int src, int tag, double timeo
     """_matching_head's wait, on an operation already begun."""
     cdef int peer = -1
     while True:     # bounded by the deadline: each turn takes one message off the wire
-        try:
-            peer = _next_head(t, src, pr, until_ns)
-        except Timeout:
-            raise_timeout(t, box, src, tag, timeout)
+        with nogil:
+            peer = _probe_head(t, src, pr, until_ns)
+        if peer == -1:
+            _receive_failed(t, box, src, tag, timeout)
         if peer == -2 or _wants(src, tag, peer, pr.desc.root):
             return peer
         _park(t, box, pr)
