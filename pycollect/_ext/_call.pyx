@@ -110,14 +110,17 @@ cdef double _INF = float("inf")
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
 
 
-cdef tuple _ROOTED = (False, True, False, True, False, True, True, False, False, False,
-                      False)   # by kind
 cdef object _TAG_END = 1 << 31          # tags are 0 .. 2**31 - 1
 
 
 cdef inline bint _is_tag(object tag, bint allow_any):
     """``tag`` is an int tag (or, where allowed, ANY_TAG); the Python path words the rest."""
     return type(tag) is int and (0 <= tag < _TAG_END or allow_any and tag == _ANY_TAG)
+
+
+cdef inline bint _rooted(int kind) noexcept:
+    """The kinds whose flight-recorder entry notes a root."""
+    return kind == K_BROADCAST or kind == K_REDUCE or kind == K_GATHER or kind == K_SCATTER
 
 
 cdef inline int _code(object algo):
@@ -488,14 +491,12 @@ cdef class CallPath:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
             if rec is not None:
-                if described is None:
-                    entry = rec.add(_COLLECTIVES[kind], None, NONE,
-                                    root if kind == K_GATHER else NONE, None)
-                else:
-                    entry = rec.add(_COLLECTIVES[kind],
-                                    <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
-                                    cnp.PyArray_SIZE(<cnp.ndarray>described),
-                                    root if _ROOTED[kind] else NONE, [root] if p2p else None)
+                entry = rec.add(_COLLECTIVES[kind],
+                                None if described is None
+                                else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
+                                NONE if described is None
+                                else cnp.PyArray_SIZE(<cnp.ndarray>described),
+                                root if _rooted(kind) else NONE, [root] if p2p else None)
             seq = self._seq + 1
             self._busy = True
             try:
