@@ -658,10 +658,6 @@ class ProcessGroupPycollect(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         a = _is_async(opts)
-        if not a:
-            self._c().barrier()
-            self._done_work._outputs = []
-            return self._done_work
         return self._work(a, [], [self._c().barrier(async_op=a)])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
