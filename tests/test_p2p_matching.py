@@ -183,3 +183,27 @@ def test_a_receive_that_times_out_names_what_came_instead():
         g.run(body)
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("form", ["compiled", "status"])
+def test_a_receive_whose_peer_leaves_names_the_receive(form):
+    # The wait for a head looks at any tag; the error names the receive that waited.
+    g = ThreadGroup(2, timeout=20)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                time.sleep(0.2)
+                ctx.close()
+                return None
+            kwargs = {"status": pc.Status()} if form == "status" else {}
+            start = time.monotonic()
+            with pytest.raises(pc.PeerError) as info:
+                ctx.recv(np.zeros(3, np.float32), 0, tag=7, **kwargs)
+            return str(info.value), time.monotonic() - start
+
+        _, (text, seconds) = g.run(body)
+        assert "send/recv(float32 x 3, tag 7) failed: rank 0" in text, text
+        assert "closed its connection" in text, text
+        assert seconds < 10             # at once, not at the 20 s deadline
+    finally:
+        g.close()

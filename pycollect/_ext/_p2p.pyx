@@ -172,8 +172,12 @@ cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, 
     return rc
 
 
-cdef int _receive_failed(Transport t, Mailbox box, int src, int tag, double timeout) except -1:
-    """Raise the transport's error from a wait for a head; a timeout as the receive's."""
+cdef int _receive_failed(Transport t, Mailbox box, const OpDesc* asked, int src, int tag,
+                         double timeout) except -1:
+    """Raise the transport's error from a wait for a head, naming the operation ``asked``
+    (the wait itself runs as a look at any tag, _probe_head); a timeout as the receive's."""
+    if t.err.mine.coll == COLL_P2P:
+        t.err.mine = asked[0]
     try:
         raise_error(t)
     except Timeout:
@@ -206,10 +210,10 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     if rc < 0:
         raise_error(t)
     if peer == -1:
-        _receive_failed(t, box, src, tag, timeout)
+        _receive_failed(t, box, &d, src, tag, timeout)
     if not taken:
         _park(t, box, &pr)
-        peer = _matching_loop(t, box, src, tag, timeout, 0, &pr)
+        peer = _matching_loop(t, box, &d, src, tag, timeout, 0, &pr)
         with nogil:
             rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
         if rc < 0:
@@ -243,18 +247,18 @@ cdef int _matching_head(Transport t, Mailbox box, OpDesc* d, int src, int tag, d
         rc = t.begin(d, timeout)
     if rc < 0:
         raise_error(t)
-    return _matching_loop(t, box, src, tag, timeout, until_ns, pr)
+    return _matching_loop(t, box, d, src, tag, timeout, until_ns, pr)
 
 
-cdef int _matching_loop(Transport t, Mailbox box, int src, int tag, double timeout,
-                        int64_t until_ns, Probe* pr) except -3:
-    """_matching_head's wait, on an operation already begun."""
+cdef int _matching_loop(Transport t, Mailbox box, const OpDesc* d, int src, int tag,
+                        double timeout, int64_t until_ns, Probe* pr) except -3:
+    """_matching_head's wait, on operation ``d``, already begun."""
     cdef int peer = -1
     while True:     # bounded by the deadline: each turn takes one message off the wire
         with nogil:
             peer = _probe_head(t, src, pr, until_ns)
         if peer == -1:
-            _receive_failed(t, box, src, tag, timeout)
+            _receive_failed(t, box, d, src, tag, timeout)
         if peer == -2 or _wants(src, tag, peer, pr.desc.root):
             return peer
         _park(t, box, pr)
