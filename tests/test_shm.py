@@ -1,9 +1,12 @@
 """The shared-memory path: rings, single-copy reads, cleanup, and failure."""
 
 import os
+import time
 
 import numpy as np
 import pytest
+
+import pycollect as pc
 
 from group import ThreadGroup
 from jobs import run_victims
@@ -109,3 +112,27 @@ def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
     run_victims(tmp_path, _VICTIM)
     paths = {(tmp_path / ("segment%d" % r)).read_text() for r in range(3)}
     assert len(paths) == 1 and not _leftovers(paths), paths
+
+
+def test_a_spinning_receive_notices_the_peer_leave(monkeypatch):
+    # The longest spin: the reader never sleeps in poll() before the peer is gone, so
+    # only its looks at the doorbell socket between looks at the ring can see the end.
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", "1000000")
+    g = ThreadGroup(2, timeout=20)
+    try:
+        assert g.contexts[1]._transport.pair_kinds()[0].startswith("shm")
+
+        def body(ctx):
+            if ctx.rank == 0:
+                time.sleep(0.1)
+                ctx.close()
+                return None
+            start = time.monotonic()
+            with pytest.raises(pc.PeerError, match="rank 0 .* closed its connection"):
+                ctx.recv(np.zeros(1, np.float32), 0, tag=1)
+            return time.monotonic() - start
+
+        _, seconds = g.run(body)
+        assert seconds < 0.8, seconds   # within the spin, not after it
+    finally:
+        g.close()

@@ -39,6 +39,7 @@ cdef struct RingState:
     Ring inn                    # the peer's ring to us
     int peer_pid                # the peer's process, for reading its memory
     int peer_reads              # the peer may read our memory: large messages go by address
+    unsigned int empty_looks    # peeks that found the inbound ring empty (_ring_peek)
 
 cdef class RingChannel(Channel):
     cdef ChannelBase chan
