@@ -185,25 +185,49 @@ def test_a_receive_that_times_out_names_what_came_instead():
         g.close()
 
 
-@pytest.mark.parametrize("form", ["compiled", "status"])
-def test_a_receive_whose_peer_leaves_names_the_receive(form):
-    # The wait for a head looks at any tag; the error names the receive that waited.
-    g = ThreadGroup(2, timeout=20)
+def _receive_failure(size, leaving, receive):
+    """On a group of ``size``, rank ``leaving`` closes its context after 0.2 s while the
+    last rank runs ``receive(ctx)``: the text of the PeerError it raises, and how long it
+    took; None for the other ranks."""
+    g = ThreadGroup(size, timeout=20)
     try:
         def body(ctx):
-            if ctx.rank == 0:
+            if ctx.rank == leaving:
                 time.sleep(0.2)
                 ctx.close()
+            if ctx.rank != size - 1:
                 return None
-            kwargs = {"status": pc.Status()} if form == "status" else {}
             start = time.monotonic()
             with pytest.raises(pc.PeerError) as info:
-                ctx.recv(np.zeros(3, np.float32), 0, tag=7, **kwargs)
+                receive(ctx)
             return str(info.value), time.monotonic() - start
 
-        _, (text, seconds) = g.run(body)
-        assert "send/recv(float32 x 3, tag 7) failed: rank 0" in text, text
-        assert "closed its connection" in text, text
-        assert seconds < 10             # at once, not at the 20 s deadline
+        return g.run(body)[size - 1]
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("form", ["compiled", "status", "async"])
+def test_a_receive_whose_peer_leaves_names_the_receive(form):
+    # The wait for a head looks at any tag; the error names the receive that waited.
+    def receive(ctx):
+        kwargs = {"status": pc.Status()} if form == "status" else {}
+        if form == "async":
+            ctx.recv(np.zeros(3, np.float32), 0, tag=7, async_op=True).wait()
+        else:
+            ctx.recv(np.zeros(3, np.float32), 0, tag=7, **kwargs)
+
+    text, seconds = _receive_failure(2, 0, receive)
+    assert "send/recv(float32 x 3, tag 7) failed: rank 0" in text, text
+    assert "closed its connection" in text, text
+    assert seconds < 10             # at once, not at the 20 s deadline
+
+
+def test_async_receives_name_the_one_from_the_rank_that_left():
+    # Of an async batch, the receive from the rank that left.
+    def receive(ctx):
+        pc.wait_all([ctx.recv(np.zeros(3, np.float32), 0, tag=7, async_op=True),
+                     ctx.recv(np.zeros(2), 1, tag=8, async_op=True)])
+
+    text, _ = _receive_failure(3, 1, receive)
+    assert "send/recv(float64 x 2, tag 8) failed: rank 1" in text, text

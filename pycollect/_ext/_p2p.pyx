@@ -148,16 +148,6 @@ cdef inline int _probe_head(Transport t, int src, Probe* pr, int64_t until_ns) n
     return t.probe_until(src, pr, until_ns)
 
 
-cdef int _next_head(Transport t, int src, Probe* pr, int64_t until_ns) except -3:
-    """_probe_head with the GIL released; the transport's error raised."""
-    cdef int peer
-    with nogil:
-        peer = _probe_head(t, src, pr, until_ns)
-    if peer == -1:
-        raise_error(t)
-    return peer
-
-
 cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, int dtype,
                     size_t count, int* req) noexcept nogil:
     """Read the body of the head ``pr`` (from ``peer``) into ``ptr``; 0, or -1 after the
@@ -362,18 +352,14 @@ cdef class Batch:
         while self.waiting:
             srcs = {self.peers[i] for i in self.waiting}
             src = srcs.pop() if len(srcs) == 1 else -1
-            try:
-                peer = _next_head(self.t, src, &pr, until_ns)
-                if peer == -2 and src < 0:
-                    # A look at any rank's head passes over pairs that ended: look at
-                    # each rank a receive waits for, so that one that left is named.
-                    for src in sorted({self.peers[i] for i in self.waiting} - {-1}):
-                        peer = _next_head(self.t, src, &pr, pc_now_ns())
-                        if peer != -2:
-                            break
-            except Timeout:
-                i = self.waiting[0]
-                raise_timeout(self.t, self.box, self.peers[i], self.tags[i], self.timeout)
+            peer = self._head(src, &pr, until_ns)
+            if peer == -2 and src < 0:
+                # A look at any rank's head passes over pairs that ended: look at each
+                # rank a receive waits for, so that one that left is named.
+                for src in sorted({self.peers[i] for i in self.waiting} - {-1}):
+                    peer = self._head(src, &pr, pc_now_ns())
+                    if peer != -2:
+                        break
             if peer == -2:
                 return 0
             for i in self.waiting:
@@ -393,6 +379,27 @@ cdef class Batch:
                 raise_error(self.t)
             self.peers[i], self.tags[i], self.reqs[i] = peer, pr.desc.root, req
         return 0
+
+    cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3:
+        """The next head from ``src`` (-1: any rank), -2 once ``until_ns`` passes; a
+        failure raised naming a waiting receive: one from the rank the failure names,
+        else the first added."""
+        cdef Buffer b
+        cdef OpDesc d
+        cdef int peer, i, j
+        with nogil:
+            peer = _probe_head(self.t, src, pr, until_ns)
+        if peer != -1:
+            return peer
+        i = self.waiting[0]
+        for j in self.waiting:
+            if self.peers[j] == self.t.err.peer:
+                i = j
+                break
+        b = self.bufs[i]
+        fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, self.tags[i], b.count)
+        return _receive_failed(self.t, self.box, &d, self.peers[i], self.tags[i],
+                               self.timeout)
 
     def progress(self, double seconds):
         """Move every request for up to ``seconds``; return the indices of the operations
