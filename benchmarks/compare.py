@@ -29,8 +29,10 @@ run prints its tables and leaves the page, whose tables are float32's, alone.
 Beside the peers, the run measures what the machine allows: the NumPy memory
 ceiling (peer "ceiling-shm": ranks whose buffers already lie in shared memory
 do, at the same time, the memory work of a direct allreduce with NumPy, see
-``Ceiling``), a memcpy line, and the TCP ceiling (``iperf3 --bidir`` over
-loopback, per direction; "not measured" where iperf3 is absent).
+``Ceiling``), a memcpy line, the TCP ceiling (``iperf3 --bidir`` over
+loopback, per direction; "not measured" where iperf3 is absent) and, where a
+TCP peer runs, the TCP latency floor at the start and the end of the run
+(``TCPFloor``: benchmarks/tcp_floor.c, the kernel's own 1-float exchange).
 """
 
 import argparse
@@ -534,6 +536,11 @@ def drive(args):
            "results": []}
     doc["memcpy_GBps"] = memcpy_bandwidth()
     doc["tcp_ceiling_GBps"], doc["tcp_ceiling_note"] = tcp_ceiling()
+    tcp_peers = {"pycollect-tcp", "mpi-tcp"} & set(peers)
+    if tcp_peers:
+        doc["tcp_floor_us"], doc["tcp_floor_note"] = [], None
+        floor = TCPFloor()
+        floor.measure(doc)
     logdir = tempfile.mkdtemp(prefix="pycollect-compare-")
     listener = socket.create_server(("127.0.0.1", 0))
     control = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -587,6 +594,9 @@ def drive(args):
                     g.stop()
     listener.close()
     shutil.rmtree(logdir, ignore_errors=True)
+    if tcp_peers:
+        floor.measure(doc)
+        floor.close()
     doc["load_after"] = os.getloadavg()
     doc["seconds"] = round(time.monotonic() - started, 1)
     doc["pycollect"] = pc.__version__
@@ -606,6 +616,41 @@ def memcpy_bandwidth(counts=(1 << 20, 16 << 20), repeats=20):
             times.append(time.perf_counter() - start)
         out[count] = a.nbytes / float(np.median(times)) / 1e9
     return out
+
+
+class TCPFloor:
+    """The kernel's own 1-float TCP exchange (benchmarks/tcp_floor.c, built here with cc):
+    two processes send each other 44 bytes over loopback and spin on recv(MSG_DONTWAIT),
+    as pycollect's TCP allreduce of one float does on the wire; the median exchange."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="pycollect-tcp-floor-")
+        self.exe, self.note = os.path.join(self.dir, "tcp_floor"), None
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            self.note = "not measured (no C compiler: apt-get install gcc)"
+            return
+        built = subprocess.run([cc, "-O2", "-o", self.exe,
+                                str(Path(__file__).with_name("tcp_floor.c"))],
+                               capture_output=True, text=True, timeout=120)
+        if built.returncode:
+            self.note = "not measured (tcp_floor.c did not build: %s)" % (
+                built.stderr.strip().splitlines() or ["?"])[-1]
+
+    def measure(self, doc):
+        """Add one median (µs) to doc["tcp_floor_us"], or say why not in tcp_floor_note."""
+        if self.note is None:
+            try:
+                out = subprocess.run([self.exe, "spin"], capture_output=True, text=True,
+                                     timeout=120)
+                median = float(out.stdout.rsplit("(median", 1)[1].split(")")[0])
+                doc["tcp_floor_us"].append(median)
+            except (OSError, subprocess.SubprocessError, IndexError, ValueError) as exc:
+                self.note = f"not measured (tcp_floor failed: {exc})"
+        doc["tcp_floor_note"] = self.note
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def tcp_ceiling(seconds=3):
@@ -919,6 +964,23 @@ def ceilings(doc):
         lines.append(f"TCP ceiling (`iperf3 --bidir` over loopback): {num(tcp)} GB/s per "
                      f"direction" + ("; pycollect tcp allreduce busbw: " + "; ".join(cells)
                                      if cells else "") + ".")
+    floors = doc.get("tcp_floor_us")
+    if floors:
+        cells = []
+        for peer in ("pycollect-tcp", "mpi-tcp"):
+            r = _find(doc, 2, "allreduce", 1, peer)
+            if r:
+                cells.append(f"{label(peer)} {num(r['p50_us'])} µs "
+                             f"({num(r['p50_us'] / min(floors))}× it)")
+        lines.append("TCP latency floor (`benchmarks/tcp_floor.c`: two processes exchange "
+                     "44 bytes over loopback, spinning on `recv(MSG_DONTWAIT)`; one "
+                     "process's median exchange, at the start and the end of the run): "
+                     + " and ".join(f"{num(f)} µs" for f in floors)
+                     + ("; 2 ranks, allreduce 1 float p50: " + ", ".join(cells)
+                        if cells else "") + ".")
+    elif floors is not None:
+        lines.append("TCP latency floor: " + (doc.get("tcp_floor_note") or "not measured")
+                     + ".")
     return [part for line in lines for part in (line, "")][:-1]   # one paragraph each
 
 
