@@ -481,7 +481,7 @@ cdef class CallPath:
         cdef Transport t = self._transport
         cdef Py_ssize_t seg = self._segment_bytes
         cdef CallLock lock = self._lock
-        cdef bint waited = lock.take()
+        lock.take()
         # What the flight recorder notes, as the Python path does: the result's buffer
         # (None for barrier and for a gather's non-root) and the root of a rooted kind.
         cdef bint p2p = kind >= K_SEND          # root: the peer; op: the tag
@@ -490,18 +490,17 @@ cdef class CallPath:
         try:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
+            seq = self._seq + 1
             if rec is not None:
                 entry = rec.add(_COLLECTIVES[kind],
                                 None if described is None
                                 else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
                                 NONE if described is None
                                 else cnp.PyArray_SIZE(<cnp.ndarray>described),
-                                root if _rooted(kind) else NONE, [root] if p2p else None)
-            seq = self._seq + 1
+                                root if _rooted(kind) else NONE, [root] if p2p else None,
+                                True, NONE if p2p else seq)     # the lock is held: started
             self._busy = True
             try:
-                if entry >= 0:
-                    rec.begin(entry, NONE if p2p else seq, not waited)
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, timeout, seg)
                 elif kind == K_BROADCAST:

@@ -25,7 +25,8 @@ cdef extern from *:
 cdef class Ring:
     cdef readonly Py_ssize_t capacity
     cdef readonly Py_ssize_t recorded       # operations ever recorded: the next id
-    cdef Slot* slots
+    cdef Py_ssize_t mask                    # slots - 1: entry id's slot is id & mask
+    cdef Slot* slots                        # the next power of two of them >= capacity
     cdef PyObject** objects                 # N_OBJECTS per slot, owned references or NULL
     cdef int64_t tick0                      # the clock's ticks and the wall-clock time
     cdef int64_t wall0                      # ... when the ring was made
@@ -33,9 +34,9 @@ cdef class Ring:
     cdef object code_inside                 # ... outside and inside the package
 
     cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
-                        object peers) except -1
+                        object peers, bint started=*, int64_t seq=*) except -1
     cdef bint is_outside(self, PyObject* code) noexcept
     cdef Slot* live(self, Py_ssize_t id) noexcept
-    cdef void begin(self, Py_ssize_t id, int64_t seq, bint at_queue=*) noexcept
+    cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1
     cdef object wall(self, int64_t ticks, double ns_per_tick)

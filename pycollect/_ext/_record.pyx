@@ -1,6 +1,7 @@
 """The flight recorder's ring: a context's last N operations, written from compiled code.
 
-A ``Ring`` holds ``capacity`` preallocated slots; recording an operation
+A ``Ring`` keeps the last ``capacity`` operations in preallocated slots (the next power
+of two of them: an id finds its slot with a mask, not a division); recording an operation
 fills the next slot in place (numbers in C structs, the few objects in one C
 array of references, each replaced only when it changes: a loop that records
 the same operation from the same line moves no reference counts), so that
@@ -149,10 +150,14 @@ cdef class Ring:
             raise ValueError("a ring needs capacity >= 1, got %d" % capacity)
         if self.slots != NULL:
             raise RuntimeError("Ring.__init__ called twice")
+        cdef Py_ssize_t n = 1
+        while n < capacity:
+            n <<= 1
         self.capacity = capacity
         self.recorded = 0
-        self.slots = <Slot*>calloc(capacity, sizeof(Slot))
-        self.objects = <PyObject**>calloc(capacity * N_OBJECTS, sizeof(PyObject*))
+        self.mask = n - 1
+        self.slots = <Slot*>calloc(n, sizeof(Slot))
+        self.objects = <PyObject**>calloc(n * N_OBJECTS, sizeof(PyObject*))
         if self.slots == NULL or self.objects == NULL:
             raise MemoryError()
         self.tick0 = pc_ticks()
@@ -163,27 +168,28 @@ cdef class Ring:
         # back to a ring, so the references need no cycle collection.
         cdef Py_ssize_t i
         if self.objects != NULL:
-            for i in range(self.capacity * N_OBJECTS):
+            for i in range((self.mask + 1) * N_OBJECTS):
                 Py_XDECREF(self.objects[i])
         free(self.objects)
         free(self.slots)
 
     cdef Py_ssize_t add(self, object name, object dtype, int64_t count, int64_t root,
-                        object peers) except -1:
-        """A new queued entry; its id."""
-        cdef Py_ssize_t i = self.recorded % self.capacity
+                        object peers, bint started=False, int64_t seq=NONE) except -1:
+        """A new entry, queued, or with ``started`` started at once as collective ``seq``
+        (NONE: a send or receive), at the same tick; its id."""
+        cdef Py_ssize_t i = self.recorded & self.mask
         cdef PyObject** o = &self.objects[i * N_OBJECTS]
         cdef Slot* s = &self.slots[i]
         cdef PyObject* code
         cdef int line = 0
         s.id = self.recorded
-        s.seq = NONE
+        s.seq = seq
         s.count = count
         s.root = root
         s.queued_ns = pc_ticks()
-        s.started_ns = NONE
+        s.started_ns = s.queued_ns if started else NONE
         s.ended_ns = NONE
-        s.state = S_QUEUED
+        s.state = S_STARTED if started else S_QUEUED
         # The first frame outside the package: the user's line.
         code = pc_caller(_is_outside, <void*>self, &line)
         s.line = line
@@ -214,21 +220,20 @@ cdef class Ring:
         cdef Slot* s
         if id < 0:
             return NULL
-        s = &self.slots[id % self.capacity]
+        s = &self.slots[id & self.mask]
         return s if s.id == id and id < self.recorded else NULL
 
-    cdef void begin(self, Py_ssize_t id, int64_t seq, bint at_queue=False) noexcept:
-        """Entry ``id`` started as collective ``seq``; ``at_queue``: nothing stood between
-        its queueing and its start (the time is the queued one: no second tick read)."""
+    cdef void begin(self, Py_ssize_t id, int64_t seq) noexcept:
+        """Entry ``id`` started as collective ``seq``."""
         cdef Slot* s = self.live(id)
         if s != NULL:
             s.seq = seq
             s.state = S_STARTED
-            s.started_ns = s.queued_ns if at_queue else pc_ticks()
+            s.started_ns = pc_ticks()
 
     cdef int end(self, Py_ssize_t id, object algorithm, object error) except -1:
         cdef Slot* s = self.live(id)
-        cdef PyObject** o = &self.objects[(id % self.capacity) * N_OBJECTS]
+        cdef PyObject** o = &self.objects[(id & self.mask) * N_OBJECTS]
         if s == NULL:
             return 0
         s.ended_ns = pc_ticks()
@@ -280,8 +285,8 @@ cdef class Ring:
             if tick1 > self.tick0 else 1.0
         out = []
         for id in range(first, self.recorded):
-            s = &self.slots[id % self.capacity]
-            o = &self.objects[(id % self.capacity) * N_OBJECTS]
+            s = &self.slots[id & self.mask]
+            o = &self.objects[(id & self.mask) * N_OBJECTS]
             code = _get(o[4])
             out.append([s.id, _opt(s.seq), _get(o[0]), _get(o[1]), _get(o[2]),
                         _opt(s.count), _opt(s.root), _get(o[3]), _STATES[s.state],
