@@ -87,6 +87,8 @@ class TorchStore(Store):
 # -- tensors -----------------------------------------------------------------
 
 def _check_cpu(t, what):
+    if type(t) is torch.Tensor and t.is_cpu and t.layout == torch.strided:
+        return      # the common case: t.device makes a torch.device object on every call
     if not isinstance(t, torch.Tensor):
         raise pc.InvalidArgument("pycollect backend: %s must be a torch.Tensor, got %s"
                                  % (what, type(t).__name__))

@@ -275,6 +275,14 @@ def test_cuda_like_tensor_is_rejected_with_a_clear_error():
         pctorch._Buf(t, "allreduce tensor")
 
 
+def test_sparse_tensors_are_refused_and_tensor_subclasses_taken():
+    with pytest.raises(pycollect.InvalidArgument, match="only dense"):
+        pctorch._Buf(torch.zeros(4).to_sparse(), "allreduce tensor")
+    p = torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+    pctorch._Buf(p, "allreduce tensor").array[:] = 2
+    assert p.tolist() == [2.0] * 3
+
+
 def test_views_share_memory():
     t = torch.zeros(6)
     b = pctorch._Buf(t, "x")
