@@ -185,13 +185,14 @@ def test_a_receive_that_times_out_names_what_came_instead():
         g.close()
 
 
-def _receive_failure(size, leaving, receive):
+def _receive_failure(size, leaving, receive, split=False):
     """On a group of ``size``, rank ``leaving`` closes its context after 0.2 s while the
-    last rank runs ``receive(ctx)``: the text of the PeerError it raises, and how long it
-    took; None for the other ranks."""
+    last rank runs ``receive(ctx)`` (``split``: on a sub-group of every rank, from
+    ``ctx.split``): the text of the PeerError it raises, and how long it took."""
     g = ThreadGroup(size, timeout=20)
     try:
         def body(ctx):
+            on = ctx.split(0) if split else ctx     # every rank, before one leaves
             if ctx.rank == leaving:
                 time.sleep(0.2)
                 ctx.close()
@@ -199,7 +200,7 @@ def _receive_failure(size, leaving, receive):
                 return None
             start = time.monotonic()
             with pytest.raises(pc.PeerError) as info:
-                receive(ctx)
+                receive(on)
             return str(info.value), time.monotonic() - start
 
         return g.run(body)[size - 1]
@@ -207,9 +208,10 @@ def _receive_failure(size, leaving, receive):
         g.close()
 
 
-@pytest.mark.parametrize("form", ["compiled", "status", "async"])
+@pytest.mark.parametrize("form", ["compiled", "status", "async", "sub-group"])
 def test_a_receive_whose_peer_leaves_names_the_receive(form):
-    # The wait for a head looks at any tag; the error names the receive that waited.
+    # The wait for a head looks at any tag; the error names the receive that waited (on a
+    # sub-group, with the group's id).
     def receive(ctx):
         kwargs = {"status": pc.Status()} if form == "status" else {}
         if form == "async":
@@ -217,8 +219,9 @@ def test_a_receive_whose_peer_leaves_names_the_receive(form):
         else:
             ctx.recv(np.zeros(3, np.float32), 0, tag=7, **kwargs)
 
-    text, seconds = _receive_failure(2, 0, receive)
-    assert "send/recv(float32 x 3, tag 7) failed: rank 0" in text, text
+    text, seconds = _receive_failure(2, 0, receive, split=form == "sub-group")
+    named = "send/recv(float32 x 3, tag 7) " + ("in group " if form == "sub-group" else "")
+    assert named in text and "failed: rank 0" in text, text
     assert "closed its connection" in text, text
     assert seconds < 10             # at once, not at the 20 s deadline
 

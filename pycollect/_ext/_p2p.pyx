@@ -19,7 +19,7 @@ A receive returns (source, element count, tag): the status of MPI.  ``probe``
 describes the next matching message without receiving it.
 """
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy
 
 from pycollect._ext._buffer cimport Buffer, as_buffer
@@ -165,9 +165,12 @@ cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, 
 cdef int _receive_failed(Transport t, Mailbox box, const OpDesc* asked, int src, int tag,
                          double timeout) except -1:
     """Raise the transport's error from a wait for a head, naming the operation ``asked``
-    (the wait itself runs as a look at any tag, _probe_head); a timeout as the receive's."""
+    (the wait itself runs as a look at any tag, _probe_head; its group is kept); a timeout
+    as the receive's."""
+    cdef uint32_t group_id = t.err.mine.group_id
     if t.err.mine.coll == COLL_P2P:
         t.err.mine = asked[0]
+        t.err.mine.group_id = group_id
     try:
         raise_error(t)
     except Timeout:
