@@ -169,6 +169,11 @@ def _finish_all(bufs):
     return finish
 
 
+def _finish_one(b):
+    """_finish_all of the one buffer ``b``."""
+    return None if b.staging is None else b.finish
+
+
 def _flat_input(t, what):
     """A contiguous NumPy array holding ``t``'s values (a view when possible)."""
     _check_cpu(t, what)
@@ -533,8 +538,8 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             raise pc.InvalidArgument(
                 "pycollect backend: all_gather_into_tensor output holds %d elements, expected "
                 "%d x %d" % (b.array.size, ctx.size, send.size))
-        w = ctx.allgather(send, b.array.reshape(ctx.size, send.size), async_op=a)
-        return self._work(a, [output], [w], _finish_all([b]))
+        w = ctx.allgather(send, b.array, async_op=a)      # flat: size blocks of send.size
+        return self._work(a, [output], [w], _finish_one(b))
 
     def all_gather_single(self, output, input, opts=None):
         return self._allgather_base(output, input, opts)
@@ -568,7 +573,7 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             _scale([send], factor)
         b = _Buf(output, "reduce_scatter_tensor output", copy_in=False)
         w = self._c().reduce_scatter(send, b.array, op, async_op=a)
-        return self._work(a, [output], [w], _finish_all([b]))
+        return self._work(a, [output], [w], _finish_one(b))
 
     def reduce_scatter_single(self, output, input, opts):
         return self._reduce_scatter_base(output, input, opts)
@@ -585,8 +590,11 @@ class ProcessGroupPycollect(dist.ProcessGroup):
         b = _Buf(output, "all_to_all_single output", copy_in=False)
         sendcounts = _counts(input, input_split_sizes, ctx.size, "input")
         recvcounts = _counts(output, output_split_sizes, ctx.size, "output")
-        w = ctx.alltoallv(send, sendcounts, b.array, recvcounts, async_op=a)
-        return self._work(a, [output], [w], _finish_all([b]))
+        if not input_split_sizes and not output_split_sizes and send.size == b.array.size:
+            w = ctx.alltoall(send, b.array, async_op=a)     # equal blocks: compiled
+        else:
+            w = ctx.alltoallv(send, sendcounts, b.array, recvcounts, async_op=a)
+        return self._work(a, [output], [w], _finish_one(b))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
