@@ -77,9 +77,9 @@ class Context(CallPath):
 
     Its hot state and its commonest calls (the blocking collectives on NumPy arrays:
     ``allreduce``, ``broadcast``, ``barrier``, ``reduce``, ``allgather``, ``gather``,
-    ``scatter``, ``reduce_scatter``, ``alltoall``) are compiled: ``CallPath``
-    (pycollect/_ext/_call.pyx).  Every other form of those calls arrives at
-    ``_allreduce_any`` and its kin here.
+    ``scatter``, ``reduce_scatter``, ``alltoall``, ``alltoallv``; tagged ``send`` and
+    ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
+    those calls arrives at ``_allreduce_any`` and its kin here.
     """
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,
@@ -392,9 +392,9 @@ class Context(CallPath):
             t, send, None, recv, None, seq, tmo), call.result, async_op)
 
     @_refusable
-    def alltoallv(self, sendbuf, sendcounts, recvbuf=None, recvcounts=None, async_op=False,
-                  timeout=None):
-        """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
+    def _alltoallv_any(self, sendbuf, sendcounts, recvbuf=None, recvcounts=None, async_op=False,
+                       timeout=None):
+        # alltoallv() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, sendcounts=sendcounts, recvbuf=recvbuf,
                                         recvcounts=recvcounts)
         sendcounts = _check_counts(sendcounts, self._size, "alltoallv", "sendcounts")

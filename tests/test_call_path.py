@@ -25,7 +25,8 @@ from group import ThreadGroup
 def python_calls(monkeypatch):
     """Count the calls that reach the Context's Python path, by collective."""
     seen = {"allreduce": 0, "broadcast": 0, "barrier": 0, "reduce": 0, "allgather": 0,
-            "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "send": 0, "recv": 0}
+            "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "alltoallv": 0,
+            "send": 0, "recv": 0}
     for name in seen:
         slow = getattr(Context, "_%s_any" % name)
 
@@ -86,6 +87,11 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         back = np.empty(n, np.int64)
         assert ctx.alltoall(np.arange(n, dtype=np.int64) + 10 * r, back) is back
         out["alltoall"] = back.tolist()
+        # alltoallv: rank r sends p + 1 elements (each 10 * r + p) to rank p
+        send = np.concatenate([np.full(p + 1, 10 * r + p, np.int32) for p in range(n)])
+        got = np.empty(n * (r + 1), np.int32)
+        assert ctx.alltoallv(send, [p + 1 for p in range(n)], got, [r + 1] * n) is got
+        out["alltoallv"] = got.tolist()
         return out
     results = trio.run(body)
     for r, out in enumerate(results):
@@ -96,6 +102,7 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         assert out["scatter"] == [2 * r, 2 * r + 1]
         assert out["reduce_scatter"] == [2 * r * 3.0, (2 * r + 1) * 3.0]
         assert out["alltoall"] == [r, 10 + r, 20 + r]
+        assert out["alltoallv"] == [10 * q + r for q in range(3) for _ in range(r + 1)]
     assert not any(python_calls.values()), python_calls
 
 
@@ -108,8 +115,12 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
     ("scatter", lambda ctx: ctx.scatter(np.ones(6), None, root=0)),
     ("reduce_scatter", lambda ctx: ctx.reduce_scatter(np.ones(6))),
     ("alltoall", lambda ctx: ctx.alltoall(np.ones(3), timeout=datetime.timedelta(seconds=9))),
+    ("alltoallv", lambda ctx: ctx.alltoallv(np.ones(3), [1, 1, 1], None, [1, 1, 1])),
+    ("alltoallv", lambda ctx: ctx.alltoallv(np.ones(3), [1, 1, 1], np.empty(3), [1, 1, 1],
+                                            async_op=True).wait()),
 ], ids=["reduce-recvbuf", "reduce-async", "numpy-root", "allgather-allocates",
-        "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta"])
+        "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta",
+        "alltoallv-allocates", "alltoallv-async"])
 def test_the_other_collectives_other_forms_take_the_python_path(trio, python_calls, kind, call):
     if kind == "gather":
         # every rank the root of its own gather, one after the other
@@ -118,6 +129,12 @@ def test_the_other_collectives_other_forms_take_the_python_path(trio, python_cal
         return
     trio.run(call)
     assert python_calls[kind] == 3
+
+
+def _two_to_self(ctx):
+    """alltoallv counts of 2 elements to this rank itself and 1 to each other one (the
+    same on both sides: the matrix of counts is symmetric)."""
+    return [1 + (p == ctx.rank) for p in range(ctx.size)]
 
 
 def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatch):
@@ -135,6 +152,8 @@ def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatc
         lambda ctx, a: ctx.reduce_scatter(np.ones(6, np.int64), np.empty(2, np.int64),
                                           async_op=a),
         lambda ctx, a: ctx.alltoall(np.ones(3, np.uint8), np.empty(3, np.uint8), async_op=a),
+        lambda ctx, a: ctx.alltoallv(np.ones(4, np.int16), _two_to_self(ctx),
+                                     np.empty(4, np.int16), _two_to_self(ctx), async_op=a),
     ]
 
     def body(ctx):
@@ -273,6 +292,7 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
             lambda: ctx.reduce_scatter(np.ones(7), np.empty(2)),
             lambda: ctx.alltoall(np.ones(3, np.float32), np.empty(3, np.float64)),
             lambda: ctx.reduce(np.ones((4, 4))[:, 0], 0),
+            lambda: ctx.alltoallv(np.ones(3), [1, -1, 3], np.empty(3), [1, 1, 1]),
         ]
         for call in bad:
             with pytest.raises(pc.InvalidArgument) as info:
@@ -282,9 +302,10 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 5 and value == 3.0
+        assert used == 6 and value == 3.0
         assert errors[0].startswith("allgather") and errors[1].startswith("reduce_scatter")
         assert errors[2].startswith("alltoall") and "C-contiguous" in errors[3]
+        assert errors[4].startswith("alltoallv") and "negative count -1" in errors[4]
 
 
 def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):

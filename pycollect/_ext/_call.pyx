@@ -90,12 +90,13 @@ cdef enum:
     K_SCATTER = 6
     K_REDUCE_SCATTER = 7
     K_ALLTOALL = 8
-    K_SEND = 9          # point to point: no sequence number, the peer recorded
-    K_RECV = 10
+    K_ALLTOALLV = 9
+    K_SEND = 10         # point to point: no sequence number, the peer recorded
+    K_RECV = 11
     MAX_RULES = 16
 
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
-                           "scatter", "reduce_scatter", "alltoall", "send", "recv")
+                           "scatter", "reduce_scatter", "alltoall", "alltoallv", "send", "recv")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
@@ -349,6 +350,18 @@ cdef class CallPath:
             return self._alltoall_any(sendbuf, recvbuf, async_op, timeout)
         return recvbuf
 
+    def alltoallv(self, sendbuf, sendcounts, recvbuf=None, recvcounts=None, async_op=False,
+                  timeout=None):
+        """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+                or sendcounts is None or recvcounts is None or seconds < 0 or not self.ready()
+                or self.run(K_ALLTOALLV, sendbuf, recvbuf, 0, 0, 0, seconds, sendcounts,
+                            recvcounts) is _TAKE_SLOW):
+            return self._alltoallv_any(sendbuf, sendcounts, recvbuf, recvcounts, async_op,
+                                       timeout)
+        return recvbuf
+
     def send(self, buf, dst, tag=0, async_op=False, timeout=None):
         """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
         cdef double seconds = _seconds(timeout, self._timeout)
@@ -407,7 +420,8 @@ cdef class CallPath:
         return self._scatter_any(sendbuf, recvbuf, root, async_op, timeout)
 
     cdef object run_other(self, int kind, Transport t, object buf, object recv, int code,
-                          int op, int root, unsigned int seq, double timeout, Py_ssize_t seg):
+                          int op, int root, unsigned int seq, double timeout, Py_ssize_t seg,
+                          object sendcounts, object recvcounts):
         """The call into the algorithm modules' Python-level entry points, as the Python
         path makes it (what it returns: an algorithm code, or None)."""
         if kind == K_REDUCE:
@@ -424,7 +438,7 @@ cdef class CallPath:
             return _send(t, buf, root, op, timeout)
         if kind == K_RECV:
             return _recv(t, self._mailbox, buf, root, op, timeout)
-        return _alltoall(t, buf, None, recv, None, seq, timeout)
+        return _alltoall(t, buf, sendcounts, recv, recvcounts, seq, timeout)  # (v: counts)
 
     cdef inline bint is_rank(self, object root):
         """``root`` is an int naming a rank of this group (the Python path words the rest)."""
@@ -469,10 +483,11 @@ cdef class CallPath:
         return n
 
     cdef object run(self, int kind, object buf, object recv, int code, int op, int root,
-                    double timeout):
+                    double timeout, object sendcounts=None, object recvcounts=None):
         """Record, number and run one collective under the context lock, within ``timeout``
         seconds (``buf``: the input, or the buffer a kind works in place; ``recv``: the
-        output of the kinds that have one, None where this rank has none); the algorithm's
+        output of the kinds that have one, None where this rank has none; the counts: an
+        alltoallv's); the algorithm's
         name, or _TAKE_SLOW when the context stopped being ready while this call waited or
         its arguments were refused; a receive's (source, count, tag) in place of the name."""
         cdef Ring rec = self._recorder
@@ -509,7 +524,7 @@ cdef class CallPath:
                     code = run_barrier(t, seq, timeout)
                 else:
                     result = self.run_other(kind, t, buf, recv, code, op, root, seq, timeout,
-                                            seg)
+                                            seg, sendcounts, recvcounts)
                     code = _code(result)
             except InvalidArgument as exc:
                 if t.is_failed:
