@@ -77,8 +77,8 @@ class Context(CallPath):
 
     Its hot state and its commonest calls (the blocking collectives on NumPy arrays:
     ``allreduce``, ``broadcast``, ``barrier``, ``reduce``, ``allgather``, ``gather``,
-    ``scatter``, ``reduce_scatter``, ``alltoall``, ``alltoallv``; tagged ``send`` and
-    ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
+    ``scatter``, ``reduce_scatter``, ``alltoall``, ``allgatherv``, ``reduce_scatterv``,
+    ``alltoallv``; tagged ``send`` and ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
     those calls arrives at ``_allreduce_any`` and its kin here.
     """
 
@@ -262,8 +262,8 @@ class Context(CallPath):
             t, send, recv, None, seq, tmo, seg, algo), call.result, async_op)
 
     @_refusable
-    def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
-        """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
+    def _allgatherv_any(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
+        # allgatherv() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts)
         counts = _check_counts(counts, self._size, "allgatherv")
         tmo = self._call_timeout(timeout, "allgatherv")
@@ -363,9 +363,9 @@ class Context(CallPath):
             t, send, recv, None, op, seq, tmo, seg), call.result, async_op)
 
     @_refusable
-    def reduce_scatterv(self, sendbuf, recvbuf=None, counts=None, op=ReduceOp.SUM,
-                        async_op=False, timeout=None):
-        """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
+    def _reduce_scatterv_any(self, sendbuf, recvbuf=None, counts=None, op=ReduceOp.SUM,
+                             async_op=False, timeout=None):
+        # reduce_scatterv() in every form (pycollect/_ext/_call.pyx answers the commonest)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts, op=op)
         op = self._check_op(op, "reduce_scatterv")
         counts = _check_counts(counts, self._size, "reduce_scatterv")

@@ -26,7 +26,7 @@ def python_calls(monkeypatch):
     """Count the calls that reach the Context's Python path, by collective."""
     seen = {"allreduce": 0, "broadcast": 0, "barrier": 0, "reduce": 0, "allgather": 0,
             "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "alltoallv": 0,
-            "send": 0, "recv": 0}
+            "allgatherv": 0, "reduce_scatterv": 0, "send": 0, "recv": 0}
     for name in seen:
         slow = getattr(Context, "_%s_any" % name)
 
@@ -92,6 +92,15 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         got = np.empty(n * (r + 1), np.int32)
         assert ctx.alltoallv(send, [p + 1 for p in range(n)], got, [r + 1] * n) is got
         out["alltoallv"] = got.tolist()
+        # allgatherv: rank q contributes q + 1 copies of q; reduce_scatterv: rank p gets
+        # p + 1 elements
+        every = np.empty(6, np.int64)
+        assert ctx.allgatherv(np.full(r + 1, r, np.int64), every, [1, 2, 3]) is every
+        out["allgatherv"] = every.tolist()
+        mine = np.empty(r + 1, np.float32)
+        assert ctx.reduce_scatterv(np.arange(6, dtype=np.float32) * (r + 1), mine, [1, 2, 3],
+                                   pc.ReduceOp.MAX) is mine
+        out["reduce_scatterv"] = mine.tolist()
         return out
     results = trio.run(body)
     for r, out in enumerate(results):
@@ -103,6 +112,9 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         assert out["reduce_scatter"] == [2 * r * 3.0, (2 * r + 1) * 3.0]
         assert out["alltoall"] == [r, 10 + r, 20 + r]
         assert out["alltoallv"] == [10 * q + r for q in range(3) for _ in range(r + 1)]
+        assert out["allgatherv"] == [0, 1, 1, 2, 2, 2]
+        assert out["reduce_scatterv"] == [3.0 * k for k in range(6)][r * (r + 1) // 2:
+                                                                     (r + 1) * (r + 2) // 2]
     assert not any(python_calls.values()), python_calls
 
 
@@ -118,9 +130,13 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
     ("alltoallv", lambda ctx: ctx.alltoallv(np.ones(3), [1, 1, 1], None, [1, 1, 1])),
     ("alltoallv", lambda ctx: ctx.alltoallv(np.ones(3), [1, 1, 1], np.empty(3), [1, 1, 1],
                                             async_op=True).wait()),
+    ("allgatherv", lambda ctx: ctx.allgatherv(np.ones(1), None, [1, 1, 1])),
+    ("reduce_scatterv", lambda ctx: ctx.reduce_scatterv(np.ones(3), np.empty(1), [1, 1, 1],
+                                                        timeout=datetime.timedelta(seconds=9))),
 ], ids=["reduce-recvbuf", "reduce-async", "numpy-root", "allgather-allocates",
         "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta",
-        "alltoallv-allocates", "alltoallv-async"])
+        "alltoallv-allocates", "alltoallv-async", "allgatherv-allocates",
+        "reduce_scatterv-timedelta"])
 def test_the_other_collectives_other_forms_take_the_python_path(trio, python_calls, kind, call):
     if kind == "gather":
         # every rank the root of its own gather, one after the other
@@ -154,6 +170,11 @@ def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatc
         lambda ctx, a: ctx.alltoall(np.ones(3, np.uint8), np.empty(3, np.uint8), async_op=a),
         lambda ctx, a: ctx.alltoallv(np.ones(4, np.int16), _two_to_self(ctx),
                                      np.empty(4, np.int16), _two_to_self(ctx), async_op=a),
+        lambda ctx, a: ctx.allgatherv(np.ones(ctx.rank, np.float32), np.empty(3, np.float32),
+                                      [0, 1, 2], async_op=a),
+        lambda ctx, a: ctx.reduce_scatterv(np.ones(5, np.int32), np.empty(2 - ctx.rank % 2,
+                                                                          np.int32),
+                                           [2, 1, 2], async_op=a),
     ]
 
     def body(ctx):
@@ -293,6 +314,8 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
             lambda: ctx.alltoall(np.ones(3, np.float32), np.empty(3, np.float64)),
             lambda: ctx.reduce(np.ones((4, 4))[:, 0], 0),
             lambda: ctx.alltoallv(np.ones(3), [1, -1, 3], np.empty(3), [1, 1, 1]),
+            lambda: ctx.allgatherv(np.ones(2), np.empty(4), [2, 2]),
+            lambda: ctx.reduce_scatterv(np.ones(3), np.empty(2), [1, 1, 1]),
         ]
         for call in bad:
             with pytest.raises(pc.InvalidArgument) as info:
@@ -302,10 +325,12 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 6 and value == 3.0
+        assert used == 8 and value == 3.0
         assert errors[0].startswith("allgather") and errors[1].startswith("reduce_scatter")
         assert errors[2].startswith("alltoall") and "C-contiguous" in errors[3]
         assert errors[4].startswith("alltoallv") and "negative count -1" in errors[4]
+        assert errors[5].startswith("allgatherv") and "3 ranks" in errors[5]
+        assert errors[6].startswith("reduce_scatterv"), errors[6]
 
 
 def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):

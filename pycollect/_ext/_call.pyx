@@ -91,12 +91,15 @@ cdef enum:
     K_REDUCE_SCATTER = 7
     K_ALLTOALL = 8
     K_ALLTOALLV = 9
-    K_SEND = 10         # point to point: no sequence number, the peer recorded
-    K_RECV = 11
+    K_ALLGATHERV = 10
+    K_REDUCE_SCATTERV = 11
+    K_SEND = 12         # point to point: no sequence number, the peer recorded
+    K_RECV = 13
     MAX_RULES = 16
 
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
-                           "scatter", "reduce_scatter", "alltoall", "alltoallv", "send", "recv")
+                           "scatter", "reduce_scatter", "alltoall", "alltoallv", "allgatherv",
+                           "reduce_scatterv", "send", "recv")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
@@ -321,6 +324,16 @@ cdef class CallPath:
             return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
         return recvbuf
 
+    def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
+        """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+                or counts is None or seconds < 0 or not self.ready()
+                or self.run(K_ALLGATHERV, sendbuf, recvbuf, 0, 0, 0, seconds,
+                            counts) is _TAKE_SLOW):
+            return self._allgatherv_any(sendbuf, recvbuf, counts, async_op, timeout)
+        return recvbuf
+
     def gather(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
         """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
         return self.rooted(K_GATHER, sendbuf, recvbuf, root, async_op, timeout)
@@ -339,6 +352,18 @@ cdef class CallPath:
                 or self.run(K_REDUCE_SCATTER, sendbuf, recvbuf, 0, op, 0,
                             seconds) is _TAKE_SLOW):
             return self._reduce_scatter_any(sendbuf, recvbuf, op, async_op, timeout)
+        return recvbuf
+
+    def reduce_scatterv(self, sendbuf, recvbuf=None, counts=None, op=_SUM, async_op=False,
+                        timeout=None):
+        """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray
+                or type(op) is not _REDUCE_OP or async_op or counts is None or seconds < 0
+                or not self.ready()
+                or self.run(K_REDUCE_SCATTERV, sendbuf, recvbuf, 0, op, 0, seconds,
+                            counts) is _TAKE_SLOW):
+            return self._reduce_scatterv_any(sendbuf, recvbuf, counts, op, async_op, timeout)
         return recvbuf
 
     def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
@@ -421,24 +446,26 @@ cdef class CallPath:
 
     cdef object run_other(self, int kind, Transport t, object buf, object recv, int code,
                           int op, int root, unsigned int seq, double timeout, Py_ssize_t seg,
-                          object sendcounts, object recvcounts):
+                          object counts, object recvcounts):
         """The call into the algorithm modules' Python-level entry points, as the Python
         path makes it (what it returns: an algorithm code, or None)."""
         if kind == K_REDUCE:
             return _reduce(t, buf, root, op, code, seq, timeout, seg)
         if kind == K_ALLGATHER:
             return _allgather(t, buf, recv, None, seq, timeout, seg, code)
+        if kind == K_ALLGATHERV:
+            return _allgather(t, buf, recv, counts, seq, timeout, seg)
         if kind == K_GATHER:
             return _gather(t, buf, recv, None, root, seq, timeout)
         if kind == K_SCATTER:
             return _scatter(t, buf, recv, None, root, seq, timeout)
-        if kind == K_REDUCE_SCATTER:
-            return _reduce_scatter(t, buf, recv, None, op, seq, timeout, seg)
+        if kind == K_REDUCE_SCATTER or kind == K_REDUCE_SCATTERV:
+            return _reduce_scatter(t, buf, recv, counts, op, seq, timeout, seg)
         if kind == K_SEND:
             return _send(t, buf, root, op, timeout)
         if kind == K_RECV:
             return _recv(t, self._mailbox, buf, root, op, timeout)
-        return _alltoall(t, buf, sendcounts, recv, recvcounts, seq, timeout)  # (v: counts)
+        return _alltoall(t, buf, counts, recv, recvcounts, seq, timeout)  # alltoall(v)
 
     cdef inline bint is_rank(self, object root):
         """``root`` is an int naming a rank of this group (the Python path words the rest)."""
@@ -483,11 +510,11 @@ cdef class CallPath:
         return n
 
     cdef object run(self, int kind, object buf, object recv, int code, int op, int root,
-                    double timeout, object sendcounts=None, object recvcounts=None):
+                    double timeout, object counts=None, object recvcounts=None):
         """Record, number and run one collective under the context lock, within ``timeout``
         seconds (``buf``: the input, or the buffer a kind works in place; ``recv``: the
-        output of the kinds that have one, None where this rank has none; the counts: an
-        alltoallv's); the algorithm's
+        output of the kinds that have one, None where this rank has none; ``counts``: a
+        v-variant's, alltoallv's send counts beside its ``recvcounts``); the algorithm's
         name, or _TAKE_SLOW when the context stopped being ready while this call waited or
         its arguments were refused; a receive's (source, count, tag) in place of the name."""
         cdef Ring rec = self._recorder
@@ -524,7 +551,7 @@ cdef class CallPath:
                     code = run_barrier(t, seq, timeout)
                 else:
                     result = self.run_other(kind, t, buf, recv, code, op, root, seq, timeout,
-                                            seg, sendcounts, recvcounts)
+                                            seg, counts, recvcounts)
                     code = _code(result)
             except InvalidArgument as exc:
                 if t.is_failed:
