@@ -77,8 +77,8 @@ class Context(CallPath):
 
     Its hot state and its commonest calls (the blocking collectives on NumPy arrays:
     ``allreduce``, ``broadcast``, ``barrier``, ``reduce``, ``allgather``, ``gather``,
-    ``scatter``, ``reduce_scatter``, ``alltoall``, ``allgatherv``, ``reduce_scatterv``,
-    ``alltoallv``; tagged ``send`` and ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
+    ``scatter``, ``reduce_scatter``, ``alltoall`` and their v-variants; tagged ``send`` and
+    ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
     those calls arrives at ``_allreduce_any`` and its kin here.
     """
 
@@ -292,10 +292,9 @@ class Context(CallPath):
             t, send, out, None, root, seq, tmo), call.result, async_op, root=root)
 
     @_refusable
-    def gatherv(self, sendbuf, recvbuf=None, counts=None, root=0, async_op=False,
-                timeout=None):
-        """gather with ``counts[r]`` elements from rank r, packed in rank order on root
-        (``recvbuf=None``: allocated there, as gather does)."""
+    def _gatherv_any(self, sendbuf, recvbuf=None, counts=None, root=0, async_op=False,
+                     timeout=None):
+        # gatherv() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, recvbuf=recvbuf, counts=counts,
                                         root=root)
         root = self._check_root(root, "gatherv")
@@ -328,9 +327,9 @@ class Context(CallPath):
             t, send, recv, None, root, seq, tmo), call.result, async_op, root=root)
 
     @_refusable
-    def scatterv(self, sendbuf, counts, recvbuf=None, root=0, async_op=False, timeout=None):
-        """scatter with ``counts[r]`` elements for rank r, packed in rank order on root
-        (``recvbuf=None``: ``counts[rank]`` elements of ``sendbuf``'s dtype)."""
+    def _scatterv_any(self, sendbuf, counts, recvbuf=None, root=0, async_op=False,
+                      timeout=None):
+        # scatterv() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         checked = self._detail and dict(sendbuf=sendbuf, counts=counts, recvbuf=recvbuf,
                                         root=root)
         root = self._check_root(root, "scatterv")

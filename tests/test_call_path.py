@@ -26,7 +26,8 @@ def python_calls(monkeypatch):
     """Count the calls that reach the Context's Python path, by collective."""
     seen = {"allreduce": 0, "broadcast": 0, "barrier": 0, "reduce": 0, "allgather": 0,
             "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "alltoallv": 0,
-            "allgatherv": 0, "reduce_scatterv": 0, "send": 0, "recv": 0}
+            "allgatherv": 0, "reduce_scatterv": 0, "gatherv": 0, "scatterv": 0, "send": 0,
+            "recv": 0}
     for name in seen:
         slow = getattr(Context, "_%s_any" % name)
 
@@ -101,6 +102,14 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         assert ctx.reduce_scatterv(np.arange(6, dtype=np.float32) * (r + 1), mine, [1, 2, 3],
                                    pc.ReduceOp.MAX) is mine
         out["reduce_scatterv"] = mine.tolist()
+        # gatherv onto rank 1, scatterv from rank 2: rank q's block holds q + 1 elements
+        onto = np.empty(6, np.int8) if r == 1 else None
+        res = ctx.gatherv(np.full(r + 1, r, np.int8), onto, [1, 2, 3], root=1)
+        out["gatherv"] = None if res is None else res.tolist()
+        part = np.empty(r + 1, np.float64)
+        from_two = np.arange(6, dtype=np.float64) if r == 2 else None
+        assert ctx.scatterv(from_two, [1, 2, 3], part, root=2) is part
+        out["scatterv"] = part.tolist()
         return out
     results = trio.run(body)
     for r, out in enumerate(results):
@@ -113,6 +122,9 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         assert out["alltoall"] == [r, 10 + r, 20 + r]
         assert out["alltoallv"] == [10 * q + r for q in range(3) for _ in range(r + 1)]
         assert out["allgatherv"] == [0, 1, 1, 2, 2, 2]
+        assert out["gatherv"] == ([0, 1, 1, 2, 2, 2] if r == 1 else None)
+        assert out["scatterv"] == [float(k) for k in range(6)][r * (r + 1) // 2:
+                                                                (r + 1) * (r + 2) // 2]
         assert out["reduce_scatterv"] == [3.0 * k for k in range(6)][r * (r + 1) // 2:
                                                                      (r + 1) * (r + 2) // 2]
     assert not any(python_calls.values()), python_calls
@@ -131,17 +143,25 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
     ("alltoallv", lambda ctx: ctx.alltoallv(np.ones(3), [1, 1, 1], np.empty(3), [1, 1, 1],
                                             async_op=True).wait()),
     ("allgatherv", lambda ctx: ctx.allgatherv(np.ones(1), None, [1, 1, 1])),
+    ("gatherv", lambda ctx: ctx.gatherv(np.ones(1), None, [1, 1, 1], root=0)),
+    ("scatterv", lambda ctx: ctx.scatterv(np.ones(3), [1, 1, 1], np.empty(1), root=0,
+                                          async_op=True).wait()),
     ("reduce_scatterv", lambda ctx: ctx.reduce_scatterv(np.ones(3), np.empty(1), [1, 1, 1],
                                                         timeout=datetime.timedelta(seconds=9))),
 ], ids=["reduce-recvbuf", "reduce-async", "numpy-root", "allgather-allocates",
         "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta",
         "alltoallv-allocates", "alltoallv-async", "allgatherv-allocates",
-        "reduce_scatterv-timedelta"])
+        "gatherv-root-allocates", "scatterv-async", "reduce_scatterv-timedelta"])
 def test_the_other_collectives_other_forms_take_the_python_path(trio, python_calls, kind, call):
     if kind == "gather":
         # every rank the root of its own gather, one after the other
         trio.run(lambda ctx: [ctx.gather(np.ones(2), None, root=k) for k in range(3)])
         assert python_calls["gather"] == 3      # the root's (allocating) call of each
+        return
+    if kind == "gatherv":
+        trio.run(lambda ctx: [ctx.gatherv(np.ones(1), None, [1, 1, 1], root=k)
+                              for k in range(3)])
+        assert python_calls["gatherv"] == 3
         return
     trio.run(call)
     assert python_calls[kind] == 3
@@ -175,6 +195,11 @@ def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatc
         lambda ctx, a: ctx.reduce_scatterv(np.ones(5, np.int32), np.empty(2 - ctx.rank % 2,
                                                                           np.int32),
                                            [2, 1, 2], async_op=a),
+        lambda ctx, a: ctx.gatherv(np.ones(ctx.rank, np.uint16), np.empty(3, np.uint16)
+                                   if ctx.rank == 2 else None, [0, 1, 2], root=2, async_op=a),
+        lambda ctx, a: ctx.scatterv(np.ones(3, np.float32) if ctx.rank == 1 else None,
+                                    [1, 0, 2], np.empty([1, 0, 2][ctx.rank], np.float32),
+                                    root=1, async_op=a),
     ]
 
     def body(ctx):
@@ -316,6 +341,8 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
             lambda: ctx.alltoallv(np.ones(3), [1, -1, 3], np.empty(3), [1, 1, 1]),
             lambda: ctx.allgatherv(np.ones(2), np.empty(4), [2, 2]),
             lambda: ctx.reduce_scatterv(np.ones(3), np.empty(2), [1, 1, 1]),
+            lambda: ctx.gatherv(np.ones(1), np.empty(3), [1, 1], root=0),
+            lambda: ctx.scatterv(np.ones(3), [1, -2, 4], np.empty(1), root=2),
         ]
         for call in bad:
             with pytest.raises(pc.InvalidArgument) as info:
@@ -325,12 +352,14 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 8 and value == 3.0
+        assert used == 10 and value == 3.0
         assert errors[0].startswith("allgather") and errors[1].startswith("reduce_scatter")
         assert errors[2].startswith("alltoall") and "C-contiguous" in errors[3]
         assert errors[4].startswith("alltoallv") and "negative count -1" in errors[4]
         assert errors[5].startswith("allgatherv") and "3 ranks" in errors[5]
         assert errors[6].startswith("reduce_scatterv"), errors[6]
+        assert errors[7].startswith("gatherv") and "3 ranks" in errors[7], errors[7]
+        assert errors[8].startswith("scatterv") and "negative" in errors[8], errors[8]
 
 
 def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):

@@ -93,13 +93,15 @@ cdef enum:
     K_ALLTOALLV = 9
     K_ALLGATHERV = 10
     K_REDUCE_SCATTERV = 11
-    K_SEND = 12         # point to point: no sequence number, the peer recorded
-    K_RECV = 13
+    K_GATHERV = 12
+    K_SCATTERV = 13
+    K_SEND = 14         # point to point: no sequence number, the peer recorded
+    K_RECV = 15
     MAX_RULES = 16
 
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
                            "scatter", "reduce_scatter", "alltoall", "alltoallv", "allgatherv",
-                           "reduce_scatterv", "send", "recv")
+                           "reduce_scatterv", "gatherv", "scatterv", "send", "recv")
 cdef object _SUM = ReduceOp.SUM
 cdef object _REDUCE_OP = ReduceOp
 cdef str _AUTO = "auto"
@@ -124,7 +126,8 @@ cdef inline bint _is_tag(object tag, bint allow_any):
 
 cdef inline bint _rooted(int kind) noexcept:
     """The kinds whose flight-recorder entry notes a root."""
-    return kind == K_BROADCAST or kind == K_REDUCE or kind == K_GATHER or kind == K_SCATTER
+    return (kind == K_BROADCAST or kind == K_REDUCE or kind == K_GATHER or kind == K_SCATTER
+            or kind == K_GATHERV or kind == K_SCATTERV)
 
 
 cdef inline int _code(object algo):
@@ -338,11 +341,22 @@ cdef class CallPath:
         """Gather every rank's ``sendbuf`` into root's ``recvbuf``; returns it on root, None elsewhere."""
         return self.rooted(K_GATHER, sendbuf, recvbuf, root, async_op, timeout)
 
+    def gatherv(self, sendbuf, recvbuf=None, counts=None, root=0, async_op=False,
+                timeout=None):
+        """gather with ``counts[r]`` elements from rank r, packed in rank order on root
+        (``recvbuf=None``: allocated there, as gather does)."""
+        return self.rooted(K_GATHERV, sendbuf, recvbuf, root, async_op, timeout, counts)
+
     def scatter(self, sendbuf, recvbuf=None, root=0, async_op=False, timeout=None):
         """Rank r receives block r of root's ``sendbuf`` (size equal blocks) into ``recvbuf``
         (``recvbuf=None``: allocated from ``sendbuf``'s shape, which ranks other than
         root then pass too)."""
         return self.rooted(K_SCATTER, sendbuf, recvbuf, root, async_op, timeout)
+
+    def scatterv(self, sendbuf, counts, recvbuf=None, root=0, async_op=False, timeout=None):
+        """scatter with ``counts[r]`` elements for rank r, packed in rank order on root
+        (``recvbuf=None``: ``counts[rank]`` elements of ``sendbuf``'s dtype)."""
+        return self.rooted(K_SCATTERV, sendbuf, recvbuf, root, async_op, timeout, counts)
 
     def reduce_scatter(self, sendbuf, recvbuf=None, op=_SUM, async_op=False, timeout=None):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
@@ -419,30 +433,36 @@ cdef class CallPath:
         return self.is_rank(rank) and rank != self._rank
 
     cdef object rooted(self, int kind, object sendbuf, object recvbuf, object root,
-                       bint async_op, object timeout):
-        """gather and scatter: compiled where this rank's block (gather's ``sendbuf``,
-        scatter's ``recvbuf``) is an array and, on the root, the blocks of all (gather's
-        ``recvbuf``, scatter's ``sendbuf``) are too; the other ranks' blocks argument is
-        not used.  Returns what the call returns (gather: None off the root)."""
-        cdef bint gathering = kind == K_GATHER
+                       bint async_op, object timeout, object counts=None):
+        """gather and scatter, and their v-variants (``counts`` given): compiled where this
+        rank's block (gather's ``sendbuf``, scatter's ``recvbuf``) is an array and, on the
+        root, the blocks of all (gather's ``recvbuf``, scatter's ``sendbuf``) are too; the
+        other ranks' blocks argument is not used.  Returns what the call returns (gather:
+        None off the root)."""
+        cdef bint gathering = kind == K_GATHER or kind == K_GATHERV
+        cdef bint v = kind == K_GATHERV or kind == K_SCATTERV
         cdef double seconds = _seconds(timeout, self._timeout)
         mine, blocks = (sendbuf, recvbuf) if gathering else (recvbuf, sendbuf)
         if (type(mine) is np.ndarray and not async_op and seconds >= 0 and self.is_rank(root)
-                and self.ready()):
+                and not (v and counts is None) and self.ready()):
             if root != self._rank:
                 blocks = None                       # not used off the root
             elif type(blocks) is not np.ndarray:
                 mine = None                         # the root's blocks: the Python path's
             if mine is not None:
                 if gathering:
-                    done = self.run(K_GATHER, mine, blocks, 0, 0, root, seconds)
+                    done = self.run(kind, mine, blocks, 0, 0, root, seconds, counts)
                 else:
-                    done = self.run(K_SCATTER, blocks, mine, 0, 0, root, seconds)
+                    done = self.run(kind, blocks, mine, 0, 0, root, seconds, counts)
                 if done is not _TAKE_SLOW:
                     return blocks if gathering else mine
-        if gathering:
+        if kind == K_GATHER:
             return self._gather_any(sendbuf, recvbuf, root, async_op, timeout)
-        return self._scatter_any(sendbuf, recvbuf, root, async_op, timeout)
+        if kind == K_SCATTER:
+            return self._scatter_any(sendbuf, recvbuf, root, async_op, timeout)
+        if kind == K_GATHERV:
+            return self._gatherv_any(sendbuf, recvbuf, counts, root, async_op, timeout)
+        return self._scatterv_any(sendbuf, counts, recvbuf, root, async_op, timeout)
 
     cdef object run_other(self, int kind, Transport t, object buf, object recv, int code,
                           int op, int root, unsigned int seq, double timeout, Py_ssize_t seg,
@@ -455,10 +475,10 @@ cdef class CallPath:
             return _allgather(t, buf, recv, None, seq, timeout, seg, code)
         if kind == K_ALLGATHERV:
             return _allgather(t, buf, recv, counts, seq, timeout, seg)
-        if kind == K_GATHER:
-            return _gather(t, buf, recv, None, root, seq, timeout)
-        if kind == K_SCATTER:
-            return _scatter(t, buf, recv, None, root, seq, timeout)
+        if kind == K_GATHER or kind == K_GATHERV:
+            return _gather(t, buf, recv, counts, root, seq, timeout)
+        if kind == K_SCATTER or kind == K_SCATTERV:
+            return _scatter(t, buf, recv, counts, root, seq, timeout)
         if kind == K_REDUCE_SCATTER or kind == K_REDUCE_SCATTERV:
             return _reduce_scatter(t, buf, recv, counts, op, seq, timeout, seg)
         if kind == K_SEND:
