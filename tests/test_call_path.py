@@ -192,9 +192,9 @@ def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatc
                                      np.empty(4, np.int16), _two_to_self(ctx), async_op=a),
         lambda ctx, a: ctx.allgatherv(np.ones(ctx.rank, np.float32), np.empty(3, np.float32),
                                       [0, 1, 2], async_op=a),
-        lambda ctx, a: ctx.reduce_scatterv(np.ones(5, np.int32), np.empty(2 - ctx.rank % 2,
-                                                                          np.int32),
-                                           [2, 1, 2], async_op=a),
+        lambda ctx, a: ctx.reduce_scatterv(np.ones(5, np.int32),
+                                           np.empty([2, 1, 2][ctx.rank], np.int32), [2, 1, 2],
+                                           async_op=a),
         lambda ctx, a: ctx.gatherv(np.ones(ctx.rank, np.uint16), np.empty(3, np.uint16)
                                    if ctx.rank == 2 else None, [0, 1, 2], root=2, async_op=a),
         lambda ctx, a: ctx.scatterv(np.ones(3, np.float32) if ctx.rank == 1 else None,
