@@ -169,11 +169,6 @@ def _finish_all(bufs):
     return finish
 
 
-def _finish_one(b):
-    """_finish_all of the one buffer ``b``."""
-    return None if b.staging is None else b.finish
-
-
 def _flat_input(t, what):
     """A contiguous NumPy array holding ``t``'s values (a view when possible)."""
     _check_cpu(t, what)
@@ -539,7 +534,7 @@ class ProcessGroupPycollect(dist.ProcessGroup):
                 "pycollect backend: all_gather_into_tensor output holds %d elements, expected "
                 "%d x %d" % (b.array.size, ctx.size, send.size))
         w = ctx.allgather(send, b.array, async_op=a)      # flat: size blocks of send.size
-        return self._work(a, [output], [w], _finish_one(b))
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def all_gather_single(self, output, input, opts=None):
         return self._allgather_base(output, input, opts)
@@ -573,7 +568,7 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             _scale([send], factor)
         b = _Buf(output, "reduce_scatter_tensor output", copy_in=False)
         w = self._c().reduce_scatter(send, b.array, op, async_op=a)
-        return self._work(a, [output], [w], _finish_one(b))
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def reduce_scatter_single(self, output, input, opts):
         return self._reduce_scatter_base(output, input, opts)
@@ -594,7 +589,7 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             w = ctx.alltoall(send, b.array, async_op=a)     # equal blocks: compiled
         else:
             w = ctx.alltoallv(send, sendcounts, b.array, recvcounts, async_op=a)
-        return self._work(a, [output], [w], _finish_one(b))
+        return self._work(a, [output], [w], _finish_all([b]))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes,
