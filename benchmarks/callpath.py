@@ -37,7 +37,7 @@ import statistics
 import sys
 import time
 
-from turns import importable, pick_peers, take_turns
+from turns import importable, pick_peers, report, summarize, take_turns
 
 OPS = ("allreduce", "barrier", "broadcast")
 MORE_OPS = ("reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall")
@@ -152,32 +152,10 @@ def main(argv=None):
 
     peers, missing = pick_peers(ap, args.peers, PEERS, available)
     runs = take_turns(peers, args.rounds, lambda peer, out: _command(peer, ops, args.calls, out))
-    figures = {p: {op: None if runs[p][0][op] is None else {
-        "median": statistics.median(run[op]["median"] for run in runs[p]),
-        "best": min(run[op]["best"] for run in runs[p])} for op in ops} for p in peers}
-    base = figures.get("pycollect")
-    print("one-rank call path, µs per call (median over %d rounds of each run's median "
-          "batch; fastest batch in brackets)" % args.rounds)
-    print("| operation | " + " | ".join(peers) + " |")
-    print("|---|" + "---:|" * len(peers))
-    for op in ops:
-        cells = []
-        for p in peers:
-            f = figures[p][op]
-            if f is None:
-                cells.append("—")
-                continue
-            cell = "%.2f (%.2f)" % (f["median"] * 1e6, f["best"] * 1e6)
-            if base is not None and p != "pycollect" and base[op] is not None:
-                cell += " = %.2f× pycollect" % (f["median"] / base[op]["median"])
-            cells.append(cell)
-        print("| %s | %s |" % (op, " | ".join(cells)))
-    if missing:
-        print("not installed here: %s" % ", ".join(missing))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "calls": args.calls, "figures": figures,
-                       "missing": missing}, f, indent=1)
+    report("one-rank call path, µs per call (median over %d rounds of each run's median "
+           "batch; fastest batch in brackets)" % args.rounds, "operation", "---", ops,
+           summarize(runs, ops), lambda p: ("pycollect", "pycollect") if p != "pycollect"
+           else None, missing, args.json, {"rounds": args.rounds, "calls": args.calls})
     return 0
 
 

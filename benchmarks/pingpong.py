@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from turns import importable, pick_peers, take_turns
+from turns import importable, pick_peers, report, summarize, take_turns
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
@@ -108,29 +108,11 @@ def main(argv=None):
 
     peers, missing = pick_peers(ap, args.peers, PEERS, available)
     runs = take_turns(peers, args.rounds, lambda peer, out: _command(peer, counts, args.iters, out))
-    figures = {p: {c: {"median": statistics.median(run[str(c)]["median"] for run in runs[p]),
-                       "best": min(run[str(c)]["best"] for run in runs[p])} for c in counts}
-               for p in peers}
-    print("2 ranks, ping-pong, µs one way (median over %d rounds of each run's median batch; "
-          "fastest batch in brackets)" % args.rounds)
-    print("| elements | " + " | ".join(peers) + " |")
-    print("|---:|" + "---:|" * len(peers))
-    for c in counts:
-        cells = []
-        for p in peers:
-            f = figures[p][c]
-            cell = "%.2f (%.2f)" % (f["median"] * 1e6, f["best"] * 1e6)
-            mpi = "mpi-" + p.split("-", 1)[1]
-            if p.startswith("pycollect-") and mpi in figures:
-                cell += " = %.2f× MPI" % (f["median"] / figures[mpi][c]["median"])
-            cells.append(cell)
-        print("| %d | %s |" % (c, " | ".join(cells)))
-    if missing:
-        print("not installed here: %s" % ", ".join(missing))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "iters": args.iters, "figures": figures,
-                       "missing": missing}, f, indent=1)
+    report("2 ranks, ping-pong, µs one way (median over %d rounds of each run's median batch; "
+           "fastest batch in brackets)" % args.rounds, "elements", "---:", counts,
+           summarize(runs, counts),
+           lambda p: ("mpi-" + p.split("-", 1)[1], "MPI") if p.startswith("pycollect-")
+           else None, missing, args.json, {"rounds": args.rounds, "iters": args.iters})
     return 0
 
 

@@ -9,6 +9,7 @@ them, per peer, in round order.
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,3 +49,43 @@ def take_turns(peers, rounds, command):
                 with open(out) as f:
                     runs[peer].append(json.load(f))
     return runs
+
+
+def summarize(runs, keys):
+    """{peer: {key: {"median": the median of the rounds' medians, "best": the fastest
+    batch of all}, or None where the peer's runs have no figure for ``key``}} of
+    ``take_turns``'s runs (each run's JSON keyed by ``str(key)``)."""
+    return {p: {k: None if rounds[0][str(k)] is None else {
+        "median": statistics.median(run[str(k)]["median"] for run in rounds),
+        "best": min(run[str(k)]["best"] for run in rounds)} for k in keys}
+        for p, rounds in runs.items()}
+
+
+def report(title, first, align, keys, figures, reference, missing, json_path, doc):
+    """Print ``title`` and a table: a row per key (column ``first``, aligned ``align``, a
+    markdown alignment such as "---:"), a column per peer, each cell "median (fastest)" in
+    µs and, where ``reference(peer)`` gives (another peer, its label), that peer's median as
+    a multiple: " = 1.23× label"; then the peers left out.  With ``json_path``, write
+    ``doc`` there with the figures and the peers left out added."""
+    peers = list(figures)
+    print(title)
+    print("| %s | %s |" % (first, " | ".join(peers)))
+    print("|%s|" % align + "---:|" * len(peers))
+    for k in keys:
+        cells = []
+        for p in peers:
+            f = figures[p][k]
+            if f is None:
+                cells.append("—")
+                continue
+            cell = "%.2f (%.2f)" % (f["median"] * 1e6, f["best"] * 1e6)
+            ref = reference(p)
+            if ref is not None and ref[0] in figures and figures[ref[0]][k] is not None:
+                cell += " = %.2f× %s" % (f["median"] / figures[ref[0]][k]["median"], ref[1])
+            cells.append(cell)
+        print("| %s | %s |" % (k, " | ".join(cells)))
+    if missing:
+        print("not installed here: %s" % ", ".join(missing))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(doc, figures=figures, missing=missing), f, indent=1)
