@@ -971,7 +971,7 @@ def ceilings(doc):
             r = _find(doc, 2, "allreduce", 1, peer)
             if r:
                 cells.append(f"{label(peer)} {num(r['p50_us'])} µs "
-                             f"({num(r['p50_us'] / min(floors))}× it)")
+                             f"({num(r['p50_us'] / min(floors))}× the lower floor)")
         lines.append("TCP latency floor (`benchmarks/tcp_floor.c`: two processes exchange "
                      "44 bytes over loopback, spinning on `recv(MSG_DONTWAIT)`; one "
                      "process's median exchange, at the start and the end of the run): "
