@@ -16,17 +16,15 @@ its ratio to MPI on the same transport.  A peer that is not installed is left
 out and named.
 """
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-from turns import importable, pick_peers, report, summarize, take_turns
+from turns import (against_mpi, pick_peers, report, summarize, take_turns, two_ranks_available,
+                   two_ranks_command, two_ranks_counts, two_ranks_parser)
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
-MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
 BATCH = 100
 
 
@@ -71,48 +69,20 @@ def worker(peer, counts, iters, out):
             json.dump(result, f)
 
 
-def available(peer):
-    """Whether ``peer`` can run here (its package imports, mpirun exists)."""
-    mpi = peer.startswith("mpi-")
-    return importable("mpi4py" if mpi else "pycollect", mpirun=mpi)
-
-
-def _command(peer, counts, iters, out):
-    me = [sys.executable, os.path.abspath(__file__), "--worker", peer, "--counts",
-          ",".join(map(str, counts)), "--iters", str(iters), "--out", out]
-    if peer.startswith("mpi-"):
-        return (["mpirun", "--allow-run-as-root", "-n", "2"]
-                + (MPI_TCP if peer == "mpi-tcp" else []) + me)
-    from pycollect.launch import module_command
-    return module_command("pycollect.launch") + ["-n", "2", "--timeout", "300"] + me
-
-
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument("--counts", default="1,4096", help="float32 elements per message")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=5000, help="timed round trips per count")
-    ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap = two_ranks_parser(__doc__, PEERS, 5000, "timed round trips per count")
     args = ap.parse_args(argv)
-    try:
-        counts = [int(c) for c in args.counts.split(",") if c]
-    except ValueError:
-        ap.error("--counts takes integers, comma-separated: %r" % args.counts)
-    if not counts or min(counts) < 1 or args.iters < 1 or args.rounds < 1:
-        ap.error("--counts, --iters and --rounds must be positive")
+    counts = two_ranks_counts(ap, args)
     if args.worker:
         return worker(args.worker, counts, args.iters, args.out)
 
-    peers, missing = pick_peers(ap, args.peers, PEERS, available)
-    runs = take_turns(peers, args.rounds, lambda peer, out: _command(peer, counts, args.iters, out))
+    peers, missing = pick_peers(ap, args.peers, PEERS, two_ranks_available)
+    runs = take_turns(peers, args.rounds, lambda peer, out: two_ranks_command(
+        __file__, peer, counts, args.iters, out))
     report("2 ranks, ping-pong, µs one way (median over %d rounds of each run's median batch; "
            "fastest batch in brackets)" % args.rounds, "elements", "---:", counts,
-           summarize(runs, counts),
-           lambda p: ("mpi-" + p.split("-", 1)[1], "MPI") if p.startswith("pycollect-")
-           else None, missing, args.json, {"rounds": args.rounds, "iters": args.iters})
+           summarize(runs, counts), against_mpi, missing, args.json,
+           {"rounds": args.rounds, "iters": args.iters})
     return 0
 
 

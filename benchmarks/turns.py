@@ -1,11 +1,12 @@
 """Peers taking turns, for the benchmarks that run each peer in processes of its own
-(callpath.py, pingpong.py): which of the asked-for peers can run here, and the rounds in
+(callpath.py, pingpong.py, async_wait.py): which of the asked-for peers can run here, and the rounds in
 which every peer runs once, in an order that rotates from round to round.
 
 A peer's run writes its figures as JSON to a file it is given; ``take_turns`` collects
 them, per peer, in round order.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -89,3 +90,56 @@ def report(title, first, align, keys, figures, reference, missing, json_path, do
     if json_path:
         with open(json_path, "w") as f:
             json.dump(dict(doc, figures=figures, missing=missing), f, indent=1)
+
+
+# -- the benchmarks of 2 ranks beside MPI (pingpong.py, async_wait.py) --
+
+MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
+
+
+def two_ranks_parser(doc, peers, iters, iters_help):
+    """The options every 2-rank benchmark takes (``--peers``, ``--counts``, ``--rounds``,
+    ``--iters``, ``--json``, and the worker's own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--peers", default=",".join(peers))
+    ap.add_argument("--counts", default="1,4096", help="float32 elements")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=iters, help=iters_help)
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    return ap
+
+
+def two_ranks_counts(ap, args):
+    """``--counts`` as ints, with ``--iters`` and ``--rounds`` checked (else ``ap``'s error)."""
+    try:
+        counts = [int(c) for c in args.counts.split(",") if c]
+    except ValueError:
+        ap.error("--counts takes integers, comma-separated: %r" % args.counts)
+    if not counts or min(counts) < 1 or args.iters < 1 or args.rounds < 1:
+        ap.error("--counts, --iters and --rounds must be positive")
+    return counts
+
+
+def two_ranks_available(peer):
+    """Whether ``peer`` (pycollect-<transport>, mpi-shm, mpi-tcp) can run here."""
+    mpi = peer.startswith("mpi-")
+    return importable("mpi4py" if mpi else "pycollect", mpirun=mpi)
+
+
+def two_ranks_command(script, peer, counts, iters, out):
+    """The argv that runs ``script``'s worker for ``peer`` on 2 ranks: under mpirun (TCP
+    forced for mpi-tcp) or pycollect-run."""
+    me = [sys.executable, os.path.abspath(script), "--worker", peer, "--counts",
+          ",".join(map(str, counts)), "--iters", str(iters), "--out", out]
+    if peer.startswith("mpi-"):
+        return (["mpirun", "--allow-run-as-root", "-n", "2"]
+                + (MPI_TCP if peer == "mpi-tcp" else []) + me)
+    from pycollect.launch import module_command
+    return module_command("pycollect.launch") + ["-n", "2", "--timeout", "300"] + me
+
+
+def against_mpi(peer):
+    """The reference of a pycollect peer in the 2-rank tables: MPI on the same transport."""
+    return ("mpi-" + peer.split("-", 1)[1], "MPI") if peer.startswith("pycollect-") else None

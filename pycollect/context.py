@@ -78,8 +78,9 @@ class Context(CallPath):
     Its hot state and its commonest calls (the blocking collectives on NumPy arrays:
     ``allreduce``, ``broadcast``, ``barrier``, ``reduce``, ``allgather``, ``gather``,
     ``scatter``, ``reduce_scatter``, ``alltoall`` and their v-variants; tagged ``send`` and
-    ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx).  Every other form of
-    those calls arrives at ``_allreduce_any`` and its kin here.
+    ``recv``) are compiled: ``CallPath`` (pycollect/_ext/_call.pyx), and so is the queueing of
+    the async forms of the first five.  Every other form of those calls arrives at
+    ``_allreduce_any`` and its kin here.
     """
 
     def __init__(self, rank, size, transport, *, timeout, segment_bytes=None,

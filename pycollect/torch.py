@@ -10,7 +10,8 @@ passed to pycollect as zero-copy NumPy views when they are contiguous; other
 tensors are copied in and out (back at completion).  ``async_op=True`` (and
 every call torch's C++ side makes, DDP's gradient all-reduces included) goes
 through pycollect's async handles: the collective runs on the context's
-runner thread with the GIL released, and the returned ``dist.Work`` and its
+runner thread (or on the thread that waits for it, when the wait comes first)
+with the GIL released, and the returned ``dist.Work`` and its
 ``get_future()`` complete when it ends.
 
 Limits: a backend written in Python replaces the whole process group, so
@@ -294,6 +295,13 @@ class PycollectWork(dist.Work):
         """Block until done (``timeout``: a timedelta, 0 or None = no limit); raise its error."""
         if self._event is not None and not self._event.is_set():
             seconds = _seconds(timeout)
+            if seconds is None:
+                # pycollect's wait runs the queued collectives here when the runner has not
+                # started them; their error, if any, is this Work's, raised below.
+                try:
+                    self._works[-1].wait()
+                except Exception:
+                    pass
             if not self._event.wait(seconds):
                 raise pc.Timeout("pycollect backend: %s did not complete within %g s"
                                  % (self._works[-1].description, seconds))

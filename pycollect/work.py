@@ -6,6 +6,7 @@ import itertools
 import numbers
 import threading
 
+from ._ext._doorbell import Doorbell
 from .errors import Error, InvalidArgument, Timeout
 
 __all__ = ["Work", "Later", "P2P", "Status", "wait_seconds", "wait_all", "wait_any"]
@@ -130,16 +131,23 @@ class Later:
         self.status = status or Status()      # filled with (source, count, tag)
 
 
+# Guards the making of a Work's event, which only a wait that has to block makes.
+_EVENT_MADE = threading.Lock()
+
+
 class Work:
     """The handle of an operation started with ``async_op=True``."""
 
-    __slots__ = ("_done", "_result", "_exception", "_callbacks", "algorithm", "description")
+    __slots__ = ("_ended", "_event", "_result", "_exception", "_callbacks", "_runner",
+                 "algorithm", "description")
 
     def __init__(self, description, result):
-        self._done = threading.Event()
+        self._ended = False
+        self._event = None      # made by the first wait that blocks: most never need one
         self._result = result
         self._exception = None
         self._callbacks = None
+        self._runner = None     # the Runner whose queue holds it, once submitted
         self.algorithm = None
         self.description = description
 
@@ -149,18 +157,36 @@ class Work:
         ``timeout`` (seconds or a ``datetime.timedelta``) bounds this wait only:
         on expiry ``Timeout`` is raised and the operation goes on (its own
         deadline still applies).
+
+        Without a timeout, a wait for a collective that the context's runner
+        thread has not started yet runs it here, on the waiting thread (with
+        the collectives queued before it, in their order), instead of waking
+        the runner and sleeping until it is done: the same work, without two
+        thread wake-ups.
         """
         seconds = wait_seconds(timeout, "Work.wait")
-        if not self._done.wait(seconds):
+        if seconds is None and self._runner is not None and not self._ended:
+            self._runner.run_until(self)
+        if not self._ended and not self._block(seconds):
             raise Timeout("%s did not complete within %g s" % (self.description, seconds))
         if self._exception is not None:
             raise self._exception
         r = self._result
         return r.value if isinstance(r, Later) else r
 
+    def _block(self, seconds):
+        """Sleep until the operation ends (True) or ``seconds`` pass (False)."""
+        with _EVENT_MADE:
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        # _finish sets _ended before it looks for the event: either it sees this event,
+        # or this look sees _ended.
+        return self._ended or event.wait(seconds)
+
     def is_completed(self):
         """True once the operation has ended, successfully or not."""
-        return self._done.is_set()
+        return self._ended
 
     def exception(self):
         """The error the operation ended with, None if it succeeded or is still running."""
@@ -175,13 +201,14 @@ class Work:
     def add_done_callback(self, fn):
         """Call ``fn(work)`` once the operation has ended (at once if it already has).
 
-        ``fn`` runs on the context's runner thread, or on the caller's when the
-        operation had already ended; it must not raise.
+        ``fn`` runs on the thread that ran the operation (the context's runner,
+        or a thread that waited for it and ran it itself), or on the caller's
+        when the operation had already ended; it must not raise.
         """
         if self._callbacks is None:
             self._callbacks = collections.deque()
         self._callbacks.append(fn)
-        if self._done.is_set():
+        if self._ended:
             self._run_callbacks()
 
     def _run_callbacks(self):
@@ -195,14 +222,17 @@ class Work:
             fn(self)
 
     def __repr__(self):
-        state = ("failed" if self._exception else "done") if self._done.is_set() else "pending"
+        state = ("failed" if self._exception else "done") if self._ended else "pending"
         return "<pycollect.Work %s %s%s>" % (
             self.description, state, " (%s)" % self.algorithm if self.algorithm else "")
 
     def _finish(self, algorithm, exception):
         self.algorithm = algorithm
         self._exception = exception
-        self._done.set()
+        self._ended = True
+        event = self._event
+        if event is not None:
+            event.set()
         if self._callbacks is not None:
             self._run_callbacks()
 
@@ -216,13 +246,24 @@ class Runner:
     join it, and each completes as soon as it is done, in any order (a receive
     when its message, matched by source and tag, has arrived).  A collective
     queued after them starts once they have all completed.
+
+    A thread that waits for a queued collective may run it itself
+    (``run_until``): while nothing runs, it takes the collectives at the head
+    of the queue, in order, up to the one it waits for.  One operation (or one
+    batch) runs at a time, whichever thread runs it: ``_busy`` says one does,
+    and the next is taken only once the last has ended and its handle has been
+    completed.  The thread sleeps on a ``Doorbell`` (pycollect/_ext/_doorbell.pyx),
+    which wakes it for a collective only when no waiter has taken it for a while,
+    and for sends and receives at once.
     """
 
     def __init__(self, execute, name):
         self._execute = execute
         self._queue = collections.deque()
         self._in_batch = 0      # operations taken off the queue by the running batch
+        self._busy = False      # an operation or batch is running, on some thread
         self._cond = threading.Condition()
+        self._bell = Doorbell()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -235,35 +276,75 @@ class Runner:
         with self._cond:
             if self._stopping:
                 raise Error("the context is closed")
+            work._runner = self
             self._queue.append((op, work))
-            self._cond.notify()
+        self._bell.queue(isinstance(op, P2P))
 
     def stop(self, timeout):
         """Let queued operations finish (they fail fast once the context is aborted)."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+        self._bell.stop()
         self._thread.join(timeout)
+
+    def run_until(self, work):
+        """Run the collectives at the head of the queue on the calling thread, in order, until
+        ``work`` has ended.  Gives up, leaving the rest to the runner thread, as soon as an
+        operation is running elsewhere or the head is a send or receive (a batch may wait for
+        messages that the caller's later calls bring about)."""
+        while not work._ended:
+            with self._cond:
+                # Not running and not ended, so still queued: a handle is completed before
+                # _busy is cleared.
+                if self._busy or work._ended or not self._queue \
+                        or isinstance(self._queue[0][0], P2P):
+                    return
+                op, head = self._queue[0]
+                self._busy = True
+                self._bell.take()
+            self._run_head(op, head)
+
+    def _run_head(self, op, work):
+        """Run the collective at the head of the queue (taken, and ``_busy`` set, by the
+        caller), take it off, complete its handle, then let the next operation start."""
+        algorithm, exception = None, None
+        try:
+            algorithm = self._execute(op)
+        except BaseException as exc:      # handed to the waiter
+            exception = exc
+        with self._cond:
+            self._queue.popleft()
+        try:
+            work._finish(algorithm, exception)
+        finally:
+            self._done_running()
+
+    def _done_running(self):
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()     # a runner that found this busy takes the next
 
     def _loop(self):
         while True:
+            stopped = self._bell.sleep()
             with self._cond:
-                while not self._queue and not self._stopping:
+                while self._busy:
                     self._cond.wait()
                 if not self._queue:
-                    return
+                    if stopped:
+                        return
+                    continue
                 op, work = self._queue[0]
-            if isinstance(op, P2P):
-                self._run_batch(op.new_batch)
+                self._busy = True
+                if not isinstance(op, P2P):
+                    self._bell.take()
+            if not isinstance(op, P2P):
+                self._run_head(op, work)
                 continue
-            algorithm, exception = None, None
             try:
-                algorithm = self._execute(op)
-            except BaseException as exc:      # handed to the waiter
-                exception = exc
-            with self._cond:
-                self._queue.popleft()
-            work._finish(algorithm, exception)
+                self._run_batch(op.new_batch)
+            finally:
+                self._done_running()
 
     def _take_p2p(self):
         """The sends and receives at the queue's head, taken off it."""

@@ -132,7 +132,8 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
 
 @pytest.mark.parametrize("kind, call", [
     ("reduce", lambda ctx: ctx.reduce(np.ones(2), 0, recvbuf=np.empty(2))),
-    ("reduce", lambda ctx: ctx.reduce(np.ones(2), 0, async_op=True).wait()),
+    ("reduce_scatter", lambda ctx: ctx.reduce_scatter(np.ones(6), np.empty(2),
+                                                      async_op=True).wait()),
     ("reduce", lambda ctx: ctx.reduce(np.ones(2), np.int64(0))),
     ("allgather", lambda ctx: ctx.allgather(np.ones(2))),
     ("gather", lambda ctx: ctx.gather(np.ones(2), None, root=ctx.rank)),
@@ -148,7 +149,7 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
                                           async_op=True).wait()),
     ("reduce_scatterv", lambda ctx: ctx.reduce_scatterv(np.ones(3), np.empty(1), [1, 1, 1],
                                                         timeout=datetime.timedelta(seconds=9))),
-], ids=["reduce-recvbuf", "reduce-async", "numpy-root", "allgather-allocates",
+], ids=["reduce-recvbuf", "reduce_scatter-async", "numpy-root", "allgather-allocates",
         "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta",
         "alltoallv-allocates", "alltoallv-async", "allgatherv-allocates",
         "gatherv-root-allocates", "scatterv-async", "reduce_scatterv-timedelta"])
@@ -174,8 +175,9 @@ def _two_to_self(ctx):
 
 
 def test_the_compiled_path_records_every_kind_as_the_python_path_does(monkeypatch):
-    # The same call once compiled, once through the Python path (async_op=True): the two
-    # entries agree in everything but the sequence number and the times.
+    # The same call once compiled, once queued (async_op=True: the Python path, or for
+    # reduce and allgather the compiled path's queue): the two entries agree in everything
+    # but the sequence number and the times.
     monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "64")
     group = ThreadGroup(3, timeout=30)
     calls = [
@@ -387,8 +389,31 @@ def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
     assert not any(python_calls.values()), python_calls
 
 
+def test_async_calls_on_arrays_are_queued_from_the_compiled_path(trio, python_calls):
+    """barrier, broadcast, allreduce, reduce and allgather with async_op=True on arrays are
+    checked and planned in compiled code and queued as they are; the results are right."""
+    def body(ctx):
+        a = np.full(4, ctx.rank + 1.0, np.float32)
+        b = np.full(3, ctx.rank, np.int64)
+        r = np.full(2, ctx.rank + 1, np.int32)
+        g = np.empty(6, np.int16)
+        works = [ctx.allreduce(a, async_op=True), ctx.broadcast(b, root=2, async_op=True),
+                 ctx.barrier(async_op=True), ctx.reduce(r, root=1, async_op=True),
+                 ctx.allgather(np.full(2, ctx.rank, np.int16), g, async_op=True),
+                 ctx.allreduce(a, pc.MAX, "ring", async_op=True, timeout=20)]
+        return [w.wait() for w in works], [w.algorithm for w in works]
+
+    for rank, (results, algorithms) in enumerate(trio.run(body)):
+        assert results[0].tolist() == [6.0] * 4 and results[1].tolist() == [2] * 3
+        assert results[2] is None
+        assert results[3].tolist() == ([6, 6] if rank == 1 else [rank + 1] * 2)
+        assert results[4].tolist() == [0, 0, 1, 1, 2, 2]
+        assert algorithms[5] == "ring"
+    assert not any(python_calls.values()), python_calls
+
+
 @pytest.mark.parametrize("call", [
-    lambda ctx, a: ctx.allreduce(a, async_op=True).wait(),
+    lambda ctx, a: ctx.allreduce(a, recvbuf=np.empty_like(a), async_op=True).wait(),
     lambda ctx, a: ctx.allreduce(a, recvbuf=np.empty_like(a)),
     lambda ctx, a: ctx.allreduce(a, timeout=datetime.timedelta(seconds=20)),
     lambda ctx, a: ctx.allreduce(a, timeout=np.float64(20)),
@@ -396,7 +421,7 @@ def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
     lambda ctx, a: ctx.allreduce(a, pc.ReduceOp.SUM.value),
     lambda ctx, a: ctx.allreduce(a.tolist()[0]),
     lambda ctx, a: ctx.allreduce(memoryview(a)),
-], ids=["async", "recvbuf", "timedelta", "numpy-timeout", "bcube-base", "int-op", "number",
+], ids=["async-recvbuf", "recvbuf", "timedelta", "numpy-timeout", "bcube-base", "int-op", "number",
         "memoryview"])
 def test_every_other_form_takes_the_python_path(trio, python_calls, call):
     trio.run(lambda ctx: call(ctx, np.ones(4, np.float64)))
@@ -450,8 +475,11 @@ def test_both_paths_agree_on_every_result(trio):
                    pc.ReduceOp.AVG):
             fast = inputs[ctx.rank].copy()
             ctx.allreduce(fast, op)
-            slow = ctx.allreduce(inputs[ctx.rank].copy(), op, async_op=True).wait()
+            slow = ctx.allreduce(inputs[ctx.rank].copy(), op,
+                                 timeout=datetime.timedelta(seconds=20))
+            queued = ctx.allreduce(inputs[ctx.rank].copy(), op, async_op=True).wait()
             out.append((fast, slow))
+            out.append((fast, queued))
         return out
     for per_rank in trio.run(body):
         for fast, slow in per_rank:
@@ -462,12 +490,15 @@ def test_both_paths_share_one_numbering(trio):
     def body(ctx):
         before = ctx._seq
         a = np.ones(2, np.int32)
+        later = datetime.timedelta(seconds=20)
         ctx.allreduce(a)                        # compiled
-        ctx.allreduce(a, async_op=True).wait()  # Python
+        ctx.allreduce(a, timeout=later)         # Python
+        ctx.allreduce(a, async_op=True).wait()  # compiled, queued
         ctx.barrier()                           # compiled
-        ctx.barrier(async_op=True).wait()       # Python
+        ctx.barrier(timeout=later)              # Python
+        ctx.barrier(async_op=True).wait()       # compiled, queued
         return ctx._seq - before, a.tolist()
-    assert trio.run(body) == [(4, [9, 9])] * 3
+    assert trio.run(body) == [(6, [27, 27])] * 3
 
 
 def test_arguments_refused_on_the_compiled_path_are_refused_in_step(trio):

@@ -1,7 +1,9 @@
 """Async handles: result() waits for the final value (or raises), and waits take timedelta."""
 
 import datetime
+import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -89,3 +91,161 @@ def test_wait_accepts_a_timedelta_and_refuses_nonsense(pair):
         return work.wait(timeout=datetime.timedelta(seconds=20))
 
     assert all(np.array_equal(r, [2.0, 2.0]) for r in pair.run(body))
+
+
+# -- a wait runs its queued collective itself; the runner only takes what nobody waits for --
+
+
+def _ran_on(work):
+    """The thread that completed ``work`` (its callbacks run there), once it has ended."""
+    seen = []
+    work.add_done_callback(lambda w: seen.append(threading.current_thread()))
+    return seen
+
+
+@pytest.mark.parametrize("call", ["allreduce", "broadcast", "barrier", "reduce", "allgather",
+                                  "allreduce_python_path"])
+def test_a_wait_runs_the_queued_collective_on_the_waiting_thread(pair, call):
+    """Without a timeout, wait() takes the collective that the runner has not started and
+    runs it on its own thread: no wake-up of the runner, no second thread switch back."""
+    def body(ctx):
+        here, results = 0, []
+        for i in range(20):
+            buf = np.full(3, ctx.rank + i, np.float32)
+            if call == "allreduce":
+                work = ctx.allreduce(buf, async_op=True)
+            elif call == "allreduce_python_path":       # recvbuf=: the Python path's call
+                work = ctx.allreduce(buf, async_op=True, recvbuf=np.empty_like(buf))
+            elif call == "broadcast":
+                work = ctx.broadcast(buf, root=1, async_op=True)
+            elif call == "barrier":
+                work = ctx.barrier(async_op=True)
+            elif call == "reduce":
+                work = ctx.reduce(buf, root=0, async_op=True)
+            else:
+                work = ctx.allgather(buf, np.empty(6, np.float32), async_op=True)
+            seen = _ran_on(work)
+            results.append(work.wait())
+            here += seen == [threading.current_thread()]
+        return here, results
+
+    (here0, res0), (here1, res1) = pair.run(body)
+    # The runner starts a collective only after nobody took it for a look (0.5 ms or more).
+    assert here0 >= 10 and here1 >= 10, (here0, here1)
+    for i in range(20):
+        if call in ("allreduce", "allreduce_python_path"):
+            assert np.array_equal(res0[i], np.full(3, 2 * i + 1, np.float32))
+        elif call == "broadcast":
+            assert np.array_equal(res0[i], np.full(3, 1 + i, np.float32))
+        elif call == "reduce":
+            assert np.array_equal(res0[i], np.full(3, 2 * i + 1, np.float32))
+        elif call == "allgather":
+            assert np.array_equal(res1[i], np.repeat(np.float32([i, 1 + i]), 3))
+
+
+def test_a_collective_nobody_waits_for_still_runs(pair):
+    """The runner takes what no wait takes: async calls complete while the caller only polls."""
+    def body(ctx):
+        bufs = [np.full(2, ctx.rank + k, np.float64) for k in range(5)]
+        works = [ctx.allreduce(b, async_op=True) for b in bufs]
+        deadline = time.monotonic() + 10
+        while not all(w.is_completed() for w in works) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        done = [w.is_completed() for w in works]
+        return done, [w.wait() for w in works]
+
+    for done, results in pair.run(body):
+        assert all(done), done
+        assert [r[0] for r in results] == [1.0, 3.0, 5.0, 7.0, 9.0]
+
+
+def test_waits_from_many_threads_run_each_queued_collective_once_in_order(pair):
+    """Three threads wait for handles out of order while the runner is free to take any:
+    every collective runs exactly once, in issue order on both ranks (the sums prove it)."""
+    def body(ctx):
+        n = 60
+        bufs = [np.full(1, 1000.0 * ctx.rank + k) for k in range(n)]
+        works = [ctx.allreduce(b, async_op=True) for b in bufs]
+        order = list(range(n))
+        random.Random(ctx.rank).shuffle(order)
+        errors = []
+
+        def waiter(part):
+            try:
+                for k in part:
+                    works[k].wait()
+            except BaseException as exc:     # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=waiter, args=(order[j::3],)) for j in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        return [float(b[0]) for b in bufs]
+
+    r0, r1 = pair.run(body)
+    assert r0 == r1 == [1000.0 + 2 * k for k in range(60)]
+
+
+def test_a_failed_collective_run_by_its_waiter_raises_there_and_the_next_runs(pair):
+    """A refusal met by the waiting thread is raised by wait() on every rank, as the
+    runner's would be, and the queue goes on with the next collective."""
+    def body(ctx):
+        bad = ctx.allreduce(np.ones(2, np.int32), op=pc.AVG, async_op=True)
+        good = ctx.allreduce(np.ones(2, np.float32), async_op=True)
+        with pytest.raises(pc.InvalidArgument, match="AVG"):
+            bad.wait()
+        return good.wait()
+
+    for r in pair.run(body):
+        assert np.array_equal(r, [2.0, 2.0])
+
+
+def test_a_wait_with_a_timeout_leaves_the_collective_to_the_runner(pair):
+    def body(ctx):
+        work = ctx.allreduce(np.ones(2), async_op=True)
+        seen = _ran_on(work)
+        result = work.wait(timeout=20)
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return result, seen
+
+    for result, seen in pair.run(body):
+        assert np.array_equal(result, [2.0, 2.0])
+        assert len(seen) == 1 and seen[0] is not threading.current_thread()
+        assert seen[0].name.startswith("pycollect-rank")
+
+
+def test_the_doorbell_wakes_the_runner_only_for_what_nobody_took():
+    from pycollect._ext._doorbell import TICK_US, Doorbell
+    bell = Doorbell()
+    woke = []
+
+    def sleeper():
+        while not bell.sleep():
+            woke.append(bell.untaken)
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    bell.queue()
+    bell.take()                     # taken at once, as a waiting thread takes it
+    time.sleep(10 * TICK_US / 1e6)
+    assert woke == [] and bell.untaken == 0
+    bell.queue()                    # nobody takes this one: the sleeper wakes for it
+    deadline = time.monotonic() + 5
+    while not woke and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert woke and woke[0] == 1
+    bell.take()
+    woke.clear()
+    bell.queue(urgent=True)         # a send or receive: at once, whatever the counts say
+    deadline = time.monotonic() + 5
+    while not woke and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert woke == [0]
+    bell.stop()
+    t.join(5)
+    assert not t.is_alive()

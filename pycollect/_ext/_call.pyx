@@ -13,7 +13,12 @@ group, copied into C arrays on first use), the flight recorder's slot, the
 sequence number and the call into the algorithm stay in C; the algorithm
 releases the GIL for the collective itself.
 
-Every other form (async handles, an allreduce's or a root's reduce
+With ``async_op=True`` the same forms of ``barrier``, ``broadcast``, ``allreduce``,
+``reduce`` and ``allgather`` are checked and planned here too and queued as a ``Queued``
+call, which the context's runner (or a thread waiting for it) runs through
+``Context._execute`` like every queued collective.
+
+Every other form (the other kinds' async handles, an allreduce's or a root's reduce
 ``recvbuf=``, outputs left to be allocated, numbers, torch tensors, a
 ``timeout=`` as a timedelta or one to refuse, ``"bcube:B"``, ``"hierarchical"``
 or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a context with
@@ -215,6 +220,67 @@ cdef class CallLock:
         return False
 
 
+cdef object _run_other(int kind, Transport t, object buf, object recv, int code, int op,
+                       int root, unsigned int seq, double timeout, Py_ssize_t seg,
+                       object counts, object recvcounts, object mailbox):
+    """The call into the algorithm modules' Python-level entry points of the kinds other than
+    allreduce, broadcast and barrier, as the Python path makes it (what it returns: an
+    algorithm code, or None)."""
+    if kind == K_REDUCE:
+        return _reduce(t, buf, root, op, code, seq, timeout, seg)
+    if kind == K_ALLGATHER:
+        return _allgather(t, buf, recv, None, seq, timeout, seg, code)
+    if kind == K_ALLGATHERV:
+        return _allgather(t, buf, recv, counts, seq, timeout, seg)
+    if kind == K_GATHER or kind == K_GATHERV:
+        return _gather(t, buf, recv, counts, root, seq, timeout)
+    if kind == K_SCATTER or kind == K_SCATTERV:
+        return _scatter(t, buf, recv, counts, root, seq, timeout)
+    if kind == K_REDUCE_SCATTER or kind == K_REDUCE_SCATTERV:
+        return _reduce_scatter(t, buf, recv, counts, op, seq, timeout, seg)
+    if kind == K_SEND:
+        return _send(t, buf, root, op, timeout)
+    if kind == K_RECV:
+        return _recv(t, mailbox, buf, root, op, timeout)
+    return _alltoall(t, buf, counts, recv, recvcounts, seq, timeout)  # alltoall(v)
+
+
+cdef class Queued:
+    """A compiled call made with ``async_op=True``, checked and planned when it was made:
+    the context's runner, or a thread that waits for it, runs it as ``op(seq)``, as it runs
+    the Python path's queued collectives (``Context._execute``: the lock, the sequence
+    number, the flight recorder), and gets the algorithm's code.  Arguments that the
+    algorithm refuses when it runs are told to the peers, as the Python path's are."""
+
+    cdef object ctx             # the Context, whose _refuse tells the peers
+    cdef Transport t
+    cdef int kind
+    cdef int code
+    cdef int op
+    cdef int root
+    cdef double timeout
+    cdef Py_ssize_t seg
+    cdef object buf
+    cdef object recv
+
+    def __call__(self, unsigned int seq):
+        cdef int kind = self.kind
+        try:
+            if kind == K_ALLREDUCE:
+                return run_allreduce(self.t, self.buf, self.op, self.code, seq, self.timeout,
+                                     self.seg)
+            if kind == K_BROADCAST:
+                return run_broadcast(self.t, self.buf, self.root, self.code, seq,
+                                     self.timeout, self.seg)
+            if kind == K_BARRIER:
+                return run_barrier(self.t, seq, self.timeout)
+            return _run_other(kind, self.t, self.buf, self.recv, self.code, self.op,
+                              self.root, seq, self.timeout, self.seg, None, None, None)
+        except InvalidArgument as exc:
+            self.ctx._refuse(_COLLECTIVES[kind], exc, seq)
+            raise
+
+
 cdef class CallPath:
     """A Context's hot state and its compiled blocking calls (see the module's text)."""
 
@@ -248,6 +314,8 @@ cdef class CallPath:
     def barrier(self, async_op=False, timeout=None):
         """Block until every rank has called barrier."""
         cdef double seconds = _seconds(timeout, self._timeout)
+        if async_op and seconds >= 0 and self.ready_async():
+            return self.queue(K_BARRIER, None, None, 0, 0, 0, seconds, None)
         if async_op or seconds < 0 or not self.ready():
             return self._barrier_any(async_op, timeout)
         result = self.run(K_BARRIER, None, None, 0, 0, 0, seconds)
@@ -259,10 +327,13 @@ cdef class CallPath:
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(buf) is not np.ndarray or async_op or seconds < 0
-                or type(root) is not int or not 0 <= root < self._size or not self.ready()):
+        if (type(buf) is not np.ndarray or seconds < 0 or type(root) is not int
+                or not 0 <= root < self._size
+                or not (self.ready_async() if async_op else self.ready())):
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
         code = self.plan(K_BROADCAST, algorithm, buf)
+        if async_op and code >= 0:
+            return self.queue(K_BROADCAST, buf, None, code, 0, root, seconds, buf)
         if code < 0 or self.run(K_BROADCAST, buf, None, code, 0, root, seconds) is _TAKE_SLOW:
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
         return buf
@@ -284,10 +355,12 @@ cdef class CallPath:
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
-                or async_op or seconds < 0 or not self.ready()):
+                or seconds < 0 or not (self.ready_async() if async_op else self.ready())):
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
         code = self.plan(K_ALLREDUCE, algorithm, buf)
+        if async_op and code >= 0:
+            return self.queue(K_ALLREDUCE, buf, None, code, op, 0, seconds, buf)
         if code < 0 or self.run(K_ALLREDUCE, buf, None, code, op, 0, seconds) is _TAKE_SLOW:
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
@@ -301,10 +374,13 @@ cdef class CallPath:
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
-                or async_op or seconds < 0 or not self.is_rank(root) or not self.ready()):
+                or seconds < 0 or not self.is_rank(root)
+                or not (self.ready_async() if async_op else self.ready())):
             return self._reduce_any(buf, root, op, algorithm, async_op, recvbuf=recvbuf,
                                     timeout=timeout)
         code = self.plan(K_REDUCE, algorithm, buf)
+        if async_op and code >= 0:
+            return self.queue(K_REDUCE, buf, None, code, op, root, seconds, buf)
         if code < 0 or self.run(K_REDUCE, buf, None, code, op, root, seconds) is _TAKE_SLOW:
             return self._reduce_any(buf, root, op, algorithm, async_op, recvbuf=recvbuf,
                                     timeout=timeout)
@@ -318,10 +394,12 @@ cdef class CallPath:
         block straight into the others' ``recvbuf``)."""
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
-                or seconds < 0 or not self.ready()):
+        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or seconds < 0
+                or not (self.ready_async() if async_op else self.ready())):
             return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
         code = self.plan(K_ALLGATHER, algorithm, sendbuf)
+        if async_op and code >= 0:
+            return self.queue(K_ALLGATHER, sendbuf, recvbuf, code, 0, 0, seconds, recvbuf)
         if code < 0 or self.run(K_ALLGATHER, sendbuf, recvbuf, code, 0, 0,
                                 seconds) is _TAKE_SLOW:
             return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
@@ -464,29 +542,6 @@ cdef class CallPath:
             return self._gatherv_any(sendbuf, recvbuf, counts, root, async_op, timeout)
         return self._scatterv_any(sendbuf, counts, recvbuf, root, async_op, timeout)
 
-    cdef object run_other(self, int kind, Transport t, object buf, object recv, int code,
-                          int op, int root, unsigned int seq, double timeout, Py_ssize_t seg,
-                          object counts, object recvcounts):
-        """The call into the algorithm modules' Python-level entry points, as the Python
-        path makes it (what it returns: an algorithm code, or None)."""
-        if kind == K_REDUCE:
-            return _reduce(t, buf, root, op, code, seq, timeout, seg)
-        if kind == K_ALLGATHER:
-            return _allgather(t, buf, recv, None, seq, timeout, seg, code)
-        if kind == K_ALLGATHERV:
-            return _allgather(t, buf, recv, counts, seq, timeout, seg)
-        if kind == K_GATHER or kind == K_GATHERV:
-            return _gather(t, buf, recv, counts, root, seq, timeout)
-        if kind == K_SCATTER or kind == K_SCATTERV:
-            return _scatter(t, buf, recv, counts, root, seq, timeout)
-        if kind == K_REDUCE_SCATTER or kind == K_REDUCE_SCATTERV:
-            return _reduce_scatter(t, buf, recv, counts, op, seq, timeout, seg)
-        if kind == K_SEND:
-            return _send(t, buf, root, op, timeout)
-        if kind == K_RECV:
-            return _recv(t, self._mailbox, buf, root, op, timeout)
-        return _alltoall(t, buf, counts, recv, recvcounts, seq, timeout)  # alltoall(v)
-
     cdef inline bint is_rank(self, object root):
         """``root`` is an int naming a rank of this group (the Python path words the rest)."""
         return type(root) is int and 0 <= root < self._size
@@ -497,6 +552,30 @@ cdef class CallPath:
         if algorithm is _AUTO or algorithm == _AUTO:
             return self.auto(kind, cnp.PyArray_NBYTES(<cnp.ndarray>buf))
         return _named(kind, algorithm)
+
+    cdef object queue(self, int kind, object buf, object recv, int code, int op, int root,
+                      double timeout, object result):
+        """Queue one checked and planned collective (``async_op=True``) as ``run`` would run
+        it; its Work, whose result is ``result``.  The queue, the Work and the flight
+        recorder's entry are the Python path's (``Context._submit``)."""
+        cdef Queued q = Queued.__new__(Queued)
+        q.ctx = self
+        q.t = self._transport
+        q.kind = kind
+        q.code = code
+        q.op = op
+        q.root = root
+        q.timeout = timeout
+        q.seg = self._segment_bytes
+        q.buf = buf
+        q.recv = recv
+        return self._submit(_COLLECTIVES[kind], q, result, True,
+                            root=root if _rooted(kind) else None,
+                            described=buf if kind <= K_REDUCE else recv)
+
+    cdef inline bint ready_async(self):
+        """Nothing stands in the way of queueing a compiled call (queued work does not)."""
+        return not (self._closed or self._failure is not None or self._detail or self._logs)
 
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
@@ -570,8 +649,8 @@ cdef class CallPath:
                 elif kind == K_BARRIER:
                     code = run_barrier(t, seq, timeout)
                 else:
-                    result = self.run_other(kind, t, buf, recv, code, op, root, seq, timeout,
-                                            seg, counts, recvcounts)
+                    result = _run_other(kind, t, buf, recv, code, op, root, seq, timeout, seg,
+                                        counts, recvcounts, self._mailbox)
                     code = _code(result)
             except InvalidArgument as exc:
                 if t.is_failed:

@@ -1,0 +1,100 @@
+"""Async collectives waited on: pycollect's handles beside mpi4py's requests, 2 ranks.
+
+    python benchmarks/async_wait.py                      # every peer found, 3 rounds
+    python benchmarks/async_wait.py --peers pycollect-shm,mpi-shm --counts 1,4096 --json out.json
+
+Per element count, three ways of making one float32 allreduce (SUM, in place) at
+2 ranks: ``blocking`` (pycollect's ``ctx.allreduce(buf)``, mpi4py's
+``Allreduce(IN_PLACE, buf)``), ``async+wait`` (``ctx.allreduce(buf,
+async_op=True).wait()``; ``Iallreduce(IN_PLACE, buf).Wait()``) and ``4 async+wait_all``
+(four started, then all waited for: ``pc.wait_all``; ``Request.Waitall``; the
+figure is per allreduce).  The figure is the median over batches of 100 calls
+(one clock read per batch), per call.  Peers: ``pycollect-shm`` and
+``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
+(mpi4py on Open MPI under ``mpirun``; TCP forced with ``--mca pml ob1 --mca btl
+tcp,self``).  The peers take turns, in an order that rotates from round to round;
+the table has each peer's median over rounds and its ratio to MPI on the same
+transport.  A peer that is not installed is left out and named.
+"""
+
+import statistics
+import sys
+import time
+
+from turns import (against_mpi, pick_peers, report, summarize, take_turns, two_ranks_available,
+                   two_ranks_command, two_ranks_counts, two_ranks_parser)
+
+PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
+WAYS = ("blocking", "async+wait", "4 async+wait_all")
+BATCH = 100
+
+
+def _endpoint(peer):
+    """(ways(buf): {way: a call making one allreduce of ``buf`` that way (the last: four of
+    them)}, this process's rank, a closer)."""
+    if peer.startswith("pycollect-"):
+        import pycollect as pc
+        ctx = pc.init(transport=peer.split("-", 1)[1], timeout=60)
+
+        def ways(buf):
+            return {"blocking": lambda: ctx.allreduce(buf),
+                    "async+wait": lambda: ctx.allreduce(buf, async_op=True).wait(),
+                    "4 async+wait_all": lambda: pc.wait_all(
+                        [ctx.allreduce(buf, async_op=True) for _ in range(4)])}
+        return ways, ctx.rank, ctx.close
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+
+    def ways(buf):
+        return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
+                "async+wait": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
+                "4 async+wait_all": lambda: MPI.Request.Waitall(
+                    [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)])}
+    return ways, comm.rank, lambda: None
+
+
+def worker(peer, counts, iters, out):
+    import json
+    import numpy as np
+    ways_of, rank, close = _endpoint(peer)
+    clock = time.perf_counter_ns
+    result = {}
+    for count in counts:
+        ways = ways_of(np.ones(count, np.float32))
+        for way in WAYS:
+            call, per = ways[way], 4 if way.startswith("4 ") else 1
+            batches = []
+            for b in range(max(1, iters // BATCH) + 5):     # the first 5 batches warm up
+                start = clock()
+                for _ in range(BATCH):
+                    call()
+                if b >= 5:
+                    batches.append((clock() - start) / BATCH / per / 1e9)
+            result["%s %s" % (count, way)] = {"median": statistics.median(batches),
+                                              "best": min(batches)}
+    close()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f)
+
+
+def main(argv=None):
+    ap = two_ranks_parser(__doc__, PEERS, 3000, "timed calls per count and way")
+    args = ap.parse_args(argv)
+    counts = two_ranks_counts(ap, args)
+    if args.worker:
+        return worker(args.worker, counts, args.iters, args.out)
+
+    peers, missing = pick_peers(ap, args.peers, PEERS, two_ranks_available)
+    runs = take_turns(peers, args.rounds, lambda peer, out: two_ranks_command(
+        __file__, peer, counts, args.iters, out))
+    keys = ["%s %s" % (c, w) for c in counts for w in WAYS]
+    report("2 ranks, allreduce of float32 (SUM, in place), µs a call (median over %d rounds "
+           "of each run's median batch; fastest batch in brackets)" % args.rounds,
+           "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
+           args.json, {"rounds": args.rounds, "iters": args.iters})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
