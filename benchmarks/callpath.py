@@ -25,7 +25,10 @@ on the root), allgather, gather, scatter, reduce_scatter and alltoall of one
 element, each peer's own call for it (mpi4py's ``Reduce(IN_PLACE, buf)``,
 ``Allgather``, ``Gather``, ``Scatter``, ``Reduce_scatter_block``,
 ``Alltoall``; torch's ``reduce``, ``all_gather_into_tensor``, ``gather``,
-``scatter``, ``reduce_scatter_tensor``, ``all_to_all_single``); a call a
+``scatter``, ``reduce_scatter_tensor``, ``all_to_all_single``), and
+``allreduce-async``: an allreduce started async and waited on at once
+(``ctx.allreduce(buf, async_op=True).wait()``, ``Iallreduce(IN_PLACE,
+buf).Wait()``, ``dist.all_reduce(t, async_op=True).wait()``); a call a
 peer refuses shows as a dash.  A peer that is not installed is left out and
 named.
 """
@@ -40,7 +43,8 @@ import time
 from turns import importable, pick_peers, report, summarize, take_turns
 
 OPS = ("allreduce", "barrier", "broadcast")
-MORE_OPS = ("reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall")
+MORE_OPS = ("reduce", "allgather", "gather", "scatter", "reduce_scatter", "alltoall",
+            "allreduce-async")
 PEERS = ("pycollect", "mpi4py", "torch-pycollect", "torch-gloo")
 BATCHES = 30
 
@@ -58,7 +62,8 @@ def _calls(peer):
                 "gather": lambda: ctx.gather(buf, out, 0),
                 "scatter": lambda: ctx.scatter(out, buf, 0),
                 "reduce_scatter": lambda: ctx.reduce_scatter(buf, out),
-                "alltoall": lambda: ctx.alltoall(buf, out)}, ctx.close
+                "alltoall": lambda: ctx.alltoall(buf, out),
+                "allreduce-async": lambda: ctx.allreduce(buf, async_op=True).wait()}, ctx.close
     if peer == "mpi4py":
         from mpi4py import MPI
         comm, buf, out = MPI.COMM_WORLD, np.zeros(1, np.float32), np.zeros(1, np.float32)
@@ -70,7 +75,8 @@ def _calls(peer):
                 "gather": lambda: comm.Gather(buf, out, 0),
                 "scatter": lambda: comm.Scatter(out, buf, 0),
                 "reduce_scatter": lambda: comm.Reduce_scatter_block(buf, out),
-                "alltoall": lambda: comm.Alltoall(buf, out)}, lambda: None
+                "alltoall": lambda: comm.Alltoall(buf, out),
+                "allreduce-async": lambda: comm.Iallreduce(in_place, buf).Wait()}, lambda: None
     import torch
     import torch.distributed as dist
     if peer == "torch-pycollect":
@@ -78,12 +84,14 @@ def _calls(peer):
     store = dist.HashStore()
     dist.init_process_group(peer.split("-", 1)[1], store=store, rank=0, world_size=1)
     t, o = torch.zeros(1, dtype=torch.float32), torch.zeros(1, dtype=torch.float32)
-    return {"allreduce": lambda: dist.all_reduce(t), "barrier": dist.barrier,
-            "broadcast": lambda: dist.broadcast(t, 0), "reduce": lambda: dist.reduce(t, 0),
-            "allgather": lambda: dist.all_gather_into_tensor(o, t),
-            "gather": lambda: dist.gather(t, [o], 0), "scatter": lambda: dist.scatter(t, [o], 0),
-            "reduce_scatter": lambda: dist.reduce_scatter_tensor(o, t),
-            "alltoall": lambda: dist.all_to_all_single(o, t)}, dist.destroy_process_group
+    return ({"allreduce": lambda: dist.all_reduce(t), "barrier": dist.barrier,
+             "broadcast": lambda: dist.broadcast(t, 0), "reduce": lambda: dist.reduce(t, 0),
+             "allgather": lambda: dist.all_gather_into_tensor(o, t),
+             "gather": lambda: dist.gather(t, [o], 0), "scatter": lambda: dist.scatter(t, [o], 0),
+             "reduce_scatter": lambda: dist.reduce_scatter_tensor(o, t),
+             "alltoall": lambda: dist.all_to_all_single(o, t),
+             "allreduce-async": lambda: dist.all_reduce(t, async_op=True).wait()},
+            dist.destroy_process_group)
 
 
 def _time(call, calls):

@@ -164,7 +164,7 @@ class Work:
         the runner and sleeping until it is done: the same work, without two
         thread wake-ups.
         """
-        seconds = wait_seconds(timeout, "Work.wait")
+        seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
         if seconds is None and self._runner is not None and not self._ended:
             self._runner.run_until(self)
         if not self._ended and not self._block(seconds):
@@ -262,7 +262,9 @@ class Runner:
         self._queue = collections.deque()
         self._in_batch = 0      # operations taken off the queue by the running batch
         self._busy = False      # an operation or batch is running, on some thread
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
+        self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
+        self._runner_waits = False      # ... and says so, for _done_running to notify
         self._bell = Doorbell()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -273,7 +275,7 @@ class Runner:
         return len(self._queue) + self._in_batch
 
     def submit(self, op, work):
-        with self._cond:
+        with self._mutex:
             if self._stopping:
                 raise Error("the context is closed")
             work._runner = self
@@ -282,7 +284,7 @@ class Runner:
 
     def stop(self, timeout):
         """Let queued operations finish (they fail fast once the context is aborted)."""
-        with self._cond:
+        with self._mutex:
             self._stopping = True
         self._bell.stop()
         self._thread.join(timeout)
@@ -293,7 +295,7 @@ class Runner:
         operation is running elsewhere or the head is a send or receive (a batch may wait for
         messages that the caller's later calls bring about)."""
         while not work._ended:
-            with self._cond:
+            with self._mutex:
                 # Not running and not ended, so still queued: a handle is completed before
                 # _busy is cleared.
                 if self._busy or work._ended or not self._queue \
@@ -312,7 +314,7 @@ class Runner:
             algorithm = self._execute(op)
         except BaseException as exc:      # handed to the waiter
             exception = exc
-        with self._cond:
+        with self._mutex:
             self._queue.popleft()
         try:
             work._finish(algorithm, exception)
@@ -320,16 +322,19 @@ class Runner:
             self._done_running()
 
     def _done_running(self):
-        with self._cond:
+        with self._mutex:
             self._busy = False
-            self._cond.notify_all()     # a runner that found this busy takes the next
+            if self._runner_waits:
+                self._cond.notify()     # the runner found this busy: it takes the next
 
     def _loop(self):
         while True:
             stopped = self._bell.sleep()
-            with self._cond:
+            with self._mutex:
                 while self._busy:
+                    self._runner_waits = True
                     self._cond.wait()
+                    self._runner_waits = False
                 if not self._queue:
                     if stopped:
                         return
@@ -348,7 +353,7 @@ class Runner:
 
     def _take_p2p(self):
         """The sends and receives at the queue's head, taken off it."""
-        with self._cond:
+        with self._mutex:
             taken = []
             while self._queue and isinstance(self._queue[0][0], P2P):
                 taken.append(self._queue.popleft())
@@ -374,7 +379,7 @@ class Runner:
                         op.result.value = op.result.status._fill(*batch.result(i))
                     op.finish()
                     ended.append(work)
-                with self._cond:
+                with self._mutex:
                     self._in_batch -= len(ended)
                     idle = not running and (
                         not self._queue or not isinstance(self._queue[0][0], P2P))
@@ -387,7 +392,7 @@ class Runner:
             self._execute((drive, 0, None, None))
         except BaseException as exc:      # fails every operation handed to the batch
             failed = [work for _, work in list(running.values()) + posting]
-            with self._cond:
+            with self._mutex:
                 self._in_batch -= len(failed)
                 if not failed and self._queue:
                     # The batch could not start: its first operation gets the error.
