@@ -248,12 +248,16 @@ def _seconds(timeout):
 
 # -- work --------------------------------------------------------------------
 
+# Orders a PycollectWork's completion against the making of its event or future.
+_COMPLETION = threading.Lock()
+
+
 class PycollectWork(dist.Work):
     """A ``dist.Work`` over pycollect async handles.
 
     ``works`` are the pycollect ``Work`` handles of the operation, in issue
     order (one context runs them in that order); when the last one ends,
-    ``finish`` (copy-back of staged tensors) runs on the runner thread, then
+    ``finish`` (copy-back of staged tensors) runs on the thread that ran it, then
     the torch future completes with ``outputs`` or with the first error.
     Without ``works`` the operation has already completed.
     """
@@ -262,16 +266,16 @@ class PycollectWork(dist.Work):
         super().__init__()
         self._outputs = outputs
         self._source = source
-        self._fut = None
         self._exc = None
-        if not works:
-            self._event = None
-            return
-        self._event = threading.Event()
-        self._fut = torch.futures.Future()
-        self._works = works
-        self._finish = finish
-        works[-1].add_done_callback(self._complete)
+        # The event and the future cost microseconds each: made only when a wait has to
+        # block or get_future() is called (most Works are waited on once, or not at all).
+        self._event = None
+        self._fut = None
+        self._works = works or ()
+        self._done = not works
+        if works:
+            self._finish = finish
+            works[-1].add_done_callback(self._complete)
 
     def _complete(self, _last):
         exc = None
@@ -285,15 +289,23 @@ class PycollectWork(dist.Work):
             except BaseException as err:      # handed to the waiter and the future
                 exc = err
         self._exc = exc
-        self._event.set()
-        if exc is None:
-            self._fut.set_result(self._outputs)
+        with _COMPLETION:
+            self._done = True
+            event, fut = self._event, self._fut
+        if event is not None:
+            event.set()
+        if fut is not None:
+            self._settle(fut)
+
+    def _settle(self, fut):
+        if self._exc is None:
+            fut.set_result(self._outputs)
         else:
-            self._fut.set_exception(exc)
+            fut.set_exception(self._exc)
 
     def wait(self, timeout=None):
         """Block until done (``timeout``: a timedelta, 0 or None = no limit); raise its error."""
-        if self._event is not None and not self._event.is_set():
+        if not self._done:
             seconds = _seconds(timeout)
             if seconds is None:
                 # pycollect's wait runs the queued collectives here when the runner has not
@@ -302,7 +314,11 @@ class PycollectWork(dist.Work):
                     self._works[-1].wait()
                 except Exception:
                     pass
-            if not self._event.wait(seconds):
+            with _COMPLETION:
+                if not self._done and self._event is None:
+                    self._event = threading.Event()
+                event = None if self._done else self._event
+            if event is not None and not event.wait(seconds):
                 raise pc.Timeout("pycollect backend: %s did not complete within %g s"
                                  % (self._works[-1].description, seconds))
         if self._exc is not None:
@@ -310,7 +326,7 @@ class PycollectWork(dist.Work):
         return True
 
     def is_completed(self):
-        return self._event is None or self._event.is_set()
+        return self._done
 
     def is_success(self):
         return self.is_completed() and self._exc is None
@@ -324,10 +340,14 @@ class PycollectWork(dist.Work):
         return self._outputs
 
     def get_future(self):
-        if self._fut is None:      # completed inline: made on first request
-            self._fut = torch.futures.Future()
-            self._fut.set_result(self._outputs)
-        return self._fut
+        with _COMPLETION:
+            fut, settle = self._fut, False
+            if fut is None:
+                fut = self._fut = torch.futures.Future()
+                settle = self._done         # else _complete settles it
+        if settle:
+            self._settle(fut)
+        return fut
 
     def synchronize(self):
         self.wait()
@@ -695,7 +715,7 @@ class ProcessGroupPycollect(dist.ProcessGroup):
 
 def _merge(works, outputs):
     """One dist.Work over several of this module's (pending or completed) Works."""
-    pending = [w for w in works if w._event is not None]
+    pending = [w for w in works if w._works]
     if not pending:
         return PycollectWork(outputs)
     inner = [pc_w for w in pending for pc_w in w._works]
