@@ -304,9 +304,9 @@ class Runner:
                 op, head = self._queue[0]
                 self._busy = True
                 self._bell.take()
-            self._run_head(op, head)
+            self._run_head(op, head, False)
 
-    def _run_head(self, op, work):
+    def _run_head(self, op, work, by_runner):
         """Run the collective at the head of the queue (taken, and ``_busy`` set, by the
         caller), take it off, complete its handle, then let the next operation start."""
         algorithm, exception = None, None
@@ -319,17 +319,28 @@ class Runner:
         try:
             work._finish(algorithm, exception)
         finally:
-            self._done_running()
+            self._done_running(by_runner)
 
-    def _done_running(self):
+    def _done_running(self, by_runner=True):
+        """Let the next operation start.  What is queued behind an operation that a waiter
+        ran goes to the runner at once, not at its next look: a thread that found the
+        operation running waits for the runner to run its own."""
         with self._mutex:
             self._busy = False
+            hurry = not by_runner and self._queue
             if self._runner_waits:
                 self._cond.notify()     # the runner found this busy: it takes the next
+                hurry = False
+        if hurry:
+            self._bell.hurry()
 
     def _loop(self):
+        stopped = False
         while True:
-            stopped = self._bell.sleep()
+            with self._mutex:
+                more = self._queue and not self._busy
+            if not more:    # else what was queued behind the last operation runs at once
+                stopped = self._bell.sleep()
             with self._mutex:
                 while self._busy:
                     self._runner_waits = True
@@ -344,7 +355,7 @@ class Runner:
                 if not isinstance(op, P2P):
                     self._bell.take()
             if not isinstance(op, P2P):
-                self._run_head(op, work)
+                self._run_head(op, work, True)
                 continue
             try:
                 self._run_batch(op.new_batch)

@@ -249,3 +249,79 @@ def test_the_doorbell_wakes_the_runner_only_for_what_nobody_took():
     bell.stop()
     t.join(5)
     assert not t.is_alive()
+
+
+class _Watched:
+    """A Runner's doorbell, with the calls made to it noted in ``log``."""
+
+    def __init__(self, bell, log):
+        self._bell, self._log = bell, log
+
+    def __getattr__(self, name):
+        real = getattr(self._bell, name)
+
+        def noted(*args):
+            self._log.append(name)
+            return real(*args)
+        return noted
+
+
+def test_what_is_queued_behind_a_running_operation_runs_next_without_a_look():
+    """A blocking call made while the runner runs an async one (it waits for the runner) is
+    run by the runner right after it, not at the runner's next look; and what a waiter
+    leaves queued behind the operation it ran still runs (the runner is hurried to it, or
+    finds it at a look)."""
+    from pycollect.work import Runner, Work
+    log, release = [], threading.Event()
+
+    def execute(op):
+        log.append("start %s" % op)
+        if op == "A":
+            release.wait(10)
+        log.append("end %s" % op)
+
+    runner = Runner(execute, "test-runner")
+    try:
+        runner._bell = _Watched(runner._bell, log)
+        a, b = Work("A", None), Work("B", None)
+        runner.submit("A", a)               # nobody waits: the runner takes it at a look
+        deadline = time.monotonic() + 10
+        while "start A" not in log and time.monotonic() < deadline:
+            time.sleep(0.001)
+        runner.submit("B", b)
+        waiter = threading.Thread(target=b.wait)    # finds A running: leaves B to the runner
+        waiter.start()
+        time.sleep(0.05)
+        release.set()
+        waiter.join(10)
+        assert b.is_completed()
+        between = log[log.index("end A"):log.index("start B")]
+        assert "sleep" not in between, log      # no look of the runner in between
+
+        # A waiter runs C while D waits behind it for a thread that found C running.
+        log.clear()
+        release.clear()
+        c, d = Work("C", None), Work("D", None)
+
+        def execute_c(op):
+            log.append("start %s" % op)
+            if op == "C":
+                release.wait(10)
+        runner._execute = execute_c
+        runner.submit("C", c)
+        runner.submit("D", d)
+        first = threading.Thread(target=c.wait)     # takes C and runs it
+        first.start()
+        deadline = time.monotonic() + 10
+        while "start C" not in log and time.monotonic() < deadline:
+            time.sleep(0.001)
+        second = threading.Thread(target=d.wait)    # finds C running
+        second.start()
+        time.sleep(0.05)
+        release.set()
+        first.join(10)
+        second.join(10)
+        assert d.is_completed(), log
+    finally:
+        release.set()
+        runner.stop(10)

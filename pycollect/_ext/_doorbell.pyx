@@ -11,8 +11,10 @@ about).
 
 The doorbell counts the collectives queued and those taken (by the runner or by a waiter);
 the runner's ``sleep`` reads the counts without the GIL and returns when one has stayed
-untaken from one look to the next (none was taken in between, and they are taken in order), a send or receive was queued, or ``stop`` was called.
-It looks every ``TICK_US`` microseconds while operations keep coming; after ``IDLE_MS``
+untaken from one look to the next (none was taken in between, and they are taken in
+order), a send or receive was queued, a waiter left operations queued behind the one it ran
+(``hurry``: a thread that found that one running waits for the runner to run its own), or
+``stop`` was called.  It looks every ``TICK_US`` microseconds while operations keep coming; after ``IDLE_MS``
 milliseconds with nothing queued it sleeps until ``queue`` posts its semaphore.  An
 operation that nobody waits for thus starts within about two looks (the first after a quiet
 spell: at once, plus one look).  The counts are changed by threads that hold the GIL and read
@@ -74,7 +76,8 @@ cdef class Doorbell:
     cdef long long queued
     cdef long long taken
     cdef int asleep         # sleeping until posted: queue() posts
-    cdef int urgent         # a send or receive was queued since the runner last looked
+    cdef int urgent         # the runner must look now: a send or receive was queued, or
+                            # a waiter left operations queued behind the one it ran
     cdef int stopped
 
     def __cinit__(self):
@@ -88,12 +91,17 @@ cdef class Doorbell:
         """One operation was queued; ``urgent`` (a send or receive): the runner must run it
         now, not when it looks next.  Wakes the runner where it sleeps until woken."""
         if urgent:
-            pc_bell_set(&self.urgent, 1)
-            sem_post(&self.wake)
+            self.hurry()
             return
         pc_bell_add(&self.queued, 1)
         if pc_bell_get(&self.asleep):
             sem_post(&self.wake)
+
+    def hurry(self):
+        """The runner must look at the queue now (what a waiter left queued behind the
+        operation it ran), whatever the counts say."""
+        pc_bell_set(&self.urgent, 1)
+        sem_post(&self.wake)
 
     def take(self):
         """One queued collective was taken, by the runner or a waiter."""
@@ -111,8 +119,8 @@ cdef class Doorbell:
 
     def sleep(self):
         """Sleep, with the GIL released, until the runner has something to run (a
-        collective untaken from one look to the next, or a send or receive) or ``stop``
-        was called; return whether ``stop`` was."""
+        collective untaken from one look to the next, a send or receive, ``hurry``) or
+        ``stop`` was called; return whether ``stop`` was."""
         cdef int stopped = 0
         cdef long long seen = -1, taken_before = -1, q, t, now, quiet_since
         with nogil:
