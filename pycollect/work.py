@@ -5,6 +5,7 @@ import datetime
 import itertools
 import numbers
 import threading
+import time
 
 from ._ext._doorbell import Doorbell
 from .errors import Error, InvalidArgument, Timeout
@@ -14,6 +15,10 @@ __all__ = ["Work", "Later", "P2P", "Status", "wait_seconds", "wait_all", "wait_a
 # How long a batch of sends and receives progresses before the runner looks
 # for more of them in its queue.
 BATCH_SLICE_S = 0.002
+# How long a waiter whose operation has ended goes on driving the batch when the rest
+# keeps it in flight (their waits usually follow at once: an exchange's receive after its
+# send) before it hands the rest to the runner.
+WAITER_GRACE_S = 0.0002
 
 
 def wait_seconds(timeout, what):
@@ -247,14 +252,16 @@ class Runner:
     when its message, matched by source and tag, has arrived).  A collective
     queued after them starts once they have all completed.
 
-    A thread that waits for a queued collective may run it itself
-    (``run_until``): while nothing runs, it takes the collectives at the head
-    of the queue, in order, up to the one it waits for.  One operation (or one
-    batch) runs at a time, whichever thread runs it: ``_busy`` says one does,
-    and the next is taken only once the last has ended and its handle has been
-    completed.  The thread sleeps on a ``Doorbell`` (pycollect/_ext/_doorbell.pyx),
-    which wakes it for a collective only when no waiter has taken it for a while,
-    and for sends and receives at once.
+    A thread that waits for a queued operation may run it itself
+    (``run_until``): while nothing runs, it takes what is at the head of the
+    queue, in order, up to the operation it waits for (a batch: until that one
+    has ended; what the batch still has in flight then goes back to the
+    runner).  One operation (or one batch) runs at a time, whichever thread
+    runs it: ``_busy`` says one does, and the next is taken only once the last
+    has ended and its handle has been completed.  The thread sleeps on a
+    ``Doorbell`` (pycollect/_ext/_doorbell.pyx), which wakes it for an operation
+    only when no waiter has taken it for a while, or when a waiter hands it
+    what it left.
     """
 
     def __init__(self, execute, name):
@@ -262,6 +269,9 @@ class Runner:
         self._queue = collections.deque()
         self._in_batch = 0      # operations taken off the queue by the running batch
         self._busy = False      # an operation or batch is running, on some thread
+        self._batch = None      # the batch of sends and receives in flight, between drivers
+        self._batch_ops = {}    # ... its operations: batch index -> (op, work)
+        self._posting = []      # ... taken off the queue, not yet posted to it
         self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
         self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
@@ -280,7 +290,7 @@ class Runner:
                 raise Error("the context is closed")
             work._runner = self
             self._queue.append((op, work))
-        self._bell.queue(isinstance(op, P2P))
+        self._bell.queue()
 
     def stop(self, timeout):
         """Let queued operations finish (they fail fast once the context is aborted)."""
@@ -290,21 +300,31 @@ class Runner:
         self._thread.join(timeout)
 
     def run_until(self, work):
-        """Run the collectives at the head of the queue on the calling thread, in order, until
-        ``work`` has ended.  Gives up, leaving the rest to the runner thread, as soon as an
-        operation is running elsewhere or the head is a send or receive (a batch may wait for
-        messages that the caller's later calls bring about)."""
+        """Run what is at the head of the queue on the calling thread, in order, until
+        ``work`` has ended: collectives one by one, and the batch of sends and receives
+        (those at the head, posted together) until ``work`` has ended or the batch has
+        nothing left in flight; what it still has in flight then goes back to the runner
+        (a receive may wait for a message that the caller's later calls bring about).
+        Gives up, leaving the rest to the runner, as soon as an operation is running
+        elsewhere."""
         while not work._ended:
             with self._mutex:
-                # Not running and not ended, so still queued: a handle is completed before
-                # _busy is cleared.
-                if self._busy or work._ended or not self._queue \
-                        or isinstance(self._queue[0][0], P2P):
+                # Not running and not ended, so still queued or in the batch: a handle is
+                # completed before _busy is cleared.
+                if self._busy or work._ended or not (self._queue or self._batch is not None):
                     return
-                op, head = self._queue[0]
+                in_batch = self._batch is not None or isinstance(self._queue[0][0], P2P)
+                if not in_batch:
+                    op, head = self._queue[0]
+                    self._bell.take()
                 self._busy = True
-                self._bell.take()
-            self._run_head(op, head, False)
+            if not in_batch:
+                self._run_head(op, head, False)
+                continue
+            try:
+                self._run_batch(work)
+            finally:
+                self._done_running(False)
 
     def _run_head(self, op, work, by_runner):
         """Run the collective at the head of the queue (taken, and ``_busy`` set, by the
@@ -323,11 +343,12 @@ class Runner:
 
     def _done_running(self, by_runner=True):
         """Let the next operation start.  What is queued behind an operation that a waiter
-        ran goes to the runner at once, not at its next look: a thread that found the
-        operation running waits for the runner to run its own."""
+        ran, or left in flight in the batch, goes to the runner at once, not at its next
+        look: a thread that found the operation running waits for the runner to run its
+        own."""
         with self._mutex:
             self._busy = False
-            hurry = not by_runner and self._queue
+            hurry = not by_runner and (self._queue or self._batch is not None)
             if self._runner_waits:
                 self._cond.notify()     # the runner found this busy: it takes the next
                 hurry = False
@@ -338,7 +359,7 @@ class Runner:
         stopped = False
         while True:
             with self._mutex:
-                more = self._queue and not self._busy
+                more = (self._queue or self._batch is not None) and not self._busy
             if not more:    # else what was queued behind the last operation runs at once
                 stopped = self._bell.sleep()
             with self._mutex:
@@ -346,19 +367,20 @@ class Runner:
                     self._runner_waits = True
                     self._cond.wait()
                     self._runner_waits = False
-                if not self._queue:
+                if not self._queue and self._batch is None:
                     if stopped:
                         return
                     continue
-                op, work = self._queue[0]
-                self._busy = True
-                if not isinstance(op, P2P):
+                in_batch = self._batch is not None or isinstance(self._queue[0][0], P2P)
+                if not in_batch:
+                    op, work = self._queue[0]
                     self._bell.take()
-            if not isinstance(op, P2P):
+                self._busy = True
+            if not in_batch:
                 self._run_head(op, work, True)
                 continue
             try:
-                self._run_batch(op.new_batch)
+                self._run_batch(None)
             finally:
                 self._done_running()
 
@@ -368,23 +390,30 @@ class Runner:
             taken = []
             while self._queue and isinstance(self._queue[0][0], P2P):
                 taken.append(self._queue.popleft())
+                self._bell.take()
             self._in_batch += len(taken)
             return taken
 
-    def _run_batch(self, new_batch):
-        """Run the sends and receives at the head of the queue, and those queued meanwhile."""
-        running = {}        # batch index -> (op, work)
-        posting = []        # taken, not yet handed to the batch
-
+    def _run_batch(self, until):
+        """Drive the batch of sends and receives (made for the head's when none is in
+        flight): post those at the head of the queue, and those queued meanwhile, and
+        complete each as it ends, until nothing is left in flight and the head is no send
+        or receive; or, for a waiter (``until``: its handle), until that has ended and the
+        rest has stayed in flight for WAITER_GRACE_S more, leaving it to the next driver."""
         def drive(seq):
-            batch = new_batch()
+            if self._batch is None:
+                with self._mutex:
+                    new_batch = self._queue[0][0].new_batch
+                self._batch = new_batch()
+            batch, running, posting = self._batch, self._batch_ops, self._posting
+            slice_s, grace_end = BATCH_SLICE_S, None
             while True:
                 posting.extend(self._take_p2p())
                 while posting:
                     op, work = posting[0]
                     running[op.post(batch)] = posting.pop(0)
                 ended = []
-                for i in batch.progress(BATCH_SLICE_S):
+                for i in batch.progress(slice_s):
                     op, work = running.pop(i)
                     if op.result is not None:
                         op.result.value = op.result.status._fill(*batch.result(i))
@@ -394,19 +423,31 @@ class Runner:
                     self._in_batch -= len(ended)
                     idle = not running and (
                         not self._queue or not isinstance(self._queue[0][0], P2P))
+                    if idle:
+                        self._batch = None
                 for work in ended:
                     work._finish(None, None)
                 if idle:
                     return None
+                if until is not None and until._ended:
+                    now = time.monotonic()
+                    if grace_end is None:
+                        grace_end, slice_s = now + WAITER_GRACE_S, WAITER_GRACE_S
+                    elif now >= grace_end:
+                        return None
 
         try:
             self._execute((drive, 0, None, None))
         except BaseException as exc:      # fails every operation handed to the batch
-            failed = [work for _, work in list(running.values()) + posting]
+            failed = [work for _, work in list(self._batch_ops.values()) + self._posting]
+            self._batch_ops.clear()
+            self._posting.clear()
             with self._mutex:
+                self._batch = None
                 self._in_batch -= len(failed)
                 if not failed and self._queue:
                     # The batch could not start: its first operation gets the error.
                     failed.append(self._queue.popleft()[1])
+                    self._bell.take()
             for work in failed:
                 work._finish(None, exc)

@@ -241,7 +241,7 @@ def test_the_doorbell_wakes_the_runner_only_for_what_nobody_took():
     assert woke and woke[0] == 1
     bell.take()
     woke.clear()
-    bell.queue(urgent=True)         # a send or receive: at once, whatever the counts say
+    bell.hurry()                    # a waiter left work behind: at once, whatever the counts
     deadline = time.monotonic() + 5
     while not woke and time.monotonic() < deadline:
         time.sleep(0.001)

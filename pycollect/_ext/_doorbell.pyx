@@ -1,20 +1,18 @@
 """The runner thread's doorbell: it sleeps, without the GIL, until an operation needs it.
 
 A context's ``Runner`` (pycollect/work.py) has a thread that runs queued operations, and a
-thread that waits for a queued collective runs it itself (``Work.wait``).  Waking the runner
+thread that waits for a queued operation runs it itself (``Work.wait``).  Waking the runner
 for every operation costs more than the operation: on a virtual machine a thread's wake-up
 and sleep take several microseconds of a core that the ranks spin on, and a runner that wakes
-into Python takes the GIL from the waiter inside its collective.  So the runner wakes for a
-collective only when nobody has taken it for a while, and at once for a send or receive (those
-run only on the runner: a batch can wait for messages that the caller's later calls bring
-about).
+into Python takes the GIL from the waiter inside its collective.  So the runner wakes for an
+operation only when nobody has taken it for a while.
 
-The doorbell counts the collectives queued and those taken (by the runner or by a waiter);
+The doorbell counts the operations queued and those taken (by the runner or by a waiter);
 the runner's ``sleep`` reads the counts without the GIL and returns when one has stayed
 untaken from one look to the next (none was taken in between, and they are taken in
-order), a send or receive was queued, a waiter left operations queued behind the one it ran
-(``hurry``: a thread that found that one running waits for the runner to run its own), or
-``stop`` was called.  It looks every ``TICK_US`` microseconds while operations keep coming; after ``IDLE_MS``
+order), a waiter left operations queued behind the one it ran or sends and receives in
+flight (``hurry``: a thread that found that one running waits for the runner to run its
+own), or ``stop`` was called.  It looks every ``TICK_US`` microseconds while operations keep coming; after ``IDLE_MS``
 milliseconds with nothing queued it sleeps until ``queue`` posts its semaphore.  An
 operation that nobody waits for thus starts within about two looks (the first after a quiet
 spell: at once, plus one look).  The counts are changed by threads that hold the GIL and read
@@ -63,21 +61,20 @@ cdef extern from *:
 
 __all__ = ["Doorbell", "IDLE_MS", "TICK_US"]
 
-TICK_US = 500       # how often a watching runner looks for untaken collectives
+TICK_US = 500       # how often a watching runner looks for untaken operations
 IDLE_MS = 5         # after this long with nothing queued, it sleeps until woken
 cdef long long _TICK_NS = TICK_US * 1000
 cdef long long _IDLE_NS = IDLE_MS * 1000000
 
 
 cdef class Doorbell:
-    """Counts of queued and taken collectives, and the runner's sleep (see the module)."""
+    """Counts of queued and taken operations, and the runner's sleep (see the module)."""
 
     cdef sem_t wake
     cdef long long queued
     cdef long long taken
     cdef int asleep         # sleeping until posted: queue() posts
-    cdef int urgent         # the runner must look now: a send or receive was queued, or
-                            # a waiter left operations queued behind the one it ran
+    cdef int urgent         # the runner must look now: hurry() was called
     cdef int stopped
 
     def __cinit__(self):
@@ -87,24 +84,20 @@ cdef class Doorbell:
     def __dealloc__(self):
         sem_destroy(&self.wake)
 
-    def queue(self, bint urgent=False):
-        """One operation was queued; ``urgent`` (a send or receive): the runner must run it
-        now, not when it looks next.  Wakes the runner where it sleeps until woken."""
-        if urgent:
-            self.hurry()
-            return
+    def queue(self):
+        """One operation was queued: wakes the runner where it sleeps until woken."""
         pc_bell_add(&self.queued, 1)
         if pc_bell_get(&self.asleep):
             sem_post(&self.wake)
 
     def hurry(self):
         """The runner must look at the queue now (what a waiter left queued behind the
-        operation it ran), whatever the counts say."""
+        operation it ran, or in flight), whatever the counts say."""
         pc_bell_set(&self.urgent, 1)
         sem_post(&self.wake)
 
     def take(self):
-        """One queued collective was taken, by the runner or a waiter."""
+        """One queued operation was taken, by the runner or a waiter."""
         pc_bell_add(&self.taken, 1)
 
     def stop(self):
@@ -114,13 +107,13 @@ cdef class Doorbell:
 
     @property
     def untaken(self):
-        """How many queued collectives nobody has taken."""
+        """How many queued operations nobody has taken."""
         return pc_bell_load(&self.queued) - pc_bell_load(&self.taken)
 
     def sleep(self):
-        """Sleep, with the GIL released, until the runner has something to run (a
-        collective untaken from one look to the next, a send or receive, ``hurry``) or
-        ``stop`` was called; return whether ``stop`` was."""
+        """Sleep, with the GIL released, until the runner has something to run (an
+        operation untaken from one look to the next, or ``hurry``) or ``stop`` was called;
+        return whether ``stop`` was."""
         cdef int stopped = 0
         cdef long long seen = -1, taken_before = -1, q, t, now, quiet_since
         with nogil:
