@@ -29,6 +29,7 @@ import torch.distributed as dist
 import pycollect as pc
 from .plugins.store import Store
 from .tensors import array_view
+from .work import Completion
 
 __all__ = ["BACKEND_NAME", "ProcessGroupPycollect", "TorchStore", "PycollectWork",
            "shrink_group"]
@@ -248,8 +249,8 @@ def _seconds(timeout):
 
 # -- work --------------------------------------------------------------------
 
-# Orders a PycollectWork's completion against the making of its event or future.
-_COMPLETION = threading.Lock()
+# Orders a PycollectWork's completion against the making of its future.
+_FUTURE_MADE = threading.Lock()
 
 
 class PycollectWork(dist.Work):
@@ -267,12 +268,11 @@ class PycollectWork(dist.Work):
         self._outputs = outputs
         self._source = source
         self._exc = None
-        # The event and the future cost microseconds each: made only when a wait has to
-        # block or get_future() is called (most Works are waited on once, or not at all).
-        self._event = None
+        # The future costs microseconds to make (so does the end's event, made only by a
+        # wait that blocks): made when get_future() is called.
         self._fut = None
         self._works = works or ()
-        self._done = not works
+        self._end = Completion(done=not works)
         if works:
             self._finish = finish
             works[-1].add_done_callback(self._complete)
@@ -289,11 +289,9 @@ class PycollectWork(dist.Work):
             except BaseException as err:      # handed to the waiter and the future
                 exc = err
         self._exc = exc
-        with _COMPLETION:
-            self._done = True
-            event, fut = self._event, self._fut
-        if event is not None:
-            event.set()
+        with _FUTURE_MADE:
+            self._end.set()
+            fut = self._fut
         if fut is not None:
             self._settle(fut)
 
@@ -305,7 +303,7 @@ class PycollectWork(dist.Work):
 
     def wait(self, timeout=None):
         """Block until done (``timeout``: a timedelta, 0 or None = no limit); raise its error."""
-        if not self._done:
+        if not self._end.done:
             seconds = _seconds(timeout)
             if seconds is None:
                 # pycollect's wait runs the queued collectives here when the runner has not
@@ -314,11 +312,7 @@ class PycollectWork(dist.Work):
                     self._works[-1].wait()
                 except Exception:
                     pass
-            with _COMPLETION:
-                if not self._done and self._event is None:
-                    self._event = threading.Event()
-                event = None if self._done else self._event
-            if event is not None and not event.wait(seconds):
+            if not self._end.wait(seconds):
                 raise pc.Timeout("pycollect backend: %s did not complete within %g s"
                                  % (self._works[-1].description, seconds))
         if self._exc is not None:
@@ -326,7 +320,7 @@ class PycollectWork(dist.Work):
         return True
 
     def is_completed(self):
-        return self._done
+        return self._end.done
 
     def is_success(self):
         return self.is_completed() and self._exc is None
@@ -340,11 +334,11 @@ class PycollectWork(dist.Work):
         return self._outputs
 
     def get_future(self):
-        with _COMPLETION:
+        with _FUTURE_MADE:
             fut, settle = self._fut, False
             if fut is None:
                 fut = self._fut = torch.futures.Future()
-                settle = self._done         # else _complete settles it
+                settle = self._end.done     # else _complete settles it
         if settle:
             self._settle(fut)
         return fut

@@ -10,7 +10,7 @@ import time
 from ._ext._doorbell import Doorbell
 from .errors import Error, InvalidArgument, Timeout
 
-__all__ = ["Work", "Later", "P2P", "Status", "wait_seconds", "wait_all", "wait_any"]
+__all__ = ["Completion", "Work", "Later", "P2P", "Status", "wait_seconds", "wait_all", "wait_any"]
 
 # How long a batch of sends and receives progresses before the runner looks
 # for more of them in its queue.
@@ -136,19 +136,49 @@ class Later:
         self.status = status or Status()      # filled with (source, count, tag)
 
 
-# Guards the making of a Work's event, which only a wait that has to block makes.
+# Guards the making of a Completion's event.
 _EVENT_MADE = threading.Lock()
+
+
+class Completion:
+    """Whether something has ended (``done``), and a wait for it that makes a
+    ``threading.Event`` (microseconds to make) only when it has to block: most ends
+    are seen without one.  The handles of this module and of pycollect.torch use it."""
+
+    __slots__ = ("done", "_event")
+
+    def __init__(self, done=False):
+        self.done = done
+        self._event = None
+
+    def set(self):
+        """It has ended: wake every wait."""
+        self.done = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, seconds=None):
+        """Whether it ended within ``seconds`` (None: waits for the end)."""
+        if self.done:
+            return True
+        with _EVENT_MADE:
+            event = self._event
+            if event is None:
+                event = self._event = threading.Event()
+        # set() sets done before it looks for the event: either it sees this event, or
+        # this look sees done.
+        return self.done or event.wait(seconds)
 
 
 class Work:
     """The handle of an operation started with ``async_op=True``."""
 
-    __slots__ = ("_ended", "_event", "_result", "_exception", "_callbacks", "_runner",
-                 "algorithm", "description")
+    __slots__ = ("_end", "_result", "_exception", "_callbacks", "_runner", "algorithm",
+                 "description")
 
     def __init__(self, description, result):
-        self._ended = False
-        self._event = None      # made by the first wait that blocks: most never need one
+        self._end = Completion()
         self._result = result
         self._exception = None
         self._callbacks = None
@@ -170,28 +200,18 @@ class Work:
         thread wake-ups.
         """
         seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
-        if seconds is None and self._runner is not None and not self._ended:
+        if seconds is None and self._runner is not None and not self._end.done:
             self._runner.run_until(self)
-        if not self._ended and not self._block(seconds):
+        if not self._end.wait(seconds):
             raise Timeout("%s did not complete within %g s" % (self.description, seconds))
         if self._exception is not None:
             raise self._exception
         r = self._result
         return r.value if isinstance(r, Later) else r
 
-    def _block(self, seconds):
-        """Sleep until the operation ends (True) or ``seconds`` pass (False)."""
-        with _EVENT_MADE:
-            event = self._event
-            if event is None:
-                event = self._event = threading.Event()
-        # _finish sets _ended before it looks for the event: either it sees this event,
-        # or this look sees _ended.
-        return self._ended or event.wait(seconds)
-
     def is_completed(self):
         """True once the operation has ended, successfully or not."""
-        return self._ended
+        return self._end.done
 
     def exception(self):
         """The error the operation ended with, None if it succeeded or is still running."""
@@ -213,7 +233,7 @@ class Work:
         if self._callbacks is None:
             self._callbacks = collections.deque()
         self._callbacks.append(fn)
-        if self._ended:
+        if self._end.done:
             self._run_callbacks()
 
     def _run_callbacks(self):
@@ -227,17 +247,14 @@ class Work:
             fn(self)
 
     def __repr__(self):
-        state = ("failed" if self._exception else "done") if self._ended else "pending"
+        state = ("failed" if self._exception else "done") if self._end.done else "pending"
         return "<pycollect.Work %s %s%s>" % (
             self.description, state, " (%s)" % self.algorithm if self.algorithm else "")
 
     def _finish(self, algorithm, exception):
         self.algorithm = algorithm
         self._exception = exception
-        self._ended = True
-        event = self._event
-        if event is not None:
-            event.set()
+        self._end.set()
         if self._callbacks is not None:
             self._run_callbacks()
 
@@ -307,28 +324,40 @@ class Runner:
         (a receive may wait for a message that the caller's later calls bring about).
         Gives up, leaving the rest to the runner, as soon as an operation is running
         elsewhere."""
-        while not work._ended:
+        while not work._end.done:
             with self._mutex:
                 # Not running and not ended, so still queued or in the batch: a handle is
                 # completed before _busy is cleared.
-                if self._busy or work._ended or not (self._queue or self._batch is not None):
+                if self._busy or work._end.done or not (self._queue or self._batch is not None):
                     return
-                in_batch = self._batch is not None or isinstance(self._queue[0][0], P2P)
-                if not in_batch:
-                    op, head = self._queue[0]
-                    self._bell.take()
-                self._busy = True
-            if not in_batch:
-                self._run_head(op, head, False)
-                continue
-            try:
-                self._run_batch(work)
-            finally:
-                self._done_running(False)
+                head = self._take_next()
+            self._run_next(head, work)
 
-    def _run_head(self, op, work, by_runner):
-        """Run the collective at the head of the queue (taken, and ``_busy`` set, by the
-        caller), take it off, complete its handle, then let the next operation start."""
+    def _take_next(self):
+        """Take what runs next (under the mutex, with nothing running and something queued
+        or in flight): the collective at the head, as (op, work), or None for the batch."""
+        self._busy = True
+        if self._batch is not None or isinstance(self._queue[0][0], P2P):
+            return None
+        self._bell.take()
+        return self._queue[0]
+
+    def _run_next(self, head, until):
+        """Run what ``_take_next`` took; ``until``: the handle a waiter waits for, None on
+        the runner."""
+        if head is not None:
+            self._run_head(head, until is None)
+            return
+        try:
+            self._run_batch(until)
+        finally:
+            self._done_running(until is None)
+
+    def _run_head(self, head, by_runner):
+        """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
+        set, by the caller), take it off, complete its handle, then let the next operation
+        start."""
+        op, work = head
         algorithm, exception = None, None
         try:
             algorithm = self._execute(op)
@@ -341,7 +370,7 @@ class Runner:
         finally:
             self._done_running(by_runner)
 
-    def _done_running(self, by_runner=True):
+    def _done_running(self, by_runner):
         """Let the next operation start.  What is queued behind an operation that a waiter
         ran, or left in flight in the batch, goes to the runner at once, not at its next
         look: a thread that found the operation running waits for the runner to run its
@@ -371,18 +400,8 @@ class Runner:
                     if stopped:
                         return
                     continue
-                in_batch = self._batch is not None or isinstance(self._queue[0][0], P2P)
-                if not in_batch:
-                    op, work = self._queue[0]
-                    self._bell.take()
-                self._busy = True
-            if not in_batch:
-                self._run_head(op, work, True)
-                continue
-            try:
-                self._run_batch(None)
-            finally:
-                self._done_running()
+                head = self._take_next()
+            self._run_next(head, None)
 
     def _take_p2p(self):
         """The sends and receives at the queue's head, taken off it."""
@@ -429,7 +448,7 @@ class Runner:
                     work._finish(None, None)
                 if idle:
                     return None
-                if until is not None and until._ended:
+                if until is not None and until._end.done:
                     now = time.monotonic()
                     if grace_end is None:
                         grace_end, slice_s = now + WAITER_GRACE_S, WAITER_GRACE_S
