@@ -21,8 +21,7 @@ import statistics
 import sys
 import time
 
-from turns import (against_mpi, pick_peers, report, summarize, take_turns, two_ranks_available,
-                   two_ranks_command, two_ranks_counts, two_ranks_parser)
+from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 BATCH = 100
@@ -69,21 +68,16 @@ def worker(peer, counts, iters, out):
             json.dump(result, f)
 
 
-def main(argv=None):
-    ap = two_ranks_parser(__doc__, PEERS, 5000, "timed round trips per count")
-    args = ap.parse_args(argv)
-    counts = two_ranks_counts(ap, args)
-    if args.worker:
-        return worker(args.worker, counts, args.iters, args.out)
-
-    peers, missing = pick_peers(ap, args.peers, PEERS, two_ranks_available)
-    runs = take_turns(peers, args.rounds, lambda peer, out: two_ranks_command(
-        __file__, peer, counts, args.iters, out))
+def _tabulate(args, counts, runs, missing):
     report("2 ranks, ping-pong, µs one way (median over %d rounds of each run's median batch; "
            "fastest batch in brackets)" % args.rounds, "elements", "---:", counts,
            summarize(runs, counts), against_mpi, missing, args.json,
            {"rounds": args.rounds, "iters": args.iters})
-    return 0
+
+
+def main(argv=None):
+    return two_ranks_main(argv, __doc__, __file__, PEERS, 5000, "timed round trips per count",
+                          worker, _tabulate)
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def report(title, first, align, keys, figures, reference, missing, json_path, do
 MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
 
 
-def two_ranks_parser(doc, peers, iters, iters_help):
+def _two_ranks_parser(doc, peers, iters, iters_help):
     """The options every 2-rank benchmark takes (``--peers``, ``--counts``, ``--rounds``,
     ``--iters``, ``--json``, and the worker's own)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -111,7 +111,7 @@ def two_ranks_parser(doc, peers, iters, iters_help):
     return ap
 
 
-def two_ranks_counts(ap, args):
+def _two_ranks_counts(ap, args):
     """``--counts`` as ints, with ``--iters`` and ``--rounds`` checked (else ``ap``'s error)."""
     try:
         counts = [int(c) for c in args.counts.split(",") if c]
@@ -122,13 +122,13 @@ def two_ranks_counts(ap, args):
     return counts
 
 
-def two_ranks_available(peer):
+def _two_ranks_available(peer):
     """Whether ``peer`` (pycollect-<transport>, mpi-shm, mpi-tcp) can run here."""
     mpi = peer.startswith("mpi-")
     return importable("mpi4py" if mpi else "pycollect", mpirun=mpi)
 
 
-def two_ranks_command(script, peer, counts, iters, out):
+def _two_ranks_command(script, peer, counts, iters, out):
     """The argv that runs ``script``'s worker for ``peer`` on 2 ranks: under mpirun (TCP
     forced for mpi-tcp) or pycollect-run."""
     me = [sys.executable, os.path.abspath(script), "--worker", peer, "--counts",
@@ -143,3 +143,20 @@ def two_ranks_command(script, peer, counts, iters, out):
 def against_mpi(peer):
     """The reference of a pycollect peer in the 2-rank tables: MPI on the same transport."""
     return ("mpi-" + peer.split("-", 1)[1], "MPI") if peer.startswith("pycollect-") else None
+
+
+def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate):
+    """A 2-rank benchmark's main: parse the shared options; as a worker, run
+    ``worker(peer, counts, iters, out)``; else run every peer that can run here in turns
+    (``script`` under mpirun or pycollect-run) and hand ``tabulate(args, counts, runs,
+    missing)`` the runs."""
+    ap = _two_ranks_parser(doc, peers, iters, iters_help)
+    args = ap.parse_args(argv)
+    counts = _two_ranks_counts(ap, args)
+    if args.worker:
+        return worker(args.worker, counts, args.iters, args.out)
+    chosen, missing = pick_peers(ap, args.peers, peers, _two_ranks_available)
+    runs = take_turns(chosen, args.rounds, lambda peer, out: _two_ranks_command(
+        script, peer, counts, args.iters, out))
+    tabulate(args, counts, runs, missing)
+    return 0
