@@ -289,7 +289,9 @@ def test_the_gil_is_free_during_a_collective():
         def rank(r):
             ctx = g.contexts[r]
             t0 = time.perf_counter()
-            for _ in range(4):
+            # Enough allreduces that they stay in flight well past 0.1 s on a fast run
+            # (four of them took 0.09 s in some runs on the 2-core machines).
+            for _ in range(8):
                 ctx.allreduce(data[r], async_op=True).wait(timeout=60)
             in_flight.append(time.perf_counter() - t0)
             if r == 0:
