@@ -1,10 +1,22 @@
-"""A connected TCP socket as one pair's channel: sendmsg, readv and MSG_PEEK.
+"""A connected TCP socket as one pair's channel: send/sendmsg out, a staging area in.
 
 The socket is non-blocking; every write goes with ``MSG_NOSIGNAL |
 MSG_DONTWAIT``, so a peer that died shows as an error, never as SIGPIPE.
+
+Reads go through a staging area of STAGE_BYTES: a peek, or a read that wants
+less than STAGE_DIRECT bytes, takes what the stream holds (up to the area's
+room) in one ``recv()``, and later peeks and reads are served from it.  A small
+message, header and payload, so costs one system call however the engine
+reads it (a tagged receive peeks at the header, takes it, then reads the
+payload: three calls with ``MSG_PEEK``), and a burst of small messages one
+call for all of them.  A read that wants more goes to the socket with
+``readv`` straight into the caller's buffers once the staged bytes are
+copied, so large payloads are not copied twice.  Staged bytes are invisible
+to ``poll()``: ``held`` reports them, and the engine looks before it sleeps.
 """
 
-from libc.string cimport memset
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memmove, memset
 from posix.uio cimport iovec, readv
 
 from pycollect._ext._channel cimport HDR_BYTES, default_ops
@@ -21,6 +33,7 @@ cdef extern from "<sys/socket.h>" nogil:
         int msg_flags
     ssize_t sendmsg(int fd, const msghdr* msg, int flags)
     ssize_t recv(int fd, void* buf, size_t n, int flags)
+    ssize_t send(int fd, const void* buf, size_t n, int flags)
     int shutdown(int fd, int how)
     enum:
         MSG_NOSIGNAL
@@ -36,24 +49,119 @@ cdef extern from "<fcntl.h>" nogil:
         O_NONBLOCK
 
 
+cdef enum:
+    SMALL_SEND = 512    # a header and a payload up to this many bytes go as one buffer
+    DIRECT_IOVS = 4     # the most buffers one direct read fills (the engine passes two)
+
+
 cdef ssize_t _writev(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
     cdef msghdr msg
+    cdef char small[SMALL_SEND]
+    if cnt == 2 and iov[0].iov_len + iov[1].iov_len <= SMALL_SEND:
+        # A header and a small payload: one contiguous send() is cheaper than sendmsg()
+        # of two buffers.
+        memcpy(small, iov[0].iov_base, iov[0].iov_len)
+        memcpy(small + iov[0].iov_len, iov[1].iov_base, iov[1].iov_len)
+        return send(c.fd, small, iov[0].iov_len + iov[1].iov_len, MSG_NOSIGNAL | MSG_DONTWAIT)
+    if cnt == 1:
+        return send(c.fd, iov[0].iov_base, iov[0].iov_len, MSG_NOSIGNAL | MSG_DONTWAIT)
     memset(&msg, 0, sizeof(msg))
     msg.msg_iov = iov
     msg.msg_iovlen = cnt
     return sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
 
 
+cdef inline SocketStage* _stage(ChannelBase* c) noexcept nogil:
+    return <SocketStage*>c.state
+
+
+cdef ssize_t _fill(ChannelBase* c, SocketStage* s) noexcept nogil:
+    """One recv() into the staging area's room, after the bytes it holds (moved to its
+    start first): what recv() returned, the count then already added to ``tail``."""
+    cdef ssize_t n
+    if s.head:
+        memmove(s.buf, s.buf + s.head, s.tail - s.head)
+        s.tail -= s.head
+        s.head = 0
+    n = recv(c.fd, s.buf + s.tail, STAGE_BYTES - s.tail, MSG_DONTWAIT)
+    if n > 0:
+        s.tail += <size_t>n
+    return n
+
+
+cdef size_t _give(SocketStage* s, iovec* iov, int cnt, int* i, size_t* off) noexcept nogil:
+    """Copy staged bytes into ``iov`` from entry ``i[0]``, offset ``off[0]`` on; both move."""
+    cdef size_t k, given = 0
+    while i[0] < cnt and s.head < s.tail:
+        k = iov[i[0]].iov_len - off[0]
+        if k > s.tail - s.head:
+            k = s.tail - s.head
+        memcpy(<char*>iov[i[0]].iov_base + off[0], s.buf + s.head, k)
+        s.head += k
+        given += k
+        off[0] += k
+        if off[0] == iov[i[0]].iov_len:
+            i[0] += 1
+            off[0] = 0
+    return given
+
+
 cdef ssize_t _readv(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
-    return readv(c.fd, iov, cnt)
+    cdef SocketStage* s = _stage(c)
+    cdef int i = 0, j, k
+    cdef size_t off = 0, given, want = 0
+    cdef ssize_t n
+    cdef iovec rest[DIRECT_IOVS]
+    while i < cnt and iov[i].iov_len == 0:
+        i += 1
+    given = _give(s, iov, cnt, &i, &off)
+    if i == cnt:
+        return <ssize_t>given
+    for j in range(i, cnt):
+        want += iov[j].iov_len
+    want -= off
+    if want < STAGE_DIRECT:
+        n = _fill(c, s)
+        if n > 0:
+            given += _give(s, iov, cnt, &i, &off)
+    else:
+        # Straight into the caller's buffers (the first few of them: a short read is
+        # a read).
+        k = cnt - i if cnt - i < DIRECT_IOVS else DIRECT_IOVS
+        for j in range(k):
+            rest[j] = iov[i + j]
+        rest[0].iov_base = <char*>rest[0].iov_base + off
+        rest[0].iov_len -= off
+        n = readv(c.fd, rest, k)
+        if n > 0:
+            given += <size_t>n
+    return <ssize_t>given if given else n
 
 
 cdef int _peek(ChannelBase* c, MsgHeader* h) noexcept nogil:
-    return <int>recv(c.fd, h, HDR_BYTES, MSG_PEEK | MSG_DONTWAIT)
+    cdef SocketStage* s = _stage(c)
+    cdef size_t k
+    cdef ssize_t n
+    if s.tail - s.head < HDR_BYTES:
+        n = _fill(c, s)
+        if n <= 0 and s.tail == s.head:
+            return <int>n       # 0: the end of the stream; -1: nothing yet, or an error
+    k = s.tail - s.head
+    if k > HDR_BYTES:
+        k = HDR_BYTES
+    memcpy(h, s.buf + s.head, k)
+    return <int>k
 
 
 cdef int _take_peeked(ChannelBase* c, MsgHeader* h) noexcept nogil:
-    return <int>recv(c.fd, h, HDR_BYTES, MSG_DONTWAIT)
+    cdef SocketStage* s = _stage(c)
+    memcpy(h, s.buf + s.head, HDR_BYTES)
+    s.head += HDR_BYTES
+    return HDR_BYTES
+
+
+cdef size_t _held(ChannelBase* c) noexcept nogil:
+    return _stage(c).tail - _stage(c).head
 
 
 cdef void socket_shut(ChannelBase* c) noexcept nogil:
@@ -66,6 +174,7 @@ SOCKET_OPS.writev = _writev
 SOCKET_OPS.readv = _readv
 SOCKET_OPS.peek = _peek
 SOCKET_OPS.take_peeked = _take_peeked
+SOCKET_OPS.held = _held
 SOCKET_OPS.shut = socket_shut
 
 
@@ -90,7 +199,23 @@ cdef class SocketChannel(Channel):
 
     def __init__(self, int fd):
         socket_setup(&self.sock, fd, &SOCKET_OPS)
+        self.stage = <SocketStage*>malloc(sizeof(SocketStage))
+        if self.stage == NULL:
+            raise MemoryError()
+        self.stage.head = self.stage.tail = 0
+        self.sock.state = self.stage
         self.base = &self.sock
+
+    def release_fd(self):
+        """Hand the fd over to another channel (which will close it); return it.  Only
+        before anything was read: staged bytes would be lost."""
+        if self.stage != NULL and self.stage.tail != self.stage.head:
+            raise RuntimeError("a socket channel gives up its fd with %d bytes staged"
+                               % (self.stage.tail - self.stage.head))
+        return Channel.release_fd(self)
+
+    def __dealloc__(self):
+        free(self.stage)
 
     @property
     def kind(self):
