@@ -20,6 +20,7 @@ See docs/torch.md.
 """
 
 import datetime
+import itertools
 import threading
 
 import numpy as np
@@ -46,15 +47,20 @@ _OPS = {
 
 # -- store -------------------------------------------------------------------
 
+_ADAPTERS = itertools.count()      # numbers every TorchStore this process makes
+
+
 class TorchStore(Store):
     """A ``pycollect.Store`` over a ``torch.distributed.Store`` (c10d)."""
 
     def __init__(self, store, timeout=None):
         super().__init__(timeout)
         self._store = store
-        # Unique per adapter: pycollect numbers the contexts made per store URL,
-        # and each torch group hands us its own (already prefixed) store.
-        self.url = "torch-c10d-store:%x" % id(self)
+        # Unique per adapter: pycollect numbers the contexts made per store URL, and
+        # each torch group hands us its own (already prefixed) store.  Not id(self): a
+        # freed adapter's id comes back, on some ranks and not others, and a new group
+        # there would then number its first context 1 where its peers number it 0.
+        self.url = "torch-c10d-store:%d" % next(_ADAPTERS)
 
     def _wait_torch(self, keys, deadline):
         remaining = deadline.remaining()

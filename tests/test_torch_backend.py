@@ -313,6 +313,17 @@ def test_torch_store_adapter():
         store.get("missing", timeout=0.2)
 
 
+def test_every_torch_store_adapter_numbers_its_contexts_afresh():
+    """A group's first context is ctx0 on every rank, whatever adapters the process made
+    and freed before (an adapter keyed by id() could inherit a freed one's count)."""
+    urls = set()
+    for _ in range(50):
+        adapter = pctorch.TorchStore(dist.HashStore(), timeout=5)
+        urls.add(adapter.url)
+        del adapter
+    assert len(urls) == 50
+
+
 def test_view_cache_follows_the_tensor():
     t = torch.zeros(4)
     a = pctorch._cached_view(t)
