@@ -1,4 +1,4 @@
-"""Async collectives waited on: pycollect's handles beside mpi4py's requests, 2 ranks.
+"""Async calls waited on: pycollect's handles beside mpi4py's requests, 2 ranks.
 
     python benchmarks/async_wait.py                      # every peer found, 3 rounds
     python benchmarks/async_wait.py --peers pycollect-shm,mpi-shm --counts 1,4096 --json out.json
@@ -8,7 +8,10 @@ Per element count, three ways of making one float32 allreduce (SUM, in place) at
 ``Allreduce(IN_PLACE, buf)``), ``async+wait`` (``ctx.allreduce(buf,
 async_op=True).wait()``; ``Iallreduce(IN_PLACE, buf).Wait()``) and ``4 async+wait_all``
 (four started, then all waited for: ``pc.wait_all``; ``Request.Waitall``; the
-figure is per allreduce).  The figure is the median over batches of 100 calls
+figure is per allreduce); besides them, ``isend+irecv+wait_all``, an exchange of the
+buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, peer, 3,
+async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([Isend,
+Irecv])``).  The figure is the median over batches of 100 calls
 (one clock read per batch), per call.  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
 (mpi4py on Open MPI under ``mpirun``; TCP forced with ``--mca pml ob1 --mca btl
@@ -24,31 +27,40 @@ import time
 from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
-WAYS = ("blocking", "async+wait", "4 async+wait_all")
+WAYS = ("blocking", "async+wait", "4 async+wait_all", "isend+irecv+wait_all")
 BATCH = 100
 
 
 def _endpoint(peer):
-    """(ways(buf): {way: a call making one allreduce of ``buf`` that way (the last: four of
-    them)}, this process's rank, a closer)."""
+    """(ways(buf): {way: a call making one allreduce of ``buf`` that way ("4 ...": four of
+    them; "isend+irecv+wait_all": an exchange of ``buf``)}, this process's rank, a
+    closer)."""
+    import numpy as np
     if peer.startswith("pycollect-"):
         import pycollect as pc
         ctx = pc.init(transport=peer.split("-", 1)[1], timeout=60)
 
         def ways(buf):
+            other, peer = np.empty_like(buf), 1 - ctx.rank
             return {"blocking": lambda: ctx.allreduce(buf),
                     "async+wait": lambda: ctx.allreduce(buf, async_op=True).wait(),
                     "4 async+wait_all": lambda: pc.wait_all(
-                        [ctx.allreduce(buf, async_op=True) for _ in range(4)])}
+                        [ctx.allreduce(buf, async_op=True) for _ in range(4)]),
+                    "isend+irecv+wait_all": lambda: pc.wait_all(
+                        [ctx.send(buf, peer, 3, async_op=True),
+                         ctx.recv(other, peer, 3, async_op=True)])}
         return ways, ctx.rank, ctx.close
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
 
     def ways(buf):
+        other, peer = np.empty_like(buf), 1 - comm.rank
         return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
                 "async+wait": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
                 "4 async+wait_all": lambda: MPI.Request.Waitall(
-                    [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)])}
+                    [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)]),
+                "isend+irecv+wait_all": lambda: MPI.Request.Waitall(
+                    [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)])}
     return ways, comm.rank, lambda: None
 
 
@@ -79,7 +91,8 @@ def worker(peer, counts, iters, out):
 
 def _tabulate(args, counts, runs, missing):
     keys = ["%s %s" % (c, w) for c in counts for w in WAYS]
-    report("2 ranks, allreduce of float32 (SUM, in place), µs a call (median over %d rounds "
+    report("2 ranks, allreduce of float32 (SUM, in place) and an exchange by async send and "
+           "receive, µs a call (median over %d rounds "
            "of each run's median batch; fastest batch in brackets)" % args.rounds,
            "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
            args.json, {"rounds": args.rounds, "iters": args.iters})

@@ -485,7 +485,7 @@ class Context(CallPath):
         def done(inner):
             if inner.exception() is None:
                 later.value = pick()
-            work._finish(inner.algorithm, inner.exception())
+            work.complete(inner.algorithm, inner.exception())
 
         collective(arr, timeout=timeout, async_op=True).add_done_callback(done)
         return work
@@ -535,7 +535,7 @@ class Context(CallPath):
         got = Later(status)
 
         def run(seq):
-            got.value = got.status._fill(*_p2p.recv(t, box, data, src, tag, tmo))
+            got.value = got.status.set(*_p2p.recv(t, box, data, src, tag, tmo))
             for host in call.staged:
                 host.finish()
             return None
@@ -1007,8 +1007,7 @@ class Context(CallPath):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             work = Work("%s on rank %d" % (name, self._rank), result)
-            if self._runner is None:
-                self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
+            self._started_runner()
             if queued is not None and entry is not None:
                 # A queued send or receive runs inside a batch: it ends with its Work.
                 rec.started(entry, None)
@@ -1017,6 +1016,12 @@ class Context(CallPath):
             return work if async_op else work.wait()
         self._execute((op, span, sig, entry))
         return result
+
+    def _started_runner(self):
+        """The thread that runs this context's queued operations, started at first need."""
+        if self._runner is None:
+            self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
+        return self._runner
 
     def _pair_kinds(self):
         """Per rank: how it is reached ("self", "shm", "shm+cma", "tcp", ...)."""
@@ -1032,7 +1037,7 @@ class Context(CallPath):
         if not async_op:
             return result
         work = Work("no-op on rank %d" % self._rank, result)
-        work._finish(None, None)
+        work.complete(None, None)
         return work
 
     def _execute(self, item):

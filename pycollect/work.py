@@ -71,7 +71,8 @@ class Status:
     def __init__(self, source=-1, count=0, tag=-1):
         self.source, self.count, self.tag = source, count, tag
 
-    def _fill(self, source, count, tag):
+    def set(self, source, count, tag):
+        """Fill in what a receive got; returns the Status."""
         self.source, self.count, self.tag = source, count, tag
         return self
 
@@ -101,6 +102,18 @@ def wait_all(works, timeout=None):
     from time import monotonic
     seconds = wait_seconds(timeout, "wait_all")
     end = None if seconds is None else monotonic() + seconds
+    if seconds is None:
+        # Run what each context's queue holds up to the last of its handles here, on
+        # this thread, first: a wait for the first alone would hand the rest to the
+        # runner when it returns (Runner._done_running), and each later wait would then
+        # sleep until the runner had run its own.
+        last = {}
+        for w in works:
+            runner = getattr(w, "_runner", None)
+            if runner is not None and not w.is_completed():
+                last[runner] = w
+        for runner, w in last.items():
+            runner.run_until(w)
     return [w.wait(None if end is None else max(end - monotonic(), 0.0)) for w in works]
 
 
@@ -251,7 +264,10 @@ class Work:
         return "<pycollect.Work %s %s%s>" % (
             self.description, state, " (%s)" % self.algorithm if self.algorithm else "")
 
-    def _finish(self, algorithm, exception):
+    def complete(self, algorithm=None, exception=None):
+        """End the operation: its algorithm's name, or the error it failed with.  For the
+        code that ran it (the context's runner, a waiter, or a context whose handle ends
+        with another's); not for users."""
         self.algorithm = algorithm
         self._exception = exception
         self._end.set()
@@ -289,6 +305,8 @@ class Runner:
         self._batch = None      # the batch of sends and receives in flight, between drivers
         self._batch_ops = {}    # ... its operations: batch index -> (op, work)
         self._posting = []      # ... taken off the queue, not yet posted to it
+        self._parked = False    # ... begun on a caller's thread (claim), with a doorbell
+                                # token for whoever drives it next
         self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
         self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
@@ -316,6 +334,45 @@ class Runner:
         self._bell.stop()
         self._thread.join(timeout)
 
+    def claim(self):
+        """Let the calling thread run an operation itself, now, if nothing is queued, in
+        flight or running: True if it may, and it then ends the claim with ``begun`` (or
+        ``unclaim``).  Async sends and receives on arrays begin this way
+        (pycollect/_ext/_call.pyx), as MPI's Isend and Irecv: posted and moved once on the
+        caller's thread, a small send, or a receive whose message is here, has ended when
+        the call returns."""
+        with self._mutex:
+            if self._busy or self._queue or self._batch is not None or self._stopping:
+                return False
+            self._busy = True
+            return True
+
+    def unclaim(self):
+        """End a claim under which nothing was begun."""
+        self._done_running(False)
+
+    def begun(self, op, description, batch, index, ended, exception=None):
+        """End a claim under which the calling thread began the send or receive ``op`` (a
+        ``P2P``) as operation ``index`` of ``batch``; return its handle: completed where it
+        has ``ended`` or failed (``exception``), else parked in flight for the next driver
+        (the wait that follows, or the runner when it stays untaken from one look of the
+        doorbell to the next: the runner is not woken now, it would take the operation
+        from under that wait)."""
+        work = Work(description, op.result)
+        if exception is not None or ended:
+            if ended and op.result is not None:
+                op.result.value = op.result.status.set(*batch.result(index))
+            work.complete(None, exception)
+            self._done_running(False)
+            return work
+        work._runner = self
+        with self._mutex:
+            self._batch = batch
+            self._batch_ops[index] = (op, work)
+            self._in_batch += 1
+        self._done_running(False, park=True)
+        return work
+
     def run_until(self, work):
         """Run what is at the head of the queue on the calling thread, in order, until
         ``work`` has ended: collectives one by one, and the batch of sends and receives
@@ -337,6 +394,9 @@ class Runner:
         """Take what runs next (under the mutex, with nothing running and something queued
         or in flight): the collective at the head, as (op, work), or None for the batch."""
         self._busy = True
+        if self._parked:
+            self._parked = False
+            self._bell.take()
         if self._batch is not None or isinstance(self._queue[0][0], P2P):
             return None
         self._bell.take()
@@ -346,17 +406,17 @@ class Runner:
         """Run what ``_take_next`` took; ``until``: the handle a waiter waits for, None on
         the runner."""
         if head is not None:
-            self._run_head(head, until is None)
+            self._run_head(head, until)
             return
         try:
             self._run_batch(until)
         finally:
-            self._done_running(until is None)
+            self._done_running(until is None or not until._end.done)
 
-    def _run_head(self, head, by_runner):
+    def _run_head(self, head, until):
         """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
-        set, by the caller), take it off, complete its handle, then let the next operation
-        start."""
+        set, by the caller; ``until`` as for _run_next), take it off, complete its handle,
+        then let the next operation start."""
         op, work = head
         algorithm, exception = None, None
         try:
@@ -366,21 +426,30 @@ class Runner:
         with self._mutex:
             self._queue.popleft()
         try:
-            work._finish(algorithm, exception)
+            work.complete(algorithm, exception)
         finally:
-            self._done_running(by_runner)
+            self._done_running(until is None or not until._end.done)
 
-    def _done_running(self, by_runner):
-        """Let the next operation start.  What is queued behind an operation that a waiter
-        ran, or left in flight in the batch, goes to the runner at once, not at its next
-        look: a thread that found the operation running waits for the runner to run its
-        own."""
+    def _done_running(self, goes_on, park=False):
+        """Let the next operation start.  ``goes_on``: the thread that ran this one takes
+        the next itself (the runner; a waiter whose own operation has not ended).  What a
+        waiter that leaves (``goes_on`` false) left queued, or in flight in the batch,
+        goes to the runner at once, not at its next look: a thread that found the
+        operation running waits for the runner to run its own.  ``park`` (``begun``): the
+        batch left in flight goes to the runner at its next look instead, as a queued
+        operation would."""
         with self._mutex:
             self._busy = False
-            hurry = not by_runner and (self._queue or self._batch is not None)
+            hurry = not goes_on and (self._queue or self._batch is not None)
+            token = park and not self._parked
+            if park:
+                self._parked = True
+                hurry = bool(self._queue)   # queued meanwhile, behind the parked batch
             if self._runner_waits:
                 self._cond.notify()     # the runner found this busy: it takes the next
                 hurry = False
+        if token:
+            self._bell.queue()
         if hurry:
             self._bell.hurry()
 
@@ -435,7 +504,7 @@ class Runner:
                 for i in batch.progress(slice_s):
                     op, work = running.pop(i)
                     if op.result is not None:
-                        op.result.value = op.result.status._fill(*batch.result(i))
+                        op.result.value = op.result.status.set(*batch.result(i))
                     op.finish()
                     ended.append(work)
                 with self._mutex:
@@ -445,7 +514,7 @@ class Runner:
                     if idle:
                         self._batch = None
                 for work in ended:
-                    work._finish(None, None)
+                    work.complete(None, None)
                 if idle:
                     return None
                 if until is not None and until._end.done:
@@ -469,4 +538,4 @@ class Runner:
                     failed.append(self._queue.popleft()[1])
                     self._bell.take()
             for work in failed:
-                work._finish(None, exc)
+                work.complete(None, exc)

@@ -10,6 +10,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
+from pycollect.work import Runner
 
 
 @pytest.fixture(scope="module")
@@ -325,3 +326,152 @@ def test_what_is_queued_behind_a_running_operation_runs_next_without_a_look():
     finally:
         release.set()
         runner.stop(10)
+
+
+@pytest.fixture
+def fresh_pair():
+    """Two ranks whose contexts have never queued anything (no runner yet)."""
+    g = ThreadGroup(2, timeout=30)
+    yield g
+    g.close()
+
+
+def test_an_async_send_the_channel_takes_at_once_has_ended_when_the_call_returns(fresh_pair):
+    """As MPI's Isend of a small message: posted and written on the calling thread, before
+    the receiver has posted anything, from the context's first send on."""
+    gate = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 0:
+            works = [ctx.send(np.full(4, float(k)), 1, tag=k, async_op=True) for k in range(5)]
+            ended = [w.is_completed() for w in works]
+            gate.set()
+            pc.wait_all(works)
+            return ended
+        gate.wait(10)
+        got = []
+        for k in reversed(range(5)):
+            buf = np.zeros(4)
+            ctx.recv(buf, 0, tag=k)
+            got.append(buf[0])
+        return got
+
+    ended, got = fresh_pair.run(body)
+    assert ended == [True] * 5
+    assert got == [4.0, 3.0, 2.0, 1.0, 0.0]
+
+
+def test_an_async_receive_whose_message_is_here_has_ended_when_the_call_returns(fresh_pair):
+    def body(ctx):
+        if ctx.rank == 1:
+            ctx.send(np.arange(3.0), 0, tag=7)
+            ctx.barrier()
+            return None
+        ctx.barrier()           # the message has been sent (it may still be on its way)
+        deadline = time.monotonic() + 5
+        while ctx.iprobe(1, 7) is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        buf = np.zeros(3)
+        st = pc.Status()
+        work = ctx.recv(buf, 1, tag=7, async_op=True, status=st)
+        return work.is_completed(), work.wait(), st, buf.tolist()
+
+    ended, status, st, got = fresh_pair.run(body)[0]
+    assert ended is True
+    assert status is st and (st.source, st.count, st.tag) == (1, 3, 7)
+    assert got == [0.0, 1.0, 2.0]
+
+
+def test_an_async_receive_left_in_flight_is_driven_by_its_wait_or_else_the_runner(pair):
+    """A receive whose message has not come stays posted without waking the runner: the
+    wait that follows drives it on the waiting thread; one nobody waits for is taken by
+    the runner at its doorbell's next look."""
+    def body(ctx):
+        here = 0
+        peer = 1 - ctx.rank
+        for i in range(20):
+            buf = np.zeros(2)
+            work = ctx.recv(buf, peer, tag=i, async_op=True)
+            seen = _ran_on(work)
+            ctx.send(np.full(2, float(i + ctx.rank)), peer, tag=i, async_op=True).wait()
+            work.wait()
+            assert buf.tolist() == [float(i + peer)] * 2
+            here += seen == [threading.current_thread()]
+        # Nobody waits on rank 0 (which makes no other call): the runner completes it.
+        if ctx.rank == 1:
+            time.sleep(0.05)
+            ctx.send(np.ones(1), peer, tag=99)
+            return here, None, None
+        late = ctx.recv(np.zeros(1), peer, tag=99, async_op=True)
+        seen = _ran_on(late)
+        deadline = time.monotonic() + 10
+        while not late.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return here, late.is_completed(), seen
+
+    (here0, late_done, late_thread), (here1, _, _) = pair.run(body)
+    assert here0 >= 10 and here1 >= 10, (here0, here1)
+    assert late_done
+    assert late_thread[0].name.startswith("pycollect-rank")
+
+
+def test_an_async_send_to_a_rank_that_left_fails_its_wait_and_the_context():
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                ctx.close()
+                return None
+            deadline = time.monotonic() + 10
+            work = None
+            while time.monotonic() < deadline:     # until the peer's end is seen
+                work = ctx.send(np.ones(1 << 16), 1, tag=0, async_op=True)
+                try:
+                    work.wait(timeout=10)
+                except pc.PeerError as exc:
+                    return exc, ctx.send(np.ones(1), 1, async_op=True)
+                time.sleep(0.01)
+            return None, work
+
+        (exc, after), _ = g.run(body)
+        assert isinstance(exc, pc.PeerError) and "rank 1" in str(exc)
+        with pytest.raises(pc.Error):
+            after.wait(timeout=10)
+    finally:
+        g.close()
+
+
+def test_wait_all_runs_what_is_queued_up_to_its_last_handle_without_hurrying_the_runner():
+    """wait_all runs the queued operations up to the last of its handles on its own thread,
+    in order, and hurries the runner for none of them: a wait for the first alone would
+    hand the rest to the runner, and each later wait would sleep until it had run them."""
+    ran = []
+
+    def execute(op):
+        ran.append((op, threading.current_thread()))
+        return None
+
+    runner = Runner(execute, "test-runner")
+    real = runner._bell
+    hurried = []
+
+    class CountingBell:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def hurry(self):
+            hurried.append(True)
+            real.hurry()
+
+    try:
+        runner._bell = CountingBell()
+        for _ in range(20):
+            works = [pc.Work("op %d" % k, None) for k in range(4)]
+            for k, w in enumerate(works):
+                runner.submit((k, 0, None, None), w)
+            pc.wait_all(works)
+        assert [op[0] for op, _ in ran] == [0, 1, 2, 3] * 20
+        assert all(t is threading.current_thread() for _, t in ran)
+        assert not hurried
+    finally:
+        runner.stop(5)

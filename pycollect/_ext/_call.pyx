@@ -73,12 +73,13 @@ from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
 from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
-from pycollect._ext._p2p import recv as _recv, send as _send
+from pycollect._ext._p2p import Batch as _Batch, recv as _recv, send as _send
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect.errors import Aborted, Error, InvalidArgument
 from pycollect.types import ReduceOp
+from pycollect.work import Later as _Later, P2P as _P2P
 
 cnp.import_array()
 
@@ -482,6 +483,11 @@ cdef class CallPath:
     def send(self, buf, dst, tag=0, async_op=False, timeout=None):
         """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
         cdef double seconds = _seconds(timeout, self._timeout)
+        if (async_op and type(buf) is np.ndarray and seconds >= 0 and self.is_peer(dst)
+                and _is_tag(tag, False) and self.ready_async()):
+            work = self.begin_p2p(False, buf, dst, tag, seconds, None)
+            if work is not None:
+                return work
         if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
                 or not _is_tag(tag, False) or not self.ready()
                 or self.run(K_SEND, buf, None, 0, tag, dst, seconds) is _TAKE_SLOW):
@@ -496,6 +502,12 @@ cdef class CallPath:
         Work's result is the ``Status`` (source, count, tag).
         """
         cdef double seconds = _seconds(timeout, self._timeout)
+        if (async_op and type(buf) is np.ndarray and seconds >= 0
+                and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
+                and _is_tag(tag, True) and self.ready_async()):
+            work = self.begin_p2p(True, buf, src, tag, seconds, status)
+            if work is not None:
+                return work
         if (type(buf) is np.ndarray and not async_op and status is None and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and _is_tag(tag, True) and self.ready()):
@@ -505,6 +517,73 @@ cdef class CallPath:
         return self._recv_any(buf, src, tag, async_op, status=status, timeout=timeout)
 
     # -- the steps --------------------------------------------------------
+
+    cdef object begin_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
+                          object status):
+        """An async send or receive of an array begun on the calling thread when the
+        context's runner has nothing queued, in flight or running (``Runner.claim``):
+        posted in a batch of its own and moved once (twice for a receive: it matches its
+        message, then reads it), so that a send the channel takes at once, or a receive
+        whose message is here, has ended when the call returns; what is still in flight
+        is parked in the runner (``Runner.begun``) for its wait to drive.  Its Work, or
+        None where the Python path queues it (the runner has work, or the call is
+        refused)."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t entry = -1
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        runner = self._started_runner() if self._runner is None else self._runner
+        if not runner.claim():
+            return None
+        batch, index, ended, exception = None, -1, False, None
+        lock.take()
+        try:
+            if self._closed or self._failure is not None:
+                runner.unclaim()
+                return None
+            if rec is not None:
+                entry = rec.add(_COLLECTIVES[K_RECV if is_recv else K_SEND],
+                                <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
+                                cnp.PyArray_SIZE(<cnp.ndarray>buf), NONE, [peer], True, NONE)
+            self._busy = True
+            try:
+                batch = _Batch(t, self._mailbox, timeout)
+                if is_recv:
+                    index = batch.add_recv(buf, peer, tag)
+                    ended = bool(batch.progress(0.0)) or bool(batch.progress(0.0))
+                else:
+                    index = batch.add_send(buf, peer, tag)
+                    ended = bool(batch.progress(0.0))
+            except BaseException as exc:    # handed to the Work, raised by its wait
+                if isinstance(exc, InvalidArgument) and not t.is_failed:
+                    # The buffer refused before the wire: the Python path says why, at once.
+                    if entry >= 0:
+                        rec.end(entry, None, exc)
+                    runner.unclaim()
+                    return None
+                if t.is_failed:
+                    self._failure = exc if isinstance(exc, Error) else Aborted(
+                        "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+                exception = exc
+            finally:
+                self._busy = False
+        except BaseException:
+            runner.unclaim()
+            raise
+        finally:
+            lock.give()
+        op = _P2P(is_recv, buf, peer, tag, self._new_batch, _Later(status) if is_recv else None,
+                  timeout)
+        work = runner.begun(op, "%s on rank %d" % ("recv" if is_recv else "send", self._rank),
+                            batch, index, ended, exception)
+        if entry >= 0:
+            if ended or exception is not None:
+                rec.end(entry, None, exception)
+                if exception is not None:
+                    self._failed_trace(exception)
+            else:
+                work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
+        return work
 
     cdef inline bint is_peer(self, object rank):
         """``rank`` is an int naming another rank of this group."""
