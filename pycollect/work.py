@@ -54,7 +54,11 @@ class P2P:
             return batch.add_recv(self.buf, self.peer, self.tag, self.timeout)
         return batch.add_send(self.buf, self.peer, self.tag, self.timeout)
 
-    def finish(self):
+    def finish(self, batch, index):
+        """It ended as operation ``index`` of ``batch``: a receive's result is filled, and
+        tensors staged for it are copied back."""
+        if self.result is not None:
+            self.result.value = self.result.status.set(*batch.result(index))
         for host in self.staged:
             host.finish()
 
@@ -360,8 +364,8 @@ class Runner:
         from under that wait)."""
         work = Work(description, op.result)
         if exception is not None or ended:
-            if ended and op.result is not None:
-                op.result.value = op.result.status.set(*batch.result(index))
+            if ended:
+                op.finish(batch, index)
             work.complete(None, exception)
             self._done_running(False)
             return work
@@ -403,20 +407,19 @@ class Runner:
         return self._queue[0]
 
     def _run_next(self, head, until):
-        """Run what ``_take_next`` took; ``until``: the handle a waiter waits for, None on
-        the runner."""
-        if head is not None:
-            self._run_head(head, until)
-            return
+        """Run what ``_take_next`` took, then let the next operation start; ``until``: the
+        handle a waiter waits for, None on the runner."""
         try:
-            self._run_batch(until)
+            if head is not None:
+                self._run_head(head)
+            else:
+                self._run_batch(until)
         finally:
             self._done_running(until is None or not until._end.done)
 
-    def _run_head(self, head, until):
+    def _run_head(self, head):
         """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
-        set, by the caller; ``until`` as for _run_next), take it off, complete its handle,
-        then let the next operation start."""
+        set, by the caller), take it off and complete its handle."""
         op, work = head
         algorithm, exception = None, None
         try:
@@ -425,10 +428,7 @@ class Runner:
             exception = exc
         with self._mutex:
             self._queue.popleft()
-        try:
-            work.complete(algorithm, exception)
-        finally:
-            self._done_running(until is None or not until._end.done)
+        work.complete(algorithm, exception)
 
     def _done_running(self, goes_on, park=False):
         """Let the next operation start.  ``goes_on``: the thread that ran this one takes
@@ -503,9 +503,7 @@ class Runner:
                 ended = []
                 for i in batch.progress(slice_s):
                     op, work = running.pop(i)
-                    if op.result is not None:
-                        op.result.value = op.result.status.set(*batch.result(i))
-                    op.finish()
+                    op.finish(batch, i)
                     ended.append(work)
                 with self._mutex:
                     self._in_batch -= len(ended)

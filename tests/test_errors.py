@@ -63,6 +63,21 @@ def test_read_only_output_is_refused(pair):
         "refused its arguments to broadcast" in str(out[0]), out
 
 
+def test_an_async_receive_into_a_read_only_array_is_refused_at_the_call(pair):
+    """Refused before the wire, the compiled begin of an async receive leaves the call to
+    the Python path, which raises at once; the context's runner is free for what follows."""
+    def body(ctx):
+        peer = 1 - ctx.rank
+        with pytest.raises(pc.InvalidArgument, match="read-only"):
+            ctx.recv(_read_only(4), peer, tag=3, async_op=True)
+        got = np.zeros(4)
+        works = [ctx.send(np.full(4, float(ctx.rank)), peer, tag=3, async_op=True),
+                 ctx.recv(got, peer, tag=3, async_op=True)]
+        pc.wait_all(works)
+        return got.tolist()
+    assert pair.run(body) == [[1.0] * 4, [0.0] * 4]
+
+
 def _read_only(n):
     buf = np.ones(n)
     buf.setflags(write=False)

@@ -561,9 +561,7 @@ cdef class CallPath:
                         rec.end(entry, None, exc)
                     runner.unclaim()
                     return None
-                if t.is_failed:
-                    self._failure = exc if isinstance(exc, Error) else Aborted(
-                        "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+                self.note_failure(exc)
                 exception = exc
             finally:
                 self._busy = False
@@ -584,6 +582,13 @@ cdef class CallPath:
             else:
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
         return work
+
+    cdef void note_failure(self, object exc) except *:
+        """The context fails with ``exc`` where the transport failed under it (a
+        KeyboardInterrupt too); an error that left the transport sound does not."""
+        if self._transport.is_failed:
+            self._failure = exc if isinstance(exc, Error) else Aborted(
+                "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
 
     cdef inline bint is_peer(self, object rank):
         """``rank`` is an int naming another rank of this group."""
@@ -739,9 +744,7 @@ cdef class CallPath:
                     rec.end(entry, None, exc)
                 return _TAKE_SLOW
             except BaseException as exc:    # KeyboardInterrupt fails the context too
-                if t.is_failed:
-                    self._failure = exc if isinstance(exc, Error) else Aborted(
-                        "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+                self.note_failure(exc)
                 if entry >= 0:
                     rec.end(entry, None, exc)
                     self._failed_trace(exc)
