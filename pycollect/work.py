@@ -103,22 +103,25 @@ class Status:
 def wait_all(works, timeout=None):
     """Wait for every handle of ``works``; return their results in order (the first error
     raises).  ``timeout`` bounds the whole wait."""
-    from time import monotonic
-    seconds = wait_seconds(timeout, "wait_all")
-    end = None if seconds is None else monotonic() + seconds
-    if seconds is None:
+    if timeout is None:
         # Run what each context's queue holds up to the last of its handles here, on
         # this thread, first: a wait for the first alone would hand the rest to the
         # runner when it returns (Runner._done_running), and each later wait would then
         # sleep until the runner had run its own.
-        last = {}
+        last = None
         for w in works:
-            runner = getattr(w, "_runner", None)
-            if runner is not None and not w.is_completed():
-                last[runner] = w
-        for runner, w in last.items():
-            runner.run_until(w)
-    return [w.wait(None if end is None else max(end - monotonic(), 0.0)) for w in works]
+            if not w.is_completed():
+                runner = getattr(w, "_runner", None)
+                if runner is not None:
+                    if last is None:
+                        last = {}
+                    last[runner] = w
+        if last is not None:
+            for runner, w in last.items():
+                runner.run_until(w)
+        return [w.wait() for w in works]
+    end = time.monotonic() + wait_seconds(timeout, "wait_all")
+    return [w.wait(max(end - time.monotonic(), 0.0)) for w in works]
 
 
 def wait_any(works, timeout=None):
@@ -188,6 +191,11 @@ class Completion:
         return self.done or event.wait(seconds)
 
 
+# The Completion of every handle made already ended (Work.ended): done, so no wait makes
+# its event and nothing sets it again.
+_ENDED = Completion(True)
+
+
 class Work:
     """The handle of an operation started with ``async_op=True``."""
 
@@ -203,6 +211,21 @@ class Work:
         self.algorithm = None
         self.description = description
 
+    @classmethod
+    def ended(cls, description, result, exception=None):
+        """The handle of an operation that ended as it began (a send the channel took at
+        once, a receive whose message was here): what ``complete`` would leave, made in
+        one step."""
+        work = cls.__new__(cls)
+        work._end = _ENDED
+        work._result = result
+        work._exception = exception
+        work._callbacks = None
+        work._runner = None
+        work.algorithm = None
+        work.description = description
+        return work
+
     def wait(self, timeout=None):
         """Block until the operation ends; return its result or raise its error.
 
@@ -216,11 +239,14 @@ class Work:
         the runner and sleeping until it is done: the same work, without two
         thread wake-ups.
         """
-        seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
-        if seconds is None and self._runner is not None and not self._end.done:
-            self._runner.run_until(self)
-        if not self._end.wait(seconds):
-            raise Timeout("%s did not complete within %g s" % (self.description, seconds))
+        if not self._end.done:
+            seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
+            if seconds is None and self._runner is not None:
+                self._runner.run_until(self)
+            if not self._end.wait(seconds):
+                raise Timeout("%s did not complete within %g s" % (self.description, seconds))
+        elif timeout is not None:
+            wait_seconds(timeout, "Work.wait")      # a bad timeout is refused all the same
         if self._exception is not None:
             raise self._exception
         r = self._result
@@ -314,6 +340,7 @@ class Runner:
         self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
         self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
+        self._handed = False            # ... which hands it what a waiter left
         self._bell = Doorbell()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -335,6 +362,8 @@ class Runner:
         """Let queued operations finish (they fail fast once the context is aborted)."""
         with self._mutex:
             self._stopping = True
+            self._runner_waits = False
+            self._cond.notify()
         self._bell.stop()
         self._thread.join(timeout)
 
@@ -352,23 +381,17 @@ class Runner:
             return True
 
     def unclaim(self):
-        """End a claim under which nothing was begun."""
+        """End a claim under which nothing was left in flight."""
         self._done_running(False)
 
-    def begun(self, op, description, batch, index, ended, exception=None):
+    def begun(self, op, description, batch, index):
         """End a claim under which the calling thread began the send or receive ``op`` (a
-        ``P2P``) as operation ``index`` of ``batch``; return its handle: completed where it
-        has ``ended`` or failed (``exception``), else parked in flight for the next driver
-        (the wait that follows, or the runner when it stays untaken from one look of the
-        doorbell to the next: the runner is not woken now, it would take the operation
-        from under that wait)."""
+        ``P2P``) as operation ``index`` of ``batch``, still in flight; return its handle,
+        parked for the next driver (the wait that follows, or the runner when it stays
+        untaken from one look of the doorbell to the next: the runner is not woken now, it
+        would take the operation from under that wait).  One that ended or failed at once
+        ends its claim with ``unclaim`` and gets a ``Work.ended`` handle instead."""
         work = Work(description, op.result)
-        if exception is not None or ended:
-            if ended:
-                op.finish(batch, index)
-            work.complete(None, exception)
-            self._done_running(False)
-            return work
         work._runner = self
         with self._mutex:
             self._batch = batch
@@ -440,13 +463,19 @@ class Runner:
         operation would."""
         with self._mutex:
             self._busy = False
+            if not (park or self._runner_waits or self._queue or self._batch is not None):
+                return      # nothing left, nobody to tell (a claim ended: the common case)
             hurry = not goes_on and (self._queue or self._batch is not None)
             token = park and not self._parked
             if park:
                 self._parked = True
                 hurry = bool(self._queue)   # queued meanwhile, behind the parked batch
             if self._runner_waits:
-                self._cond.notify()     # the runner found this busy: it takes the next
+                # The runner found this busy and waits for its end: it takes what is
+                # handed to it at once, else goes back to its doorbell's looks.
+                self._runner_waits = False
+                self._handed = bool(hurry)
+                self._cond.notify()
                 hurry = False
         if token:
             self._bell.queue()
@@ -455,22 +484,34 @@ class Runner:
 
     def _loop(self):
         stopped = False
+        at_once = False     # the runner just ran an operation, or one was handed to it
         while True:
-            with self._mutex:
-                more = (self._queue or self._batch is not None) and not self._busy
-            if not more:    # else what was queued behind the last operation runs at once
+            if at_once:
+                with self._mutex:
+                    at_once = (self._queue or self._batch is not None) and not self._busy
+            if not at_once:     # else what was queued behind the last operation runs now
                 stopped = self._bell.sleep()
             with self._mutex:
-                while self._busy:
+                if self._busy:
+                    # Another thread runs an operation: wait for its end, once.  It hands
+                    # over what it leaves (_done_running); else the runner goes back to
+                    # the doorbell, which wakes it only for an operation left untaken from
+                    # one look to the next (a batch parked for its waiter among them).
+                    # Waiting on through the busy thread's later operations would have
+                    # each of them wake this thread.
                     self._runner_waits = True
-                    self._cond.wait()
-                    self._runner_waits = False
+                    while self._runner_waits:
+                        self._cond.wait()
+                    at_once, self._handed = self._handed, False
+                    continue
                 if not self._queue and self._batch is None:
                     if stopped:
                         return
+                    at_once = False
                     continue
                 head = self._take_next()
             self._run_next(head, None)
+            at_once = True
 
     def _take_p2p(self):
         """The sends and receives at the queue's head, taken off it."""

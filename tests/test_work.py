@@ -328,6 +328,44 @@ def test_what_is_queued_behind_a_running_operation_runs_next_without_a_look():
         runner.stop(10)
 
 
+def test_a_runner_that_found_a_thread_busy_waits_for_one_end_not_for_each():
+    """A runner woken while another thread runs operations back to back (a rank's loop of
+    async sends and receives begun on its own thread) waits for the end of the one it
+    found running, then goes back to its doorbell: the thread's later operations do not
+    each wake it.  What is queued afterwards and nobody waits for still runs."""
+    from pycollect.work import Runner, Work
+    ran = []
+    runner = Runner(ran.append, "test-runner")
+    try:
+        notified = []
+
+        class Counted(threading.Condition):
+            def notify(self, n=1):
+                notified.append(n)
+                super().notify(n)
+
+        runner._cond = Counted(runner._mutex)
+        assert runner.claim()
+        runner._bell.hurry()                # the runner wakes and finds this thread busy
+        deadline = time.monotonic() + 10
+        while not runner._runner_waits and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert runner._runner_waits
+        for _ in range(200):                # operations begun and ended on this thread
+            runner.unclaim()
+            assert runner.claim()
+        runner.unclaim()
+        assert len(notified) <= 2, len(notified)
+        work = Work("late", None)
+        runner.submit("late", work)
+        deadline = time.monotonic() + 10
+        while not work.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert ran == ["late"]
+    finally:
+        runner.stop(10)
+
+
 @pytest.fixture
 def fresh_pair():
     """Two ranks whose contexts have never queued anything (no runner yet)."""

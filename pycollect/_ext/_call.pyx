@@ -79,7 +79,7 @@ from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect.errors import Aborted, Error, InvalidArgument
 from pycollect.types import ReduceOp
-from pycollect.work import Later as _Later, P2P as _P2P
+from pycollect.work import Later as _Later, P2P as _P2P, Status as _Status, Work as _Work
 
 cnp.import_array()
 
@@ -300,6 +300,7 @@ cdef class CallPath:
     cdef public bint _logs          # PYCOLLECT_DEBUG=1: the Python path logs every call
     cdef public Ring _recorder      # the flight recorder, or None
     cdef public object _mailbox     # point-to-point messages not yet received
+    cdef object _p2p_what           # ("send on rank R", "recv on rank R"), once made
     # auto's rules, per kind: from min_bytes[i] on, run code[i] (-1: hierarchical)
     cdef int n_rules[N_KINDS]
     cdef Py_ssize_t min_bytes[N_KINDS][MAX_RULES]
@@ -548,12 +549,7 @@ cdef class CallPath:
             self._busy = True
             try:
                 batch = _Batch(t, self._mailbox, timeout)
-                if is_recv:
-                    index = batch.add_recv(buf, peer, tag)
-                    ended = bool(batch.progress(0.0)) or bool(batch.progress(0.0))
-                else:
-                    index = batch.add_send(buf, peer, tag)
-                    ended = bool(batch.progress(0.0))
+                index, ended = batch.start(is_recv, buf, peer, tag)
             except BaseException as exc:    # handed to the Work, raised by its wait
                 if isinstance(exc, InvalidArgument) and not t.is_failed:
                     # The buffer refused before the wire: the Python path says why, at once.
@@ -570,10 +566,19 @@ cdef class CallPath:
             raise
         finally:
             lock.give()
-        op = _P2P(is_recv, buf, peer, tag, self._new_batch, _Later(status) if is_recv else None,
-                  timeout)
-        work = runner.begun(op, "%s on rank %d" % ("recv" if is_recv else "send", self._rank),
-                            batch, index, ended, exception)
+        if self._p2p_what is None:
+            self._p2p_what = ("send on rank %d" % self._rank, "recv on rank %d" % self._rank)
+        what = (<tuple>self._p2p_what)[is_recv]
+        if ended or exception is not None:
+            runner.unclaim()        # the batch was this call's alone: nothing is left
+            result = None
+            if ended and is_recv:
+                result = (_Status() if status is None else status).set(*batch.result(index))
+            work = _Work.ended(what, result, exception)
+        else:
+            work = runner.begun(_P2P(is_recv, buf, peer, tag, self._new_batch,
+                                     _Later(status) if is_recv else None, timeout),
+                                what, batch, index)
         if entry >= 0:
             if ended or exception is not None:
                 rec.end(entry, None, exception)

@@ -404,6 +404,30 @@ cdef class Batch:
         return _receive_failed(self.t, self.box, &d, self.peers[i], self.tags[i],
                                self.timeout)
 
+    def start(self, bint is_recv, object buf, int peer, int tag):
+        """Add one send or receive to this batch and move it at once, as ``progress(0)``
+        does, once for a send and twice for a receive (it matches its message, then reads
+        it); return (its index, whether it has ended).  An ended one is not reported by
+        ``progress`` again."""
+        cdef int i, req, rc, passes
+        i = self.add_recv(buf, peer, tag) if is_recv else self.add_send(buf, peer, tag)
+        for passes in range(2 if is_recv else 1):
+            req = self.reqs[i]
+            if req == FROM_MAILBOX or req >= 0 and self.t.done(req):
+                break
+            if self.waiting:
+                self._match(pc_now_ns())
+            else:
+                with nogil:
+                    rc = self.t.progress_until(pc_now_ns())
+                if rc < 0:
+                    raise_error(self.t)
+        req = self.reqs[i]
+        if req == FROM_MAILBOX or req >= 0 and self.t.done(req):
+            self.open_ops.discard(i)
+            return i, True
+        return i, False
+
     def progress(self, double seconds):
         """Move every request for up to ``seconds``; return the indices of the operations
         that completed since the last call.  Raises the transport's error (which fails
