@@ -24,7 +24,7 @@ import numpy as np
 
 from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer, _p2p,
                    _reduce_scatter, _rooted, _transport)
-from ._ext._call import CallLock, CallPath
+from ._ext._call import CallLock, CallPath, Queued
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
@@ -1043,7 +1043,10 @@ class Context(CallPath):
     def _execute(self, item):
         """Run ``op(seq)``, which uses ``span`` sequence numbers, under the context lock
         (after the cross-rank check of its signature ``sig``, when not None); ``entry`` is
-        its flight recorder entry, or None."""
+        its flight recorder entry, or None.  A compiled call queued by ``CallPath.queue``
+        (a ``Queued``) runs itself."""
+        if type(item) is Queued:
+            return item.execute()
         op, span, sig, entry = item
         with self._lock:
             if self._closed:

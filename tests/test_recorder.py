@@ -76,6 +76,38 @@ def test_ring_keeps_the_last_operations_in_order(monkeypatch, tmp_path):
             c.close()
 
 
+def test_async_calls_are_recorded_when_queued_and_numbered_when_they_run(tmp_path):
+    """The compiled path's queued calls (async_op=True on arrays): an entry made at the
+    call, with the caller's frame, started with the collective's number when it runs,
+    ended with its algorithm; a failed one ends failed."""
+    ctxs = contexts(2, timeout=10)
+    try:
+        def body(r):
+            work = ctxs[r].allreduce(np.ones(4, np.float32), async_op=True)
+            queued = json.loads(open(ctxs[r].dump_trace(tmp_path / str(r))).read())
+            work.wait()
+            ctxs[r].barrier(async_op=True).wait()
+            return queued["entries"][-1]
+        at_call = run_ranks(2, body)
+        for entry in at_call:
+            assert entry["name"] == "allreduce" and entry["count"] == 4
+            assert entry["state"] in ("queued", "started", "completed")
+        bad = outcomes(2, lambda r: ctxs[r].allreduce(np.ones(3, np.float32),
+                                                      async_op=True).wait() if r == 0
+                       else ctxs[r].broadcast(np.ones(3, np.float32), async_op=True).wait())
+        assert all(isinstance(x, pc.MismatchError) for x in bad), bad
+        dump = json.loads(open(ctxs[0].dump_trace(tmp_path)).read())
+        got = [(e["seq"], e["name"], e["state"], bool(e["algorithm"])) for e in dump["entries"]]
+        assert got == [(1, "allreduce", "completed", True), (2, "barrier", "completed", True),
+                       (3, "allreduce", "failed", False)], got
+        assert dump["entries"][0]["frame"][0] == __file__
+        assert dump["entries"][0]["started_ns"] <= dump["entries"][0]["ended_ns"]
+        assert dump["entries"][-1]["error"].startswith("MismatchError")
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 def test_size_zero_turns_the_recorder_off(monkeypatch, tmp_path):
     monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "0")
     ctxs = contexts(1)

@@ -253,7 +253,8 @@ cdef class Queued:
     number, the flight recorder), and gets the algorithm's code.  Arguments that the
     algorithm refuses when it runs are told to the peers, as the Python path's are."""
 
-    cdef object ctx             # the Context, whose _refuse tells the peers
+    cdef CallPath ctx           # the Context, whose _refuse tells the peers
+    cdef Py_ssize_t entry       # its flight recorder entry, or -1
     cdef Transport t
     cdef int kind
     cdef int code
@@ -281,6 +282,11 @@ cdef class Queued:
             self.ctx._refuse(_COLLECTIVES[kind], exc, seq)
             raise
 
+    def execute(self):
+        """Run it now, on the calling thread (the runner's, or a waiter's), as
+        ``Context._execute`` runs a queued item; the algorithm's name."""
+        return self.ctx.run_queued(self)
+
 
 cdef class CallPath:
     """A Context's hot state and its compiled blocking calls (see the module's text)."""
@@ -300,7 +306,7 @@ cdef class CallPath:
     cdef public bint _logs          # PYCOLLECT_DEBUG=1: the Python path logs every call
     cdef public Ring _recorder      # the flight recorder, or None
     cdef public object _mailbox     # point-to-point messages not yet received
-    cdef object _p2p_what           # ("send on rank R", "recv on rank R"), once made
+    cdef tuple _what                # per kind, a handle's description ("send on rank R")
     # auto's rules, per kind: from min_bytes[i] on, run code[i] (-1: hierarchical)
     cdef int n_rules[N_KINDS]
     cdef Py_ssize_t min_bytes[N_KINDS][MAX_RULES]
@@ -566,9 +572,7 @@ cdef class CallPath:
             raise
         finally:
             lock.give()
-        if self._p2p_what is None:
-            self._p2p_what = ("send on rank %d" % self._rank, "recv on rank %d" % self._rank)
-        what = (<tuple>self._p2p_what)[is_recv]
+        what = self.what(K_RECV if is_recv else K_SEND)
         if ended or exception is not None:
             runner.unclaim()        # the batch was this call's alone: nothing is left
             result = None
@@ -648,6 +652,7 @@ cdef class CallPath:
         it; its Work, whose result is ``result``.  The queue, the Work and the flight
         recorder's entry are the Python path's (``Context._submit``)."""
         cdef Queued q = Queued.__new__(Queued)
+        cdef Ring rec = self._recorder
         q.ctx = self
         q.t = self._transport
         q.kind = kind
@@ -658,9 +663,61 @@ cdef class CallPath:
         q.seg = self._segment_bytes
         q.buf = buf
         q.recv = recv
-        return self._submit(_COLLECTIVES[kind], q, result, True,
-                            root=root if _rooted(kind) else None,
-                            described=buf if kind <= K_REDUCE else recv)
+        q.entry = -1
+        if rec is not None:
+            described = buf if kind <= K_REDUCE else recv
+            q.entry = rec.add(_COLLECTIVES[kind],
+                              None if described is None
+                              else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
+                              NONE if described is None
+                              else cnp.PyArray_SIZE(<cnp.ndarray>described),
+                              root if _rooted(kind) else NONE, None)
+        work = _Work(self.what(kind), result)
+        runner = self._started_runner() if self._runner is None else self._runner
+        runner.submit(q, work)
+        return work
+
+    cdef str what(self, int kind):
+        """A handle's description for ``kind``: "allreduce on rank 3"."""
+        if self._what is None:
+            self._what = tuple(["%s on rank %d" % (name, self._rank) for name in _COLLECTIVES])
+        return self._what[kind]
+
+    cdef object run_queued(self, Queued q):
+        """Run ``q`` under the context lock as collective number seq + 1, as ``run`` runs
+        a blocking call, its recorder entry made when it was queued; the algorithm's name.
+        Where the context is closed or failed, or point-to-point messages wait unreceived,
+        ``Context._execute`` runs it and words the error."""
+        cdef Ring rec = self._recorder
+        cdef CallLock lock = self._lock
+        cdef unsigned int seq
+        cdef int code
+        lock.take()
+        if self._closed or self._failure is not None or len(self._mailbox):
+            lock.give()
+            return self._execute((q, 1, None, None if q.entry < 0 else q.entry))
+        try:
+            seq = self._seq + 1
+            self._busy = True
+            try:
+                if q.entry >= 0:
+                    rec.begin(q.entry, seq)
+                code = q(seq)
+            except BaseException as exc:    # KeyboardInterrupt fails the context too
+                self.note_failure(exc)
+                if q.entry >= 0:
+                    rec.end(q.entry, None, exc)
+                    self._failed_trace(exc)
+                raise
+            finally:
+                self._busy = False
+            self._seq = seq
+        finally:
+            lock.give()
+        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
+        if q.entry >= 0:
+            rec.end(q.entry, name, None)
+        return name
 
     cdef inline bint ready_async(self):
         """Nothing stands in the way of queueing a compiled call (queued work does not)."""
