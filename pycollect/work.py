@@ -215,7 +215,7 @@ class Work:
     def ended(cls, description, result, exception=None):
         """The handle of an operation that ended as it began (a send the channel took at
         once, a receive whose message was here): what ``complete`` would leave, made in
-        one step."""
+        one step.  For the code that begins operations; not for users."""
         work = cls.__new__(cls)
         work._end = _ENDED
         work._result = result
@@ -324,7 +324,9 @@ class Runner:
     has ended and its handle has been completed.  The thread sleeps on a
     ``Doorbell`` (pycollect/_ext/_doorbell.pyx), which wakes it for an operation
     only when no waiter has taken it for a while, or when a waiter hands it
-    what it left.
+    what it left.  Woken while another thread runs an operation, it waits for
+    that one's end and no longer: what that thread hands over it runs, else it
+    goes back to the doorbell.
     """
 
     def __init__(self, execute, name):
