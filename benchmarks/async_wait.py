@@ -11,7 +11,9 @@ async_op=True).wait()``; ``Iallreduce(IN_PLACE, buf).Wait()``) and ``4 async+wai
 figure is per allreduce); besides them, ``isend+irecv+wait_all``, an exchange of the
 buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, peer, 3,
 async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([Isend,
-Irecv])``).  The figure is the median over batches of 100 calls
+Irecv])``), and the same exchange blocking, ``sendrecv`` (``ctx.sendrecv(buf, peer, other,
+peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other, peer, 3)``).  The figure is the median
+over batches of 100 calls
 (one clock read per batch), per call.  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
 (mpi4py on Open MPI under ``mpirun``; TCP forced with ``--mca pml ob1 --mca btl
@@ -27,13 +29,13 @@ import time
 from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
-WAYS = ("blocking", "async+wait", "4 async+wait_all", "isend+irecv+wait_all")
+WAYS = ("blocking", "async+wait", "4 async+wait_all", "isend+irecv+wait_all", "sendrecv")
 BATCH = 100
 
 
 def _endpoint(peer):
     """(ways(buf): {way: a call making one allreduce of ``buf`` that way ("4 ...": four of
-    them; "isend+irecv+wait_all": an exchange of ``buf``)}, this process's rank, a
+    them; "isend+irecv+wait_all" and "sendrecv": an exchange of ``buf``)}, this process's rank, a
     closer)."""
     import numpy as np
     if peer.startswith("pycollect-"):
@@ -48,7 +50,8 @@ def _endpoint(peer):
                         [ctx.allreduce(buf, async_op=True) for _ in range(4)]),
                     "isend+irecv+wait_all": lambda: pc.wait_all(
                         [ctx.send(buf, peer, 3, async_op=True),
-                         ctx.recv(other, peer, 3, async_op=True)])}
+                         ctx.recv(other, peer, 3, async_op=True)]),
+                    "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3)}
         return ways, ctx.rank, ctx.close
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -60,7 +63,8 @@ def _endpoint(peer):
                 "4 async+wait_all": lambda: MPI.Request.Waitall(
                     [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)]),
                 "isend+irecv+wait_all": lambda: MPI.Request.Waitall(
-                    [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)])}
+                    [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)]),
+                "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3)}
     return ways, comm.rank, lambda: None
 
 
@@ -92,7 +96,7 @@ def worker(peer, counts, iters, out):
 def _tabulate(args, counts, runs, missing):
     keys = ["%s %s" % (c, w) for c in counts for w in WAYS]
     report("2 ranks, allreduce of float32 (SUM, in place) and an exchange by async send and "
-           "receive, µs a call (median over %d rounds "
+           "receive, and by sendrecv, µs a call (median over %d rounds "
            "of each run's median batch; fastest batch in brackets)" % args.rounds,
            "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
            args.json, {"rounds": args.rounds, "iters": args.iters})

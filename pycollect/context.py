@@ -574,10 +574,19 @@ class Context(CallPath):
         source, nbytes, msg_tag, dtype = found[0]
         return Status(source, nbytes // _itemsize(dtype), msg_tag)
 
-    def sendrecv(self, sendbuf, dst, recvbuf, src=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG, *,
-                 status=None, timeout=None):
-        """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src``, both in
-        flight at once (MPI_Sendrecv); return the source rank, filling ``status``."""
+    def _sendrecv_any(self, sendbuf, dst, recvbuf, src=ANY_SOURCE, sendtag=0, recvtag=ANY_TAG,
+                      *, status=None, timeout=None):
+        # sendrecv() in every form (pycollect/_ext/_call.pyx answers the commonest itself).
+        # Both ranks, tags and arrays are checked before the send goes out: a refused
+        # receive must not leave its send on the wire.
+        self._check_peer(dst, "sendrecv", "dst")
+        if src != ANY_SOURCE:
+            self._check_peer(src, "sendrecv", "src")
+        self._check_tag(sendtag, "sendrecv", allow_any=False)
+        self._check_tag(recvtag, "sendrecv", allow_any=True)
+        for buf, arg, writable in ((sendbuf, "sendbuf", False), (recvbuf, "recvbuf", True)):
+            if not is_tensor(buf):
+                _buffer.check(buf, "sendrecv", arg, writable)
         sent = self.send(sendbuf, dst, sendtag, async_op=True, timeout=timeout)
         got = self.recv(recvbuf, src, recvtag, async_op=True, status=status, timeout=timeout)
         wait_all([sent, got])

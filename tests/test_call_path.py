@@ -27,7 +27,7 @@ def python_calls(monkeypatch):
     seen = {"allreduce": 0, "broadcast": 0, "barrier": 0, "reduce": 0, "allgather": 0,
             "gather": 0, "scatter": 0, "reduce_scatter": 0, "alltoall": 0, "alltoallv": 0,
             "allgatherv": 0, "reduce_scatterv": 0, "gatherv": 0, "scatterv": 0, "send": 0,
-            "recv": 0}
+            "recv": 0, "sendrecv": 0}
     for name in seen:
         slow = getattr(Context, "_%s_any" % name)
 
@@ -407,6 +407,65 @@ def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
     want = [(np.arange(40) * 3 + 3).tolist()] * len(names) + [[2] * 6] + [[1.0] * 5] * 2
     assert trio.run(body) == [want] * 3
     assert not any(python_calls.values()), python_calls
+
+
+def test_sendrecv_on_arrays_stays_compiled_around_a_ring(trio, python_calls):
+    """MPI_Sendrecv's commonest form: one batch of its own under the lock, the status filled,
+    a send and a receive recorded; the buffers larger than the channel take several
+    passes."""
+    def body(ctx):
+        n, r = ctx.size, ctx.rank
+        got = np.zeros(3, np.float32)
+        st = pc.Status()
+        src = ctx.sendrecv(np.full(3, r, np.float32), (r + 1) % n, got, (r - 1) % n,
+                           sendtag=7, recvtag=7, status=st)
+        big = np.empty(300_000)
+        anyone = ctx.sendrecv(np.full(300_000, float(r)), (r - 1) % n, big, timeout=20)
+        names = [e[2] for e in ctx._recorder.entries()[-4:]]
+        return src, got.tolist(), (st.source, st.count, st.tag), anyone, big[0], big[-1], names
+
+    for r, (src, got, st, anyone, first, last, names) in enumerate(trio.run(body)):
+        assert src == (r - 1) % 3 and got == [(r - 1) % 3] * 3
+        assert st == ((r - 1) % 3, 3, 7)
+        assert anyone == (r + 1) % 3 and first == last == (r + 1) % 3
+        assert names == ["send", "recv", "send", "recv"], names
+    assert not any(python_calls.values()), python_calls
+
+
+def test_sendrecv_refused_or_out_of_step_keeps_the_python_paths_words(trio, python_calls):
+    def body(ctx):
+        n, r = ctx.size, ctx.rank
+        ro = np.zeros(2)
+        ro.flags.writeable = False
+        with pytest.raises(pc.InvalidArgument, match="recvbuf|read-only|writeable"):
+            ctx.sendrecv(np.ones(2), (r + 1) % n, ro, (r - 1) % n)
+        with pytest.raises(pc.InvalidArgument, match="not a rank|rank"):
+            ctx.sendrecv(np.ones(2), n, np.zeros(2), (r - 1) % n)
+        ctx.barrier()
+        return ctx.iprobe()         # neither refusal sent anything
+    assert trio.run(body) == [None] * 3
+    assert python_calls["sendrecv"] == 6        # the two refusals, on every rank
+
+
+@pytest.fixture
+def fresh_pair():
+    group = ThreadGroup(2, timeout=30)
+    yield group
+    group.close()
+
+
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_a_sendrecv_whose_message_never_comes_times_out_alike_on_both_paths(fresh_pair, path):
+    def body(ctx):
+        if ctx.rank == 1:
+            ctx.recv(np.zeros(2), 0, tag=1)
+            return None
+        call = ctx.sendrecv if path == "compiled" else ctx._sendrecv_any
+        with pytest.raises(pc.Timeout) as info:
+            call(np.ones(2), 1, np.zeros(2), 1, sendtag=1, recvtag=2, timeout=0.3)
+        return str(info.value)
+    text = fresh_pair.run(body)[0]
+    assert text == "rank 0: a receive from rank 1 with tag 2 timed out after 0.3 s", text
 
 
 def test_async_calls_on_arrays_are_queued_from_the_compiled_path(trio, python_calls):

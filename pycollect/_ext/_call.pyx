@@ -5,8 +5,9 @@ call reads (the transport, the sequence number, the failure state, the
 flight recorder, the lock) as C fields, and answers the commonest calls
 itself: a blocking ``allreduce`` (in place), ``broadcast``, ``barrier``,
 ``reduce`` (in place), ``allgather``, ``gather``, ``scatter``,
-``reduce_scatter``, ``alltoall``, ``send`` and ``recv`` (without ``status=``)
-on C-contiguous NumPy arrays (the outputs given), with ``algorithm="auto"`` or
+``reduce_scatter``, ``alltoall``, their v-variants, ``send``, ``recv`` (without
+``status=``) and ``sendrecv`` on C-contiguous NumPy arrays (the outputs given),
+with ``algorithm="auto"`` or
 a flat algorithm named (``"ring"``...), with the context's deadline or a
 ``timeout=`` in seconds.  For those the checks, the plan (auto's rules of this
 group, copied into C arrays on first use), the flight recorder's slot, the
@@ -15,8 +16,8 @@ releases the GIL for the collective itself.
 
 With ``async_op=True`` the same forms of ``barrier``, ``broadcast``, ``allreduce``,
 ``reduce`` and ``allgather`` are checked and planned here too and queued as a ``Queued``
-call, which the context's runner (or a thread waiting for it) runs through
-``Context._execute`` like every queued collective.
+call, which the context's runner (or a thread waiting for it) runs (``run_queued``);
+async ``send`` and ``recv`` of arrays begin here (``begin_p2p``).
 
 Every other form (the other kinds' async handles, an allreduce's or a root's reduce
 ``recvbuf=``, outputs left to be allocated, numbers, torch tensors, a
@@ -25,8 +26,8 @@ or a name to refuse, a hierarchical plan, ``PYCOLLECT_DEBUG``, a context with
 queued work or unreceived messages, or one that is failed or closed) goes to
 the Context's Python method of the same name with a leading ``_`` and trailing
 ``_any`` (``_allreduce_any``...), which validates and reports exactly as before
-(the v-variants, ``allreduce_coalesced``, probes and ``sendrecv`` have only
-that path).  Both paths number, record and fail a call alike: ``_execute`` in
+(``allreduce_coalesced``, probes and ``sendrecv_replace`` have only that
+path).  Both paths number, record and fail a call alike: ``_execute`` in
 pycollect/context.py and ``run`` here are the same steps.
 """
 
@@ -119,6 +120,7 @@ cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
                     K_REDUCE: dict(_REDUCE_ALGORITHMS),
                     K_ALLGATHER: dict(_ALLGATHER_ALGORITHMS)}
 cdef double _INF = float("inf")
+cdef double _SLICE_S = 0.002          # one progress() pass of sendrecv's batch at most
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
 
 
@@ -523,7 +525,82 @@ cdef class CallPath:
                 return (<tuple>got)[0]
         return self._recv_any(buf, src, tag, async_op, status=status, timeout=timeout)
 
+    def sendrecv(self, sendbuf, dst, recvbuf, src=_ANY_SOURCE, sendtag=0, recvtag=_ANY_TAG, *,
+                 status=None, timeout=None):
+        """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src``, both in
+        flight at once (MPI_Sendrecv); return the source rank, filling ``status``."""
+        cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray and seconds >= 0
+                and self.is_peer(dst) and _is_tag(sendtag, False) and _is_tag(recvtag, True)
+                and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
+                and self.ready()):
+            got = self.run_sendrecv(sendbuf, dst, sendtag, recvbuf, src, recvtag, seconds)
+            if got is not _TAKE_SLOW:
+                if status is not None:
+                    status.set(*got)
+                return (<tuple>got)[0]
+        return self._sendrecv_any(sendbuf, dst, recvbuf, src, sendtag, recvtag, status=status,
+                                  timeout=timeout)
+
     # -- the steps --------------------------------------------------------
+
+    cdef object run_sendrecv(self, object sendbuf, int dst, int sendtag, object recvbuf,
+                             int src, int recvtag, double timeout):
+        """A send and a receive in one batch of their own, driven under the context lock
+        until both have ended (each recorded as its own send and receive, as the Python
+        path records them); the receive's (source, count, tag), or _TAKE_SLOW where a
+        buffer was refused before anything went on the wire, or the context stopped being
+        ready."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t sent = -1, got = -1
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        cdef int left = 2
+        lock.take()
+        try:
+            if self._closed or self._failure is not None:
+                return _TAKE_SLOW
+            if rec is not None:
+                sent = rec.add(_COLLECTIVES[K_SEND],
+                               <object>cnp.PyArray_DESCR(<cnp.ndarray>sendbuf),
+                               cnp.PyArray_SIZE(<cnp.ndarray>sendbuf), NONE, [dst], True, NONE)
+                got = rec.add(_COLLECTIVES[K_RECV],
+                              <object>cnp.PyArray_DESCR(<cnp.ndarray>recvbuf),
+                              cnp.PyArray_SIZE(<cnp.ndarray>recvbuf), NONE, [src], True, NONE)
+            self._busy = True
+            try:
+                batch = _Batch(t, self._mailbox, timeout)
+                # The receive first: its buffer is checked before the send goes out, and
+                # with the mailbox empty it takes nothing until it is moved.
+                recv_at = batch.add_recv(recvbuf, src, recvtag)
+                batch.add_send(sendbuf, dst, sendtag)
+                while left:
+                    left -= len(batch.progress(_SLICE_S))
+                result = batch.result(recv_at)
+            except InvalidArgument as exc:
+                if t.is_failed:
+                    raise
+                # Refused before the wire: the Python path says why.
+                if sent >= 0:
+                    rec.end(sent, None, exc)
+                    rec.end(got, None, exc)
+                return _TAKE_SLOW
+            except BaseException as exc:
+                self.note_failure(exc)
+                if sent >= 0:
+                    rec.end(sent, None, exc)
+                    rec.end(got, None, exc)
+                    self._failed_trace(exc)
+                raise
+            finally:
+                self._busy = False
+        finally:
+            lock.give()
+        if sent >= 0:
+            rec.end(sent, None, None)
+            rec.end(got, None, None)
+        return result
+
 
     cdef object begin_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
                           object status):
