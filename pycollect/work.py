@@ -131,19 +131,46 @@ def wait_any(works, timeout=None):
     if not works:
         raise InvalidArgument("wait_any: no handles to wait for")
     seconds = wait_seconds(timeout, "wait_any")
-    ended = threading.Event()
-    for w in works:
-        if w.is_completed():
-            break
-        w.add_done_callback(lambda _w: ended.set())
-    else:
-        if not ended.wait(seconds):
-            raise Timeout("wait_any: none of %d operations completed within %g s"
-                          % (len(works), seconds))
+    if seconds is None and not any(w.is_completed() for w in works):
+        # As Work.wait does: run what each context's queue holds on this thread, in order,
+        # until one of these handles has ended, instead of sleeping until the runner's
+        # next look.
+        by_runner = {}
+        for w in works:
+            runner = getattr(w, "_runner", None)
+            if runner is not None:
+                by_runner.setdefault(runner, []).append(w)
+        for runner, mine in by_runner.items():
+            runner.run_until_any(mine)
+            if any(w.is_completed() for w in works):
+                break
+    if not any(w.is_completed() for w in works):
+        ended = threading.Event()
+        for w in works:
+            if w.is_completed():
+                break
+            w.add_done_callback(lambda _w: ended.set())
+        else:
+            if not ended.wait(seconds):
+                raise Timeout("wait_any: none of %d operations completed within %g s"
+                              % (len(works), seconds))
     for i, w in enumerate(works):
         if w.is_completed():
             return i, w.wait()
     raise Error("wait_any: woken with no operation completed")     # not reached
+
+
+class _AnyEnded:
+    """Whether one of some handles has ended, read as a Completion's ``done``."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self, works):
+        self.ends = [w._end for w in works]
+
+    @property
+    def done(self):
+        return any(end.done for end in self.ends)
 
 
 class Later:
@@ -410,14 +437,22 @@ class Runner:
         (a receive may wait for a message that the caller's later calls bring about).
         Gives up, leaving the rest to the runner, as soon as an operation is running
         elsewhere."""
-        while not work._end.done:
+        self._run_while_not(work._end)
+
+    def run_until_any(self, works):
+        """``run_until`` for whichever of ``works`` (handles of this runner) ends first."""
+        self._run_while_not(_AnyEnded(works))
+
+    def _run_while_not(self, until):
+        """run_until's steps; ``until``: what must end (its ``done``)."""
+        while not until.done:
             with self._mutex:
                 # Not running and not ended, so still queued or in the batch: a handle is
                 # completed before _busy is cleared.
-                if self._busy or work._end.done or not (self._queue or self._batch is not None):
+                if self._busy or until.done or not (self._queue or self._batch is not None):
                     return
                 head = self._take_next()
-            self._run_next(head, work)
+            self._run_next(head, until)
 
     def _take_next(self):
         """Take what runs next (under the mutex, with nothing running and something queued
@@ -433,14 +468,14 @@ class Runner:
 
     def _run_next(self, head, until):
         """Run what ``_take_next`` took, then let the next operation start; ``until``: the
-        handle a waiter waits for, None on the runner."""
+        end a waiter waits for (its ``done``), None on the runner."""
         try:
             if head is not None:
                 self._run_head(head)
             else:
                 self._run_batch(until)
         finally:
-            self._done_running(until is None or not until._end.done)
+            self._done_running(until is None or not until.done)
 
     def _run_head(self, head):
         """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
@@ -529,7 +564,7 @@ class Runner:
         """Drive the batch of sends and receives (made for the head's when none is in
         flight): post those at the head of the queue, and those queued meanwhile, and
         complete each as it ends, until nothing is left in flight and the head is no send
-        or receive; or, for a waiter (``until``: its handle), until that has ended and the
+        or receive; or, for a waiter (``until``: the end it waits for), until that has come and the
         rest has stayed in flight for WAITER_GRACE_S more, leaving it to the next driver."""
         def drive(seq):
             if self._batch is None:
@@ -558,7 +593,7 @@ class Runner:
                     work.complete(None, None)
                 if idle:
                     return None
-                if until is not None and until._end.done:
+                if until is not None and until.done:
                     now = time.monotonic()
                     if grace_end is None:
                         grace_end, slice_s = now + WAITER_GRACE_S, WAITER_GRACE_S

@@ -144,6 +144,32 @@ def test_a_wait_runs_the_queued_collective_on_the_waiting_thread(pair, call):
             assert np.array_equal(res1[i], np.repeat(np.float32([i, 1 + i]), 3))
 
 
+def test_wait_any_runs_the_queued_operations_on_the_waiting_thread(pair):
+    """As wait() does: pc.wait_any without a timeout runs the collectives (and drives the
+    sends and receives) it waits for on its own thread, up to the first that ends, instead
+    of sleeping until the runner's next look."""
+    def body(ctx):
+        here, got, peer = 0, [], 1 - ctx.rank
+        for i in range(20):
+            buf = np.full(2, ctx.rank + i, np.float32)
+            works = [ctx.allreduce(buf, async_op=True), ctx.barrier(async_op=True)]
+            seen = _ran_on(works[0])
+            index, value = pc.wait_any(works)
+            here += seen == [threading.current_thread()]
+            got.append((index, value.tolist()))
+            pc.wait_all(works)
+        other = np.zeros(1)
+        late = ctx.recv(other, peer, tag=9, async_op=True)
+        ctx.send(np.full(1, 7.0), peer, tag=9)
+        index, status = pc.wait_any([late])
+        return here, got, index, status.source, other[0]
+
+    for rank, (here, got, index, source, value) in enumerate(pair.run(body)):
+        assert here >= 10, here
+        assert got == [(0, [2.0 * i + 1] * 2) for i in range(20)]
+        assert (index, source, value) == (0, 1 - rank, 7.0)
+
+
 def test_a_collective_nobody_waits_for_still_runs(pair):
     """The runner takes what no wait takes: async calls complete while the caller only polls."""
     def body(ctx):
