@@ -22,6 +22,7 @@ See docs/torch.md.
 import datetime
 import itertools
 import threading
+import time
 
 import numpy as np
 import torch
@@ -311,14 +312,15 @@ class PycollectWork(dist.Work):
         """Block until done (``timeout``: a timedelta, 0 or None = no limit); raise its error."""
         if not self._end.done:
             seconds = _seconds(timeout)
-            if seconds is None:
-                # pycollect's wait runs the queued collectives here when the runner has not
-                # started them; their error, if any, is this Work's, raised below.
-                try:
-                    self._works[-1].wait()
-                except Exception:
-                    pass
-            if not self._end.wait(seconds):
+            # pycollect's wait runs the queued collectives here when the runner has not
+            # started them (with a timeout, it has the runner run them now); their error,
+            # if any, is this Work's, raised below.
+            end = None if seconds is None else time.monotonic() + seconds
+            try:
+                self._works[-1].wait(seconds)
+            except Exception:
+                pass
+            if not self._end.wait(None if end is None else max(end - time.monotonic(), 0.0)):
                 raise pc.Timeout("pycollect backend: %s did not complete within %g s"
                                  % (self._works[-1].description, seconds))
         if self._exc is not None:

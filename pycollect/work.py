@@ -121,7 +121,7 @@ def wait_all(works, timeout=None):
                 runner.run_until(w)
         return [w.wait() for w in works]
     end = time.monotonic() + wait_seconds(timeout, "wait_all")
-    return [w.wait(max(end - time.monotonic(), 0.0)) for w in works]
+    return [w.wait(max(end - time.monotonic(), 0.0)) for w in works]     # each hurries
 
 
 def wait_any(works, timeout=None):
@@ -131,19 +131,22 @@ def wait_any(works, timeout=None):
     if not works:
         raise InvalidArgument("wait_any: no handles to wait for")
     seconds = wait_seconds(timeout, "wait_any")
-    if seconds is None and not any(w.is_completed() for w in works):
-        # As Work.wait does: run what each context's queue holds on this thread, in order,
-        # until one of these handles has ended, instead of sleeping until the runner's
-        # next look.
+    if not any(w.is_completed() for w in works):
+        # As Work.wait does: without a timeout, run what each context's queue holds on
+        # this thread, in order, until one of these handles has ended; with one, have
+        # the runners run it now.  Either way, not at the runner's next look.
         by_runner = {}
         for w in works:
             runner = getattr(w, "_runner", None)
             if runner is not None:
                 by_runner.setdefault(runner, []).append(w)
         for runner, mine in by_runner.items():
-            runner.run_until_any(mine)
-            if any(w.is_completed() for w in works):
-                break
+            if seconds is not None:
+                runner.hurry()
+            else:
+                runner.run_until_any(mine)
+                if any(w.is_completed() for w in works):
+                    break
     if not any(w.is_completed() for w in works):
         ended = threading.Event()
         for w in works:
@@ -268,8 +271,11 @@ class Work:
         """
         if not self._end.done:
             seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
-            if seconds is None and self._runner is not None:
-                self._runner.run_until(self)
+            if self._runner is not None:
+                if seconds is None:
+                    self._runner.run_until(self)
+                else:
+                    self._runner.hurry()
             if not self._end.wait(seconds):
                 raise Timeout("%s did not complete within %g s" % (self.description, seconds))
         elif timeout is not None:
@@ -428,6 +434,12 @@ class Runner:
             self._in_batch += 1
         self._done_running(False, park=True)
         return work
+
+    def hurry(self):
+        """A thread that waits with a timeout, so does not run the queue itself (a
+        collective it ran could outlast the wait), wants the runner to run it now rather
+        than at its next look."""
+        self._bell.hurry()
 
     def run_until(self, work):
         """Run what is at the head of the queue on the calling thread, in order, until

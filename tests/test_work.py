@@ -170,6 +170,34 @@ def test_wait_any_runs_the_queued_operations_on_the_waiting_thread(pair):
         assert (index, source, value) == (0, 1 - rank, 7.0)
 
 
+@pytest.mark.parametrize("how", ["wait", "wait_all", "wait_any"])
+def test_a_wait_with_a_timeout_has_the_runner_run_the_queue_now(fresh_pair, how):
+    """A wait with a timeout does not run the collective itself (it could outlast the
+    wait), but wakes the runner for it (Runner.hurry) instead of sleeping until the
+    runner's next look."""
+    def body(ctx):
+        buf = np.full(2, ctx.rank + 1.0)
+        ctx.barrier(async_op=True).wait()       # the runner exists
+        log = []
+        runner = ctx._runner
+        real, runner._bell = runner._bell, _Watched(runner._bell, log)
+        try:
+            work = ctx.allreduce(buf, async_op=True)
+            seen = _ran_on(work)
+            if how == "wait":
+                value = work.wait(timeout=20)
+            elif how == "wait_all":
+                value = pc.wait_all([work], timeout=20)[0]
+            else:
+                value = pc.wait_any([work], timeout=20)[1]
+        finally:
+            runner._bell = real
+        return "hurry" in log, seen == [runner._thread], value.tolist()
+
+    for hurried, by_runner, value in fresh_pair.run(body):
+        assert hurried and by_runner and value == [3.0, 3.0]
+
+
 def test_a_collective_nobody_waits_for_still_runs(pair):
     """The runner takes what no wait takes: async calls complete while the caller only polls."""
     def body(ctx):
