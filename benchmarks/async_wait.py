@@ -3,10 +3,11 @@
     python benchmarks/async_wait.py                      # every peer found, 3 rounds
     python benchmarks/async_wait.py --peers pycollect-shm,mpi-shm --counts 1,4096 --json out.json
 
-Per element count, three ways of making one float32 allreduce (SUM, in place) at
+Per element count, four ways of making one float32 allreduce (SUM, in place) at
 2 ranks: ``blocking`` (pycollect's ``ctx.allreduce(buf)``, mpi4py's
 ``Allreduce(IN_PLACE, buf)``), ``async+wait`` (``ctx.allreduce(buf,
-async_op=True).wait()``; ``Iallreduce(IN_PLACE, buf).Wait()``) and ``4 async+wait_all``
+async_op=True).wait()``; ``Iallreduce(IN_PLACE, buf).Wait()``), ``async+poll`` (the
+handle polled until it has ended: ``is_completed()``; ``Test()``) and ``4 async+wait_all``
 (four started, then all waited for: ``pc.wait_all``; ``Request.Waitall``; the
 figure is per allreduce); besides them, ``isend+irecv+wait_all``, an exchange of the
 buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, peer, 3,
@@ -29,7 +30,8 @@ import time
 from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
-WAYS = ("blocking", "async+wait", "4 async+wait_all", "isend+irecv+wait_all", "sendrecv")
+WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
+        "sendrecv")
 BATCH = 100
 
 
@@ -46,6 +48,7 @@ def _endpoint(peer):
             other, peer = np.empty_like(buf), 1 - ctx.rank
             return {"blocking": lambda: ctx.allreduce(buf),
                     "async+wait": lambda: ctx.allreduce(buf, async_op=True).wait(),
+                    "async+poll": lambda: _poll(ctx.allreduce(buf, async_op=True).is_completed),
                     "4 async+wait_all": lambda: pc.wait_all(
                         [ctx.allreduce(buf, async_op=True) for _ in range(4)]),
                     "isend+irecv+wait_all": lambda: pc.wait_all(
@@ -60,12 +63,19 @@ def _endpoint(peer):
         other, peer = np.empty_like(buf), 1 - comm.rank
         return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
                 "async+wait": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
+                "async+poll": lambda: _poll(comm.Iallreduce(MPI.IN_PLACE, buf).Test),
                 "4 async+wait_all": lambda: MPI.Request.Waitall(
                     [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)]),
                 "isend+irecv+wait_all": lambda: MPI.Request.Waitall(
                     [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)]),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3)}
     return ways, comm.rank, lambda: None
+
+
+def _poll(ended):
+    """Call ``ended`` until it says the operation has ended."""
+    while not ended():
+        pass
 
 
 def worker(peer, counts, iters, out):

@@ -100,6 +100,13 @@ class Status:
         return "Status(source=%d, count=%d, tag=%d)" % (self.source, self.count, self.tag)
 
 
+def _ended(work):
+    """Whether ``work`` has ended, read without the side effect of ``is_completed`` (which
+    wakes the runner for a pending operation)."""
+    end = getattr(work, "_end", None)
+    return end.done if end is not None else work.is_completed()
+
+
 def wait_all(works, timeout=None):
     """Wait for every handle of ``works``; return their results in order (the first error
     raises).  ``timeout`` bounds the whole wait."""
@@ -110,7 +117,7 @@ def wait_all(works, timeout=None):
         # sleep until the runner had run its own.
         last = None
         for w in works:
-            if not w.is_completed():
+            if not _ended(w):
                 runner = getattr(w, "_runner", None)
                 if runner is not None:
                     if last is None:
@@ -131,7 +138,7 @@ def wait_any(works, timeout=None):
     if not works:
         raise InvalidArgument("wait_any: no handles to wait for")
     seconds = wait_seconds(timeout, "wait_any")
-    if not any(w.is_completed() for w in works):
+    if not any(_ended(w) for w in works):
         # As Work.wait does: without a timeout, run what each context's queue holds on
         # this thread, in order, until one of these handles has ended; with one, have
         # the runners run it now.  Either way, not at the runner's next look.
@@ -145,12 +152,12 @@ def wait_any(works, timeout=None):
                 runner.hurry()
             else:
                 runner.run_until_any(mine)
-                if any(w.is_completed() for w in works):
+                if any(_ended(w) for w in works):
                     break
-    if not any(w.is_completed() for w in works):
+    if not any(_ended(w) for w in works):
         ended = threading.Event()
         for w in works:
-            if w.is_completed():
+            if _ended(w):
                 break
             w.add_done_callback(lambda _w: ended.set())
         else:
@@ -158,7 +165,7 @@ def wait_any(works, timeout=None):
                 raise Timeout("wait_any: none of %d operations completed within %g s"
                               % (len(works), seconds))
     for i, w in enumerate(works):
-        if w.is_completed():
+        if _ended(w):
             return i, w.wait()
     raise Error("wait_any: woken with no operation completed")     # not reached
 
@@ -229,8 +236,8 @@ _ENDED = Completion(True)
 class Work:
     """The handle of an operation started with ``async_op=True``."""
 
-    __slots__ = ("_end", "_result", "_exception", "_callbacks", "_runner", "algorithm",
-                 "description")
+    __slots__ = ("_end", "_result", "_exception", "_callbacks", "_runner", "_polled",
+                 "algorithm", "description")
 
     def __init__(self, description, result):
         self._end = Completion()
@@ -238,6 +245,7 @@ class Work:
         self._exception = None
         self._callbacks = None
         self._runner = None     # the Runner whose queue holds it, once submitted
+        self._polled = False    # is_completed() has woken the runner for it
         self.algorithm = None
         self.description = description
 
@@ -252,6 +260,7 @@ class Work:
         work._exception = exception
         work._callbacks = None
         work._runner = None
+        work._polled = True
         work.algorithm = None
         work.description = description
         return work
@@ -286,8 +295,24 @@ class Work:
         return r.value if isinstance(r, Later) else r
 
     def is_completed(self):
-        """True once the operation has ended, successfully or not."""
-        return self._end.done
+        """True once the operation has ended, successfully or not.
+
+        A look at a pending operation lets the context's runner run (it yields the GIL
+        for a moment), and the first one wakes the runner for it, as MPI's Test
+        progresses a request: a loop that polls while it computes gets the operation
+        started at once, not at the runner's next look or after the interpreter's switch
+        interval."""
+        if self._end.done:
+            return True
+        if self._runner is not None:
+            if not self._polled:
+                self._polled = True
+                self._runner.hurry()
+            # Let the runner have the GIL: a loop of polls would otherwise keep it from
+            # the runner for the interpreter's whole switch interval (5 ms) at a time.
+            time.sleep(0)
+            return self._end.done
+        return False
 
     def exception(self):
         """The error the operation ended with, None if it succeeded or is still running."""

@@ -198,6 +198,32 @@ def test_a_wait_with_a_timeout_has_the_runner_run_the_queue_now(fresh_pair, how)
         assert hurried and by_runner and value == [3.0, 3.0]
 
 
+def test_the_first_poll_of_a_pending_operation_wakes_the_runner_once(fresh_pair):
+    """is_completed() on a queued operation has the runner start it now (as MPI's Test
+    progresses a request), once per handle; the waits' own looks do not."""
+    def body(ctx):
+        ctx.barrier(async_op=True).wait()       # the runner exists
+        log = []
+        runner = ctx._runner
+        real, runner._bell = runner._bell, _Watched(runner._bell, log)
+        try:
+            work = ctx.allreduce(np.full(2, ctx.rank + 1.0), async_op=True)
+            seen = _ran_on(work)
+            polls = 0
+            deadline = time.monotonic() + 20
+            while not work.is_completed() and time.monotonic() < deadline:
+                polls += 1
+            hurried = log.count("hurry")
+            again = ctx.allreduce(np.ones(1), async_op=True)
+            pc.wait_all([again])                # its checks do not hurry
+        finally:
+            runner._bell = real
+        return hurried, log.count("hurry"), seen == [runner._thread], work.wait().tolist()
+
+    for hurried, total, by_runner, value in fresh_pair.run(body):
+        assert hurried == 1 and total == 1 and by_runner and value == [3.0, 3.0]
+
+
 def test_a_collective_nobody_waits_for_still_runs(pair):
     """The runner takes what no wait takes: async calls complete while the caller only polls."""
     def body(ctx):
