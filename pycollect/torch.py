@@ -328,10 +328,12 @@ class PycollectWork(dist.Work):
         return True
 
     def is_completed(self):
+        if not self._end.done:
+            self._works[-1].is_completed()      # a poll lets the runner run (pycollect's)
         return self._end.done
 
     def is_success(self):
-        return self.is_completed() and self._exc is None
+        return self._end.done and self._exc is None
 
     def exception(self):
         return self._exc
