@@ -601,8 +601,9 @@ class Runner:
         """Drive the batch of sends and receives (made for the head's when none is in
         flight): post those at the head of the queue, and those queued meanwhile, and
         complete each as it ends, until nothing is left in flight and the head is no send
-        or receive; or, for a waiter (``until``: the end it waits for), until that has come and the
-        rest has stayed in flight for WAITER_GRACE_S more, leaving it to the next driver."""
+        or receive; or, for a waiter (``until``: the end it waits for), until that has come
+        and the rest has stayed in flight for WAITER_GRACE_S more, leaving it to the next
+        driver."""
         def drive(seq):
             if self._batch is None:
                 with self._mutex:
