@@ -127,6 +127,11 @@ cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts ex
 cdef object _TAG_END = 1 << 31          # tags are 0 .. 2**31 - 1
 
 
+cdef inline object _name_of(int code):
+    """The algorithm's name for a wire code (None for none), as Context._execute names it."""
+    return _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
+
+
 cdef inline bint _is_tag(object tag, bint allow_any):
     """``tag`` is an int tag (or, where allowed, ANY_TAG); the Python path words the rest."""
     return type(tag) is int and (0 <= tag < _TAG_END or allow_any and tag == _ANY_TAG)
@@ -586,11 +591,7 @@ cdef class CallPath:
                     rec.end(got, None, exc)
                 return _TAKE_SLOW
             except BaseException as exc:
-                self.note_failure(exc)
-                if sent >= 0:
-                    rec.end(sent, None, exc)
-                    rec.end(got, None, exc)
-                    self._failed_trace(exc)
+                self.failed(exc, sent, got)
                 raise
             finally:
                 self._busy = False
@@ -675,6 +676,17 @@ cdef class CallPath:
         if self._transport.is_failed:
             self._failure = exc if isinstance(exc, Error) else Aborted(
                 "rank %d: interrupted by %s" % (self._rank, type(exc).__name__))
+
+    cdef void failed(self, object exc, Py_ssize_t entry, Py_ssize_t other=-1) except *:
+        """A call failed with ``exc`` on the wire: the context fails with it where the
+        transport did (note_failure); its recorder entry (and ``other``, sendrecv's
+        receive) ends failed, and the trace is dumped where that is asked for."""
+        self.note_failure(exc)
+        if entry >= 0:
+            self._recorder.end(entry, None, exc)
+            if other >= 0:
+                self._recorder.end(other, None, exc)
+            self._failed_trace(exc)
 
     cdef inline bint is_peer(self, object rank):
         """``rank`` is an int naming another rank of this group."""
@@ -781,17 +793,14 @@ cdef class CallPath:
                     rec.begin(q.entry, seq)
                 code = q(seq)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
-                self.note_failure(exc)
-                if q.entry >= 0:
-                    rec.end(q.entry, None, exc)
-                    self._failed_trace(exc)
+                self.failed(exc, q.entry)
                 raise
             finally:
                 self._busy = False
             self._seq = seq
         finally:
             lock.give()
-        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
+        name = _name_of(code)
         if q.entry >= 0:
             rec.end(q.entry, name, None)
         return name
@@ -883,10 +892,7 @@ cdef class CallPath:
                     rec.end(entry, None, exc)
                 return _TAKE_SLOW
             except BaseException as exc:    # KeyboardInterrupt fails the context too
-                self.note_failure(exc)
-                if entry >= 0:
-                    rec.end(entry, None, exc)
-                    self._failed_trace(exc)
+                self.failed(exc, entry)
                 raise
             finally:
                 self._busy = False
@@ -894,7 +900,7 @@ cdef class CallPath:
                 self._seq = seq
         finally:
             lock.give()
-        name = _NAME_OF_CODE[code] if 0 <= code < len(_NAME_OF_CODE) else None
+        name = _name_of(code)
         if entry >= 0:
             rec.end(entry, name, None)
         return result if kind == K_RECV else name

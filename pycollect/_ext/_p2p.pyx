@@ -409,11 +409,10 @@ cdef class Batch:
         does, once for a send and twice for a receive (it matches its message, then reads
         it); return (its index, whether it has ended).  An ended one is not reported by
         ``progress`` again."""
-        cdef int i, req, rc, passes
+        cdef int i, rc, passes
         i = self.add_recv(buf, peer, tag) if is_recv else self.add_send(buf, peer, tag)
         for passes in range(2 if is_recv else 1):
-            req = self.reqs[i]
-            if req == FROM_MAILBOX or req >= 0 and self.t.done(req):
+            if self._ended(i):
                 break
             if self.waiting:
                 self._match(pc_now_ns())
@@ -422,11 +421,15 @@ cdef class Batch:
                     rc = self.t.progress_until(pc_now_ns())
                 if rc < 0:
                     raise_error(self.t)
-        req = self.reqs[i]
-        if req == FROM_MAILBOX or req >= 0 and self.t.done(req):
+        if self._ended(i):
             self.open_ops.discard(i)
             return i, True
         return i, False
+
+    cdef bint _ended(self, int i) except -1:
+        """Operation ``i`` has ended: served from the mailbox, or its request is done."""
+        cdef int req = self.reqs[i]
+        return req == FROM_MAILBOX or req >= 0 and self.t.done(req)
 
     def progress(self, double seconds):
         """Move every request for up to ``seconds``; return the indices of the operations
@@ -441,9 +444,7 @@ cdef class Batch:
                 rc = self.t.progress_until(until)
             if rc < 0:
                 raise_error(self.t)
-        done = [i for i in sorted(self.open_ops)
-                if self.reqs[i] == FROM_MAILBOX or (self.reqs[i] >= 0 and
-                                                    self.t.done(self.reqs[i]))]
+        done = [i for i in sorted(self.open_ops) if self._ended(i)]
         self.open_ops.difference_update(done)
         return done
 
