@@ -69,11 +69,13 @@ TORCH_BEGIN_MARK = ("<!-- compare.py --torch: begin (generated; edit benchmarks/
                     "instead) -->")
 TORCH_END_MARK = "<!-- compare.py --torch: end -->"
 CEILING = "ceiling-shm"
+POOLED = "pycollect-shm-pooled"   # pycollect over shm on arrays from pycollect.empty
 COLORS = {CEILING: "#7f7f7f", "pycollect-tcp": "#1f5fb4", "pycollect-shm": "#17becf",
+          POOLED: "#8c564b",
           "gloo": "#ff7f0e", "mpi-shm": "#d62728", "mpi-tcp": "#9467bd", "torch-pycollect": "#2ca02c"}
 LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm",
           "mpi-tcp": "MPI TCP", "pycollect-shm": "pycollect shm", "pycollect-tcp": "pycollect tcp",
-          "torch-pycollect": "torch pycollect"}
+          "torch-pycollect": "torch pycollect", POOLED: "pycollect shm, pc.empty"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -217,7 +219,8 @@ class Peer:
             self.barrier = self.ceiling.barrier
         elif kind.startswith("pycollect-"):
             import pycollect as pc
-            self.pc, self.ctx = pc, pc.init(rank=rank, size=size, store=rdv, transport=kind[10:])
+            self.pc, self.ctx = pc, pc.init(rank=rank, size=size, store=rdv,
+                                            transport=kind[10:].removesuffix("-pooled"))
             self.rank, self.size = rank, size
             self.barrier = self.ctx.barrier
         elif kind in TORCH_PEERS:
@@ -280,8 +283,9 @@ class Peer:
         """The buffers a case runs on: (send, recv or None)."""
         if self.kind == CEILING:
             return self.ceiling.arrays(collective, count)
-        recv = np.zeros(count * self.size, dtype) if collective == "allgather" else None
-        return np.zeros(count, dtype), recv
+        zeros = self.pc.zeros if self.kind == POOLED else np.zeros
+        recv = zeros(count * self.size, dtype) if collective == "allgather" else None
+        return zeros(count, dtype), recv
 
     def close(self):
         """Leave the group."""
@@ -482,7 +486,7 @@ def available_peers(transports):
         missing[CEILING] = "no /dev/shm"
     for t in transports:
         from pycollect.plugins.registry import available
-        if t in available()["transports"]:
+        if t.removesuffix("-pooled") in available()["transports"]:
             peers.append(f"pycollect-{t}")
         else:
             missing[f"pycollect-{t}"] = f"no transport {t!r} in this pycollect"
@@ -783,7 +787,9 @@ def ratio_pairs(peers):
     tcp = "pycollect-tcp" if "pycollect-tcp" in ours else ours[0]
     local = next((p for p in ours if p != tcp), tcp)
     pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local),
-             (CEILING, local)]
+             (CEILING, local), ("mpi-shm", POOLED), (CEILING, POOLED)]
+    if POOLED not in ours:
+        pairs = pairs[:-2]
     return list(dict.fromkeys((a, b) for a, b in pairs if a in peers))
 
 
@@ -867,6 +873,9 @@ def markdown(doc, images):
     if "pycollect-shm" in peers:
         lines += ["", "### Issue 18's targets in this run", ""]
         lines += targets(doc, "pycollect-shm", ISSUE18_SHM_TARGETS)
+        if POOLED in peers:
+            lines += targets(doc, POOLED, ISSUE18_POOLED_TARGETS,
+                             tag=" on `pycollect.empty` arrays")[2:]
         if "pycollect-tcp" in peers:
             lines += targets(doc, "pycollect-tcp", ISSUE18_TCP_TARGETS)[2:]
         lines += ["", mpi_faster(doc, "pycollect-shm", "mpi-shm")]
@@ -904,6 +913,8 @@ ISSUE18_SHM_TARGETS = (
     (2, "allreduce", 16 << 20, CEILING, 0.9, "busbw"),
 )
 ISSUE18_TCP_TARGETS = ((2, "allreduce", 1, "mpi-tcp", 1 / 0.6, "p50"),)
+# The large-message rows again on arrays from pycollect.empty (shared memory, as the ceiling's).
+ISSUE18_POOLED_TARGETS = ISSUE18_SHM_TARGETS[5:]
 
 
 def mpi_faster(doc, ours, mpi):
@@ -937,16 +948,23 @@ def ceilings(doc):
                  f"already lie in shared memory do the collective's memory work with NumPy: "
                  f"allreduce = add the peers' slice r into one's own, a barrier, copy the "
                  f"peers' reduced slices); \"{label(CEILING)} ÷ pycollect shm\" is the "
-                 f"fraction of it that pycollect reaches.")
+                 f"fraction of it that pycollect reaches.  \"{label(POOLED)}\" is pycollect "
+                 f"over shm on arrays from `pycollect.empty`, which lie in shared memory as "
+                 f"the ceiling's do: its direct algorithms reduce and copy the peers' arrays "
+                 f"with plain loads and stores.")
     for size in sorted({r["ranks"] for r in doc["results"]}):
         cells = []
         for count in sorted({r["count"] for r in doc["results"]
                              if (r["ranks"], r["collective"]) == (size, "allreduce")}):
             ceil = _find(doc, size, "allreduce", count, CEILING)
             ours = _find(doc, size, "allreduce", count, "pycollect-shm")
+            pooled = _find(doc, size, "allreduce", count, POOLED)
             if ceil and ours and count >= 1 << 16:
                 cells.append(f"{_count_name(count)} {num(ceil['busbw_GBps'])} GB/s "
-                             f"(pycollect {num(ceil['p50_us'] / ours['p50_us'])} of it)")
+                             f"(pycollect {num(ceil['p50_us'] / ours['p50_us'])} of it"
+                             + (f", on `pycollect.empty` arrays "
+                                f"{num(ceil['p50_us'] / pooled['p50_us'])}" if pooled else "")
+                             + ")")
         if cells:
             lines.append(f"{size} ranks, allreduce busbw of the ceiling: " + "; ".join(cells)
                          + ".")
@@ -992,8 +1010,9 @@ TORCH_TARGETS = (
 )
 
 
-def targets(doc, ours, table=TARGETS):
-    """The issue's speed targets, each with the measured figures and whether it holds."""
+def targets(doc, ours, table=TARGETS, tag=""):
+    """The issue's speed targets, each with the measured figures and whether it holds
+    (``tag`` follows each target's case: what sets these rows apart)."""
     rows = [f"| target | {label(ours)} | peer | speedup | holds |", "|---|---|---|---|---|"]
     for size, coll, count, peer, need, what in table:
         mine, theirs = (_find(doc, size, coll, count, p) for p in (ours, peer))
@@ -1003,7 +1022,7 @@ def targets(doc, ours, table=TARGETS):
         key, unit = ("busbw_GBps", "GB/s") if what == "busbw" else ("p50_us", "µs")
         case = f"{coll} {_count_name(count)}" if count else coll
         goal = f"{num(need)}× {label(peer)}" if need != 1 else f"ahead of {label(peer)}"
-        rows.append(f"| {size} ranks, {case}: {what} {goal} | {num(mine[key])} {unit} | "
+        rows.append(f"| {size} ranks, {case}{tag}: {what} {goal} | {num(mine[key])} {unit} | "
                     f"{num(theirs[key])} {unit} | {num(speedup)}× | "
                     f"{'yes' if speedup >= need else 'no'} |")
     return rows
@@ -1099,8 +1118,10 @@ def parse_args(argv=None):
     parser.add_argument("--ranks", default="2,4", help="world sizes (default 2,4)")
     parser.add_argument("--peers", help="only these: pycollect-<transport>, gloo, mpi-shm, "
                                         "mpi-tcp (default: every one installed)")
-    parser.add_argument("--transports", default="tcp,shm",
-                        help="pycollect transports to time, comma-separated (default tcp,shm); "
+    parser.add_argument("--transports", default="tcp,shm,shm-pooled",
+                        help="pycollect transports to time, comma-separated (default "
+                             "tcp,shm,shm-pooled: shm-pooled is shm on arrays from "
+                             "pycollect.empty); "
                              "the targets use the first")
     parser.add_argument("--counts", default=",".join(map(str, ALLREDUCE_COUNTS)),
                         help="allreduce element counts")

@@ -127,6 +127,11 @@ SETTINGS = {s.name: s for s in (
             "a byte count (an int >= 0)",
             "messages to a same-host peer from this size (default 65536) are read straight "
             "from the sender's memory"),
+    Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20), 64 << 30,
+            "a byte count (an int >= 1048576)",
+            "the address space of this process's pool of shared arrays (`pycollect.empty`, "
+            "`pycollect.zeros`; default 64 GiB, sparse: only the pages of live arrays take "
+            "memory). Read when the first such array is made"),
     Setting("PYCOLLECT_SPIN_US", _microseconds, None,
             "a number of microseconds in 0..1000000",
             "how many microseconds a waiting rank polls its sockets, rings and shared-memory "

@@ -32,8 +32,9 @@ ALGORITHMS = {"ring": ALGO_RING, "direct": ALGO_DIRECT}
 
 
 cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout* lay,
-                          size_t es) noexcept nogil:
-    """Place this rank's block and write it into every peer's ``recv`` (see the module notes).
+                          size_t es, size_t total) noexcept nogil:
+    """Place this rank's block and write it into every peer's ``recv`` of ``total`` elements
+    (see the module notes).
 
     Returns 1 when some rank's memory was not reachable (nothing was written, the block is
     in place: run the ring).
@@ -44,7 +45,7 @@ cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout
     cdef DirectHello* hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
-    reachable = direct_hello(t, recv, hello)
+    reachable = direct_hello(t, recv, total * es, hello)
     if reachable <= 0:
         if reachable == 0 and mine != src:
             memmove(mine, src, nbytes)
@@ -55,7 +56,7 @@ cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout
             memmove(mine + off, src + off, take)
         for i in range(1, P):
             q = (r + i) % P
-            if direct_write(t, q, hello[q].addr + lay.off[r] * es + off, mine + off, take) < 0:
+            if direct_write(t, q, &hello[q], lay.off[r] * es + off, mine + off, take) < 0:
                 return -1
         off += take
     return direct_release(t)
@@ -103,7 +104,7 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
             memmove(mine, sb.ptr, lay.len[r] * es)     # direct places it as it writes it
         if rc == 0 and moves:
             if algo == ALGO_DIRECT:
-                rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es)
+                rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es, total)
                 if rc == 1:
                     algo = ALGO_RING
                     rc = 0

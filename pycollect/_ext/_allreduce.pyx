@@ -48,7 +48,10 @@ owns slice r of the buffer (the same near-equal split as the ring's chunks).
    its own buffer at once, then writes the reduced chunk, still in cache,
    over the same chunk of every peer's buffer (``write_remote``).  Slice r
    of every buffer is touched by rank r alone (a peer's chunk is read before
-   it is written), so every rank ends with the same bits.
+   it is written), so every rank ends with the same bits.  A peer whose
+   buffer lies in its pool of shared buffers (``pycollect.empty``) and is
+   mapped here (``DirectHello.view``) is reduced from in place and written
+   with memcpy: no scratch copy, no system call.
 3. Finished: every rank tells every peer it reads and writes nobody's buffer
    any more; a rank returns (and its caller may use the buffer) only once
    every peer has said so.
@@ -69,7 +72,8 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport DIRECT_CHUNK_BYTES, DirectHello, direct_hello, direct_release
+from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
+                                     direct_release, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -329,7 +333,7 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     if hello == NULL:
         return -1
     # 1. Hello: addresses, and whether direct access works between every pair.
-    readable = direct_hello(t, buf, hello)
+    readable = direct_hello(t, buf, n * es, hello)
     if readable < 0:
         return -1
     if not readable:
@@ -348,12 +352,15 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
         off = (lo + c) * es
         for i in range(1, P):
             p = (r + i) % P
+            if hello[p].view:       # the peer's buffer is mapped here: reduce from it
+                reduce_into(buf + off, buf + off, <char*>hello[p].view + off, take, dtype, op)
+                continue
             if t.read_remote(p, other, hello[p].addr + off, take * es) < 0:
                 return -1
             reduce_into(buf + off, buf + off, other, take, dtype, op)
         for i in range(1, P):
             p = (r + i) % P
-            if t.write_remote(p, hello[p].addr + off, buf + off, take * es) < 0:
+            if direct_write(t, p, &hello[p], off, buf + off, take * es) < 0:
                 return -1
         c += take
     # 3. Nobody returns while a peer may still read or write its buffer.

@@ -39,7 +39,8 @@ from libc.stdlib cimport free, malloc
 
 from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport DirectHello, direct_read, direct_write
+from pycollect._ext._direct cimport (DirectHello, direct_offer, direct_read, direct_view,
+                                     direct_write)
 from pycollect._ext._flags cimport Flags, flags_broadcast, flags_fit
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
@@ -129,7 +130,7 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
         answers = <DirectHello*>t.work_area(sizeof(DirectHello))
         if answers == NULL:
             return -1
-        answers.addr = <uint64_t>buf
+        direct_offer(answers, buf, nbytes)
         answers.readable = <uint64_t>readable
         if t.post_send(root, answers, sizeof(DirectHello)) < 0:
             return -1
@@ -137,11 +138,12 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
             if t.post_recv(root, buf, nbytes) < 0:
                 return -1
             return t.wait_all()
-        if direct_read(t, root, buf + head, hello.addr + head, nbytes - head) < 0:
+        direct_view(t, root, &hello, nbytes)
+        if direct_read(t, root, &hello, head, buf + head, nbytes - head) < 0:
             return -1
         if t.wait(t.post_recv(root, &written, sizeof(uint64_t))) < 0:
             return -1
-        if not written and direct_read(t, root, buf, hello.addr, head) < 0:
+        if not written and direct_read(t, root, &hello, 0, buf, head) < 0:
             return -1
         if t.post_send(root, &done, sizeof(uint64_t)) < 0:
             return -1
@@ -154,7 +156,7 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
     wrote = <uint64_t*>(answers + P)
     dones = wrote + P
     reqs = <int*>(dones + P)
-    hello.addr = <uint64_t>buf
+    direct_offer(&hello, buf, nbytes)
     hello.readable = 1
     for p in range(P):
         if p != root:
@@ -173,7 +175,9 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
                 return -1
             continue
         wrote[p] = <uint64_t>t.can_read_remote(p)
-        if wrote[p] and head and direct_write(t, p, answers[p].addr, buf, head) < 0:
+        if wrote[p]:
+            direct_view(t, p, &answers[p], nbytes)
+        if wrote[p] and head and direct_write(t, p, &answers[p], 0, buf, head) < 0:
             return -1
         if t.post_send(p, &wrote[p], sizeof(uint64_t)) < 0 or \
                 t.post_recv(p, &dones[p], sizeof(uint64_t)) < 0:

@@ -1,9 +1,11 @@
 # The steps every "direct" algorithm shares (allreduce, broadcast, allgather):
 # ranks of one host exchange their buffers' addresses, read each other's
 # memory with the transport's one-sided read_remote (or write into it with
-# write_remote), and hold their buffers
-# unchanged until every reader has said it is done.
+# write_remote), or with plain loads and stores where the buffer lies in a
+# pool of shared buffers (view_remote), and hold their buffers unchanged
+# until every reader has said it is done.
 from libc.stdint cimport uint64_t
+from pycollect._ext._pool cimport PoolRef
 from pycollect._ext._transport cimport Transport
 
 cdef enum:
@@ -14,10 +16,15 @@ cdef enum:
 cdef struct DirectHello:
     uint64_t addr       # the sender's buffer
     uint64_t readable   # 1: the sender may read every peer's memory
+    PoolRef pool        # where the sender's buffer lies in its pool of shared buffers
+    uint64_t view       # set on receipt (direct_view): the sender's buffer as mapped here, or 0
 
-cdef int direct_hello(Transport t, const void* addr, DirectHello* hello) noexcept nogil
-cdef int direct_read(Transport t, int peer, void* dst, uint64_t addr,
+cdef void direct_offer(DirectHello* mine, const void* addr, size_t nbytes) noexcept nogil
+cdef void direct_view(Transport t, int peer, DirectHello* theirs, size_t nbytes) noexcept nogil
+cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
+                      DirectHello* hello) noexcept nogil
+cdef int direct_read(Transport t, int peer, const DirectHello* theirs, size_t off, void* dst,
                      size_t nbytes) noexcept nogil
-cdef int direct_write(Transport t, int peer, uint64_t addr, const void* src,
-                      size_t nbytes) noexcept nogil
+cdef int direct_write(Transport t, int peer, const DirectHello* theirs, size_t off,
+                      const void* src, size_t nbytes) noexcept nogil
 cdef int direct_release(Transport t) noexcept nogil

@@ -11,13 +11,20 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    copies that many bytes of the peer's pages: pieces of about a megabyte keep
    the copy at memcpy's pace and the pieces in cache).  ``direct_write`` is the
    same in the other direction, for a rank that would otherwise sit idle (a
-   broadcast's root).
+   broadcast's root).  Where the peer's buffer lies in its pool of shared
+   buffers (``pycollect.empty``: the hello carries its PoolRef) and this rank
+   maps that pool (``direct_view``, the transport's ``view_remote``), a read or
+   write is a plain memcpy, with no system call and no pages pinned, and an
+   algorithm may work on the peer's buffer in place (``DirectHello.view``).
 3. Release (``direct_release``): every rank tells every other that it reads
    and writes nobody's buffer any more, and returns only once every peer has
    said the same, so no caller uses a buffer that a peer still reads or
    writes.
 """
 
+from libc.string cimport memcpy
+
+from pycollect._ext._pool cimport pool_ref
 from pycollect._ext._transport cimport *
 
 # One read_remote or write_remote call of direct_read/direct_write copies at most this
@@ -26,14 +33,28 @@ DIRECT_READ_BYTES = 1 << 20
 cdef size_t _read_bytes = DIRECT_READ_BYTES
 
 
-cdef int direct_hello(Transport t, const void* addr, DirectHello* hello) noexcept nogil:
-    """Exchange (address, readable) with every peer into ``hello[peer]``.
+cdef void direct_offer(DirectHello* mine, const void* addr, size_t nbytes) noexcept nogil:
+    """Fill this rank's hello for its buffer ``addr`` of ``nbytes``: address and pool."""
+    mine.addr = <uint64_t>addr
+    pool_ref(addr, nbytes, &mine.pool)
+    mine.view = 0
+
+
+cdef void direct_view(Transport t, int peer, DirectHello* theirs, size_t nbytes) noexcept nogil:
+    """Set ``theirs.view``: ``peer``'s buffer of ``nbytes`` as this process maps it, or 0."""
+    theirs.view = <uint64_t>t.view_remote(peer, &theirs.pool, theirs.addr, nbytes)
+
+
+cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
+                      DirectHello* hello) noexcept nogil:
+    """Exchange (address, readable, pool) with every peer into ``hello[peer]``; where every
+    rank may read every other's memory, map the peers' buffers that lie in a pool.
 
     Returns 1 when every rank may read every other's memory, 0 when some may not, -1 on error.
     """
     cdef int P = t.size, r = t.rank, p, all_readable
     cdef DirectHello* mine = &hello[r]
-    mine.addr = <uint64_t>addr
+    direct_offer(mine, addr, nbytes)
     mine.readable = 1
     for p in range(P):
         if p != r and not t.can_read_remote(p):
@@ -48,19 +69,31 @@ cdef int direct_hello(Transport t, const void* addr, DirectHello* hello) noexcep
     for p in range(P):
         if not hello[p].readable:
             all_readable = 0
+    for p in range(P):
+        if p != r:
+            if all_readable:
+                direct_view(t, p, &hello[p], nbytes)
+            else:
+                hello[p].view = 0
     return all_readable
 
 
-cdef int direct_read(Transport t, int peer, void* dst, uint64_t addr,
+cdef int direct_read(Transport t, int peer, const DirectHello* theirs, size_t off, void* dst,
                      size_t nbytes) noexcept nogil:
-    """Copy ``nbytes`` at ``addr`` in ``peer``'s memory into ``dst``, a piece at a time."""
-    return _pieces(t, peer, <char*>dst, addr, nbytes, 0)
+    """Copy ``nbytes`` at ``off`` in ``peer``'s buffer into ``dst``, a piece at a time."""
+    if theirs.view:
+        memcpy(dst, <char*>theirs.view + off, nbytes)
+        return 0
+    return _pieces(t, peer, <char*>dst, theirs.addr + off, nbytes, 0)
 
 
-cdef int direct_write(Transport t, int peer, uint64_t addr, const void* src,
-                      size_t nbytes) noexcept nogil:
-    """Copy ``nbytes`` at ``src`` to ``addr`` in ``peer``'s memory, a piece at a time."""
-    return _pieces(t, peer, <char*>src, addr, nbytes, 1)
+cdef int direct_write(Transport t, int peer, const DirectHello* theirs, size_t off,
+                      const void* src, size_t nbytes) noexcept nogil:
+    """Copy ``nbytes`` at ``src`` to ``off`` in ``peer``'s buffer, a piece at a time."""
+    if theirs.view:
+        memcpy(<char*>theirs.view + off, src, nbytes)
+        return 0
+    return _pieces(t, peer, <char*>src, theirs.addr + off, nbytes, 1)
 
 
 cdef int _pieces(Transport t, int peer, char* local, uint64_t addr, size_t nbytes,

@@ -47,6 +47,7 @@ from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec
 
 from pycollect._ext._transport cimport *
+from pycollect._ext._pool cimport PoolRef, pool_view
 from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC_BY_ADDRESS,
                                       MAGIC_DATA, MAGIC_REFUSED, MAGIC_RESET, Channel,
                                       ChannelBase, MsgHeader)
@@ -118,6 +119,7 @@ cdef struct Req:
 
 cdef struct Pair:
     ChannelBase* ch     # the channel (its object is in Engine.channels)
+    int pid             # the peer's process where the channel reads its memory, else -1
     int send_head
     int send_tail
     int recv_head
@@ -236,6 +238,7 @@ cdef class Engine(Transport):
                              % (channel, CHANNEL_ABI))
         self.channels[peer] = channel
         self.pairs[peer].ch = channel.base
+        self.pairs[peer].pid = channel.pid
 
     def channel(self, int peer):
         """The channel that carries ``peer``'s messages."""
@@ -626,6 +629,12 @@ cdef class Engine(Transport):
     cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
                           size_t nbytes) noexcept nogil:
         return self._remote(peer, <char*>src, remote_addr, nbytes, 1)
+
+    cdef char* view_remote(self, int peer, const PoolRef* ref, uint64_t remote_addr,
+                           size_t nbytes) noexcept nogil:
+        if not self.can_read_remote(peer):
+            return NULL
+        return pool_view(self.pairs[peer].pid, ref, remote_addr, nbytes)
 
     cdef int _remote(self, int peer, char* local, uint64_t remote_addr, size_t nbytes,
                      bint write) noexcept nogil:

@@ -11,6 +11,7 @@ a group and its parent share one lock and run one at a time.
 from libc.stdlib cimport calloc, free
 
 from pycollect._ext._transport cimport *
+from pycollect._ext._pool cimport PoolRef
 
 
 cdef class GroupTransport(Transport):
@@ -151,6 +152,12 @@ cdef class GroupTransport(Transport):
                           size_t nbytes) noexcept nogil:
         return self._mirror(self.parent.write_remote(self.members[peer], remote_addr, src,
                                                      nbytes))
+
+    cdef char* view_remote(self, int peer, const PoolRef* ref, uint64_t remote_addr,
+                           size_t nbytes) noexcept nogil:
+        if not 0 <= peer < self.size:
+            return NULL
+        return self.parent.view_remote(self.members[peer], ref, remote_addr, nbytes)
 
     cdef int set_error(self, int kind, int peer, const char* syscall, int errnum,
                        const char* detail) noexcept nogil:

@@ -17,6 +17,8 @@
 # host identity, or None), declared here so that nobody has to probe.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
+from pycollect._ext._pool cimport PoolRef
+
 cdef enum ErrorKind:
     ERR_NONE = 0
     ERR_PEER = 1        # a peer closed, reset, or broke the protocol
@@ -132,6 +134,11 @@ cdef class Transport:
     # set_error.
     cdef int write_remote(self, int peer, uint64_t remote_addr, const void* src,
                           size_t nbytes) noexcept nogil
+    # Where ``peer``'s buffer [remote_addr, + nbytes) lies in a pool of shared buffers
+    # (``ref``, _pool.pxd) this process can map: the buffer as this process sees it, for
+    # plain loads and stores; NULL where it cannot (read_remote and write_remote then).
+    cdef char* view_remote(self, int peer, const PoolRef* ref, uint64_t remote_addr,
+                           size_t nbytes) noexcept nogil
     # Waiting on shared memory instead of messages (the flags path, _flags.pyx):
     # watch looks at every pair without a posted receive, as wait does while it
     # waits (abort frames, disagreement, abort(), the ends of streams), without

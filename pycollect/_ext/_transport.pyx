@@ -189,6 +189,10 @@ cdef class Transport:
         return self.set_error(ERR_INTERNAL, peer, "", 0, "this transport offers no writes to "
                               "a peer's memory")
 
+    cdef char* view_remote(self, int peer, const PoolRef* ref, uint64_t remote_addr,
+                           size_t nbytes) noexcept nogil:
+        return NULL
+
     def peer_address(self, int peer):
         """The address of ``peer`` as errors print it."""
         return "?"
