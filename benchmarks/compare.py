@@ -879,6 +879,8 @@ def markdown(doc, images):
         if "pycollect-tcp" in peers:
             lines += targets(doc, "pycollect-tcp", ISSUE18_TCP_TARGETS)[2:]
         lines += ["", mpi_faster(doc, "pycollect-shm", "mpi-shm")]
+        if POOLED in peers:
+            lines += ["", mpi_faster(doc, POOLED, "mpi-shm")]
     if torch_pairs(peers):
         lines += ["", "### Issue 8's targets in this run (torch.distributed, backend "
                       "\"pycollect\" against \"gloo\")", ""]

@@ -195,6 +195,9 @@ def _parser():
     own.add_argument("--csv", nargs="?", const="-", metavar="FILE",
                      help="write the results as CSV to FILE (--csv=FILE), or alone: to stdout")
     own.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    own.add_argument("--shared", action="store_true",
+                     help="buffers from pycollect.empty (shared memory that the host's ranks "
+                          "map: direct algorithms reduce and copy them with plain loads)")
     own.add_argument("--inject-fault", action="store_true",
                      help="corrupt one result element on the last rank before each check "
                           "(shows that the check catches it)")
@@ -455,6 +458,11 @@ class Case:
         self.rank, self.size = ctx.rank, ctx.size
         self.dtype, self.op, self.root = cfg.dtype, cfg.op, cfg.args.root
         self.inputs = cfg.args.inputs
+        if cfg.args.shared:
+            from .shared import empty
+            self.empty = empty
+        else:
+            self.empty = np.empty
         coll = cfg.collective
         per_buffer = count * self.dtype.itemsize
         self.nbytes = per_buffer * (self.size if coll in WHOLE_BUFFER else 1)
@@ -471,7 +479,7 @@ class Case:
 
     def _setup_allreduce(self):
         """Allreduce in place; with --inputs N the N inputs are combined locally first."""
-        bufs = [np.empty(self.count, self.dtype) for _ in range(self.inputs)]
+        bufs = [self.empty(self.count, self.dtype) for _ in range(self.inputs)]
         ctx, op, algo = self.ctx, self.op, self.cfg.algorithm
         ufunc = {0: np.add, 1: np.multiply, 2: np.minimum, 3: np.maximum, 5: np.bitwise_and,
                  6: np.bitwise_or, 7: np.bitwise_xor}.get(int(op))
@@ -505,7 +513,7 @@ class Case:
 
     def _setup_reduce(self):
         """Reduce in place into root's buffer; the others' buffers must stay as they were."""
-        buf = np.empty(self.count, self.dtype)
+        buf = self.empty(self.count, self.dtype)
         ctx, op, algo, root = self.ctx, self.op, self.cfg.algorithm, self.root
         self.run = lambda async_op=False: ctx.reduce(buf, root, op, algo, async_op=async_op)
 
@@ -525,7 +533,7 @@ class Case:
     def _setup_reduce_scatter(self):
         """Reduce size blocks of count elements; rank r keeps block r."""
         n = self.count * self.size
-        send, recv = np.empty(n, self.dtype), np.empty(self.count, self.dtype)
+        send, recv = self.empty(n, self.dtype), self.empty(self.count, self.dtype)
         ctx, op = self.ctx, self.op
         self.run = lambda async_op=False: ctx.reduce_scatter(send, recv, op, async_op=async_op)
 
@@ -543,14 +551,14 @@ class Case:
 
     def _setup_broadcast(self):
         """Broadcast root's buffer in place."""
-        buf = np.empty(self.count, self.dtype)
+        buf = self.empty(self.count, self.dtype)
         ctx, algo, root = self.ctx, self.cfg.algorithm, self.root
         self.run = lambda async_op=False: ctx.broadcast(buf, root, algo, async_op=async_op)
         self._copy_from_root(buf)
 
     def _setup_broadcast_one_to_all(self):
         """Gloo's one-to-all broadcast: root sends to every rank in turn (send/recv)."""
-        buf = np.empty(self.count, self.dtype)
+        buf = self.empty(self.count, self.dtype)
         ctx, root, size = self.p2p, self.root, self.size
         others = [p for p in range(size) if p != root]
 
@@ -577,8 +585,8 @@ class Case:
     def _setup_allgather(self, counts=None):
         """Every rank gathers every rank's block."""
         counts = counts or [self.count] * self.size
-        send = np.empty(counts[self.rank], self.dtype)
-        recv = np.empty(sum(counts), self.dtype)
+        send = self.empty(counts[self.rank], self.dtype)
+        recv = self.empty(sum(counts), self.dtype)
         ctx = self.ctx
         if counts == [self.count] * self.size:
             self.run = lambda async_op=False: ctx.allgather(send, recv, async_op=async_op)
@@ -593,8 +601,8 @@ class Case:
 
     def _setup_gather(self):
         """Root gathers every rank's block."""
-        send = np.empty(self.count, self.dtype)
-        recv = np.empty(self.count * self.size, self.dtype) if self.rank == self.root else None
+        send = self.empty(self.count, self.dtype)
+        recv = self.empty(self.count * self.size, self.dtype) if self.rank == self.root else None
         ctx, root = self.ctx, self.root
         self.run = lambda async_op=False: ctx.gather(send, recv, root, async_op=async_op)
         self._gathered(send, recv, [self.count] * self.size)
@@ -617,8 +625,8 @@ class Case:
     def _setup_scatter(self):
         """Rank r receives block r of root's buffer."""
         n = self.count * self.size
-        send = np.empty(n, self.dtype) if self.rank == self.root else None
-        recv = np.empty(self.count, self.dtype)
+        send = self.empty(n, self.dtype) if self.rank == self.root else None
+        recv = self.empty(self.count, self.dtype)
         ctx, root = self.ctx, self.root
         self.run = lambda async_op=False: ctx.scatter(send, recv, root, async_op=async_op)
 
@@ -638,8 +646,8 @@ class Case:
         counts = (lambda s, d: _pair_counts(count, s, d)) if varied else (lambda s, d: count)
         sendcounts = [counts(rank, p) for p in range(size)]
         recvcounts = [counts(p, rank) for p in range(size)]
-        send = np.empty(sum(sendcounts), self.dtype)
-        recv = np.empty(sum(recvcounts), self.dtype)
+        send = self.empty(sum(sendcounts), self.dtype)
+        recv = self.empty(sum(recvcounts), self.dtype)
         ctx = self.ctx
         if varied:
             self.run = lambda async_op=False: ctx.alltoallv(send, sendcounts, recv, recvcounts,
@@ -698,7 +706,7 @@ class Case:
 
     def _setup_sendrecv_roundtrip(self):
         """Rank 0 sends to rank 1, which sends it back; the latency is the round trip."""
-        send, recv = np.empty(self.count, self.dtype), np.empty(self.count, self.dtype)
+        send, recv = self.empty(self.count, self.dtype), self.empty(self.count, self.dtype)
         ctx = self.p2p
 
         def run(async_op=False):
@@ -714,7 +722,7 @@ class Case:
 
     def _setup_pairwise_exchange(self):
         """Ranks 2k and 2k+1 swap buffers (lower rank sends first); an odd last rank idles."""
-        send, recv = np.empty(self.count, self.dtype), np.empty(self.count, self.dtype)
+        send, recv = self.empty(self.count, self.dtype), self.empty(self.count, self.dtype)
         ctx, partner = self.p2p, self.rank ^ 1
 
         def run(async_op=False):
@@ -850,7 +858,7 @@ class Report:
         print(f"Options:     processes={self.size}, inputs={args.inputs}, dtype={cfg.dtype.name}"
               + (f", op={cfg.op.name.lower()}" if cfg.collective in REDUCING else "")
               + f", verify={str(args.verify).lower()}, warmup-iters={args.warmup_iters}, "
-              + timing)
+              + timing + (", buffers=pycollect.empty" if args.shared else ""))
         print()
         headings = self.HEADINGS + (("algorithm",) if self.show_algorithm else ())
         print(" ".join(h.rjust(12) for h in headings).rstrip(), flush=True)

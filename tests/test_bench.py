@@ -238,3 +238,19 @@ def test_json_flag_does_not_swallow_the_benchmark(capsys):
     parser = bench._parser()
     cfg = bench.Config(parser.parse_args(["--json", "gather"]), parser)
     assert cfg.name == "gather" and cfg.args.json == "-"
+
+
+def test_shared_buffers_run_checked_on_the_peers_memory():
+    """--shared: buffers from pycollect.empty; the direct rows reduce from the peers' pages
+    (two processes, each mapping the other's pool), still checked."""
+    done = bench_local("--local", "2", "--transport", "shm", "--shared", "--algorithm",
+                       "direct", "--elements", "1,5000,300000", "--iteration-count", "3",
+                       "allreduce", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "buffers=pycollect.empty" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [int(r[1]) for r in rows] == [1, 5000, 300000], done.stdout
+    for name in runnable(2):
+        if name in ("allreduce", "broadcast", "allgather"):
+            done = bench_local("--local", "2", "--shared", *TINY, name, timeout=120)
+            assert done.returncode == 0, (name, done.stderr)
