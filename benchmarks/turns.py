@@ -142,7 +142,9 @@ def _two_ranks_command(script, peer, counts, iters, out):
 
 def against_mpi(peer):
     """The reference of a pycollect peer in the 2-rank tables: MPI on the same transport."""
-    return ("mpi-" + peer.split("-", 1)[1], "MPI") if peer.startswith("pycollect-") else None
+    if not peer.startswith("pycollect-"):
+        return None
+    return ("mpi-" + peer.split("-", 1)[1].removesuffix("-pooled"), "MPI")
 
 
 def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate):

@@ -134,9 +134,48 @@ def test_direct_collectives_on_shared_arrays_use_the_peers_memory_in_place(size)
         g.close()
 
 
+@pytest.mark.parametrize("cma_min", ["1", None])
+def test_messages_by_address_from_shared_arrays_are_copied_from_the_view(monkeypatch, cma_min):
+    """send/recv (and so every message-based algorithm) of a pooled buffer: the receiver
+    copies from its view of the sender's pool; a plain buffer still goes by cross-memory
+    attach. Sizes around the by-address threshold and across the 4 MiB read passes."""
+    if cma_min:
+        monkeypatch.setenv("PYCOLLECT_CMA_MIN_BYTES", cma_min)
+    g = ThreadGroup(2, transport="shm")
+    try:
+        for n in (1, 1000, 1 << 16, (5 << 20) // 4 + 3):
+            for pooled in (True, False):
+                src = pc.empty(n, np.float32) if pooled else np.empty(n, np.float32)
+                src[:] = np.arange(n) % 101
+                dst = np.full(n, -1, np.float32)
+                before, by_address = _hits(), [
+                    sum(ctx._transport.messages_by_address()) for ctx in g.contexts]
+
+                def body(ctx):
+                    if ctx.rank == 0:
+                        ctx.send(src, 1, tag=7)
+                    else:
+                        ctx.recv(dst, 0, tag=7)
+
+                g.run(body)
+                np.testing.assert_array_equal(dst, src)
+                went = sum(sum(ctx._transport.messages_by_address())
+                           for ctx in g.contexts) - sum(by_address)
+                if went and pooled:
+                    assert _hits() > before, (n, pooled)
+                else:
+                    assert _hits() == before, (n, pooled, went)
+                if n * 4 >= int(cma_min or 65536):
+                    assert went == 1, (n, pooled)
+    finally:
+        g.close()
+
+
 def test_a_pooled_peer_that_cannot_be_read_takes_the_fallback():
     """Views follow readability: where cross-memory attach is refused, halving-doubling."""
-    engines = ring_engines(2, reads=lambda me, peer: me != 1)
+    # Messages stream (none by address, which would map the pool for a copy): the count
+    # of views is the direct algorithm's alone.
+    engines = ring_engines(2, reads=lambda me, peer: me != 1, by_address_min=0)
     try:
         bufs = [pc.empty(5000, np.float64) for _ in range(2)]
         for r, b in enumerate(bufs):
@@ -171,6 +210,12 @@ for step in range(20):
     b[:] = step if rank == 0 else -1
     ctx.broadcast(b, root=0, algorithm="direct")
     ok &= bool(np.all(b == step))
+    if rank == 0:                           # a message by address from a pooled array
+        ctx.send(a, 1, tag=step)
+    else:
+        got = np.empty(n, np.float32)
+        ctx.recv(got, 0, tag=step)
+        ok &= bool(np.array_equal(got, a))
 mapped, hits = shared.view_stats()
 ctx.close()
 print(json.dumps({"ok": ok, "mapped": mapped, "hits": hits, "used": shared.pool_used()}))
@@ -185,6 +230,8 @@ def test_processes_map_each_others_pools(tmp_path):
         assert res["ok"], res
         assert res["mapped"] == 1, res          # one peer pool, mapped once
         assert res["hits"] >= 20, res           # ... and used by every allreduce
+        if res is results[1]:
+            assert res["hits"] >= 40, res       # ... and by every message received
         # The last step's two arrays, whole pages: every earlier one was given back.
         assert res["used"] == 2 * -(-((1 << 20) + 7) * 4 // 4096) * 4096, res
 

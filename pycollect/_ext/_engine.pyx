@@ -33,9 +33,11 @@ it discarded), so the survivors of a failure go on over the same channels
 (``Context.shrink``, ``Context.agree``).
 
 Messages from a channel's ``by_address_min`` bytes go by address: the stream
-carries the header and the sender's buffer address, the receiver copies the
-payload with the channel's ``read_remote`` and acknowledges it, and the send
-completes on the acknowledgement.
+carries the header, the sender's buffer address and where the buffer lies in
+the sender's pool of shared buffers (``AddrBody``); the receiver copies the
+payload with memcpy from its view of that pool where it maps it
+(_pool.pyx), else with the channel's ``read_remote``, and acknowledges it,
+and the send completes on the acknowledgement.
 """
 
 from libc.errno cimport EAGAIN, EFAULT, EINTR, errno
@@ -47,7 +49,7 @@ from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec
 
 from pycollect._ext._transport cimport *
-from pycollect._ext._pool cimport PoolRef, pool_view
+from pycollect._ext._pool cimport PoolRef, pool_ref, pool_view
 from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC_BY_ADDRESS,
                                       MAGIC_DATA, MAGIC_REFUSED, MAGIC_RESET, Channel,
                                       ChannelBase, MsgHeader)
@@ -100,6 +102,13 @@ cdef enum:
     REFUSED_KEPT = 8            # the collectives this rank refused that it remembers, to
                                 # drop their peers' messages
 
+cdef struct AddrBody:
+    # What a message by address streams after its header: the sender's buffer, and where
+    # it lies in the sender's pool of shared buffers (base 0: in none), so that a receiver
+    # that maps the pool copies with memcpy instead of process_vm_readv.
+    uint64_t addr
+    PoolRef pool
+
 cdef struct Req:
     char* buf
     size_t nbytes
@@ -111,11 +120,14 @@ cdef struct Req:
     uint32_t hdr_done
     MsgHeader hdr
     int by_address      # the payload is read from the sender's memory
-    uint64_t addr       # ... at this address in the sender
-    uint32_t addr_done  # bytes of the address streamed
+    AddrBody where      # ... at this address in the sender (and its pool, if in one)
+    uint32_t addr_done  # bytes of ``where`` streamed
+    char* view          # a receive by address: the sender's buffer mapped here, or NULL
     uint64_t ack_needed # a sender's by-address message is done when the peer's acks reach this
     OpDesc desc         # the operation the request belongs to (checked against headers)
     int flex            # a point-to-point receive: any message of at most nbytes
+
+cdef size_t ADDR_BODY = sizeof(AddrBody)     # the bytes a message by address streams
 
 cdef struct Pair:
     ChannelBase* ch     # the channel (its object is in Engine.channels)
@@ -364,7 +376,8 @@ cdef class Engine(Transport):
         if by_address_min and nbytes >= by_address_min:
             r.hdr.magic = MAGIC_BY_ADDRESS
             r.by_address = 1
-            r.addr = <uint64_t>buf
+            r.where.addr = <uint64_t>buf
+            pool_ref(buf, nbytes, &r.where.pool)
         r.hdr.msgno = pr.sent_msgs
         pr.sent_msgs += 1
         self._fill_desc(&r.hdr)
@@ -816,10 +829,10 @@ cdef class Engine(Transport):
                 iov[0].iov_len = hrem
                 cnt = 1
             # A message by address streams only its address; the peer reads the rest.
-            body = 8 if r.by_address else r.nbytes
+            body = ADDR_BODY if r.by_address else r.nbytes
             sent = r.addr_done if r.by_address else r.done
             if sent < body:
-                iov[cnt].iov_base = ((<char*>&r.addr) + sent) if r.by_address \
+                iov[cnt].iov_base = ((<char*>&r.where) + sent) if r.by_address \
                     else (r.buf + sent)
                 iov[cnt].iov_len = body - sent
                 cnt += 1
@@ -883,7 +896,7 @@ cdef class Engine(Transport):
         elif r.hdr.magic == MAGIC_DATA or r.hdr.magic == MAGIC_REFUSED:
             body = r.hdr.nbytes
         elif r.hdr.magic == MAGIC_BY_ADDRESS:
-            body = 8
+            body = ADDR_BODY
             pr.rs_ack = 1
         else:
             pr.lost = 1         # not a frame: no boundary to find
@@ -979,7 +992,7 @@ cdef class Engine(Transport):
         """Drop the frame ``h`` of which ``read`` bytes past the header are read: the rest is
         skipped before the peer's next header."""
         cdef Pair* pr = &self.pairs[peer]
-        cdef uint64_t body = 8 if h.magic == MAGIC_BY_ADDRESS else h.nbytes
+        cdef uint64_t body = ADDR_BODY if h.magic == MAGIC_BY_ADDRESS else h.nbytes
         if h.magic != MAGIC_REFUSED:
             pr.recv_msgs += 1       # a message: it had its number
         pr.skip = body - read
@@ -992,7 +1005,7 @@ cdef class Engine(Transport):
         """Drop the leftover frame whose header the posted receive ``r`` read, and move the
         bytes read past it to where a read of the next frame would have put them: 1 if that
         next header is then complete in ``r.hdr``, else 0."""
-        cdef uint64_t body = 8 if r.hdr.magic == MAGIC_BY_ADDRESS else r.hdr.nbytes
+        cdef uint64_t body = ADDR_BODY if r.hdr.magic == MAGIC_BY_ADDRESS else r.hdr.nbytes
         cdef size_t extra, head
         if r.done < body:
             self._skip_frame(peer, &r.hdr, r.done)
@@ -1142,9 +1155,9 @@ cdef class Engine(Transport):
             r = &self.reqs[pr.recv_head]
             if r.by_address:
                 # The header is in: the address, then the payload from the peer's memory.
-                if r.addr_done < 8:
-                    iov[0].iov_base = (<char*>&r.addr) + r.addr_done
-                    iov[0].iov_len = 8 - r.addr_done
+                if r.addr_done < ADDR_BODY:
+                    iov[0].iov_base = (<char*>&r.where) + r.addr_done
+                    iov[0].iov_len = ADDR_BODY - r.addr_done
                     n = ch.ops.readv(ch, iov, 1)
                     if n <= 0:
                         if n < 0 and (errno == EINTR or _would_block(errno)):
@@ -1152,13 +1165,20 @@ cdef class Engine(Transport):
                         return self._lost(peer, ch, r, n)
                     progressed = 1
                     r.addr_done += <uint32_t>n
-                    if r.addr_done < 8:
+                    if r.addr_done < ADDR_BODY:
                         return progressed
+                    r.view = pool_view(pr.pid, &r.where.pool, r.where.addr, r.nbytes)
                 want = r.nbytes - r.done
                 if want > ADDR_CHUNK:
                     want = ADDR_CHUNK
-                if want:
-                    n = ch.ops.read_remote(ch, r.buf + r.done, r.addr + r.done, want)
+                if want and r.view != NULL:        # the sender's pool is mapped here
+                    memcpy(r.buf + r.done, r.view + r.done, want)
+                    r.done += want
+                    progressed = 1
+                    if r.done < r.nbytes:
+                        return progressed
+                elif want:
+                    n = ch.ops.read_remote(ch, r.buf + r.done, r.where.addr + r.done, want)
                     if n <= 0:
                         return self.set_error(ERR_PEER, peer, ch.remote_call, errno,
                                               "cannot read the peer's memory")
@@ -1581,8 +1601,8 @@ cdef class Engine(Transport):
                     memcpy(&rs[p].hdr, &r.hdr, r.hdr_done)
                     rs[p].hdr_done = r.hdr_done
                 elif r.by_address:
-                    if r.addr_done < 8:
-                        rs[p].skip = 8 - r.addr_done
+                    if r.addr_done < ADDR_BODY:
+                        rs[p].skip = ADDR_BODY - r.addr_done
                         rs[p].ack = 1
                     else:
                         pr.ch.ops.ack(pr.ch)
@@ -1683,7 +1703,7 @@ cdef class Engine(Transport):
         elif rs.hdr.magic == MAGIC_DATA or rs.hdr.magic == MAGIC_REFUSED:
             rs.skip = rs.hdr.nbytes
         elif rs.hdr.magic == MAGIC_BY_ADDRESS:
-            rs.skip = 8
+            rs.skip = ADDR_BODY
             rs.ack = 1
         elif rs.hdr.magic != MAGIC_ABORT:
             return -1

@@ -204,7 +204,7 @@ cdef class Pool:
 
     def block(self, size_t nbytes):
         """A Block of at least ``nbytes`` (whole pages), or None where the pool has no room."""
-        cdef size_t want = max(nbytes, 1)
+        cdef size_t want = nbytes if nbytes > 0 else 1
         cdef Block b
         want = (want + self.page - 1) // self.page * self.page
         with self.lock:
