@@ -828,7 +828,7 @@ cdef class Engine(Transport):
                 iov[0].iov_base = (<char*>&r.hdr) + r.hdr_done
                 iov[0].iov_len = hrem
                 cnt = 1
-            # A message by address streams only its address; the peer reads the rest.
+            # A message by address streams only its address (and pool); the peer reads the rest.
             body = ADDR_BODY if r.by_address else r.nbytes
             sent = r.addr_done if r.by_address else r.done
             if sent < body:
