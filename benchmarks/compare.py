@@ -785,12 +785,10 @@ def ratio_pairs(peers):
     if not ours:
         return torch_pairs(peers)
     tcp = "pycollect-tcp" if "pycollect-tcp" in ours else ours[0]
-    local = next((p for p in ours if p != tcp), tcp)
+    local = next((p for p in ours if p not in (tcp, POOLED)), tcp)
     pairs = [("gloo", tcp), ("mpi-tcp", tcp), ("gloo", local), ("mpi-shm", local),
              (CEILING, local), ("mpi-shm", POOLED), (CEILING, POOLED)]
-    if POOLED not in ours:
-        pairs = pairs[:-2]
-    return list(dict.fromkeys((a, b) for a, b in pairs if a in peers))
+    return list(dict.fromkeys((a, b) for a, b in pairs if a in peers and b in peers))
 
 
 def torch_pairs(peers):

@@ -9,7 +9,8 @@ one-way latency osu_latency reports), the median over batches of 100 round
 trips (one clock read per batch).  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (``ctx.send``/``ctx.recv`` on the transport named, ranks
 started by ``pycollect-run``), ``pycollect-shm-pooled`` (shm on a buffer from
-``pycollect.zeros``: messages by address are copied from the sender's mapped pool), ``mpi-shm`` and ``mpi-tcp`` (mpi4py's
+``pycollect.zeros``: messages by address are copied from the sender's mapped
+pool), ``mpi-shm`` and ``mpi-tcp`` (mpi4py's
 ``Send``/``Recv`` on Open MPI under ``mpirun``; TCP forced with
 ``--mca pml ob1 --mca btl tcp,self``).  The peers take turns, in an order that
 rotates from round to round; the table has each peer's median over rounds and
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 
-from turns import against_mpi, report, summarize, two_ranks_main
+from turns import against_mpi, pycollect_transport, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "pycollect-shm-pooled", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 BATCH = 100
@@ -32,7 +33,7 @@ def _endpoint(peer):
     """(rank, send(buf), recv(buf), close) of this worker process."""
     if peer.startswith("pycollect-"):
         import pycollect as pc
-        ctx = pc.init(transport=peer.split("-", 1)[1].removesuffix("-pooled"), timeout=60)
+        ctx = pc.init(transport=pycollect_transport(peer), timeout=60)
         other = 1 - ctx.rank
         return (ctx.rank, lambda b: ctx.send(b, other, 5), lambda b: ctx.recv(b, other, 5),
                 ctx.close)
@@ -48,12 +49,13 @@ def worker(peer, counts, iters, out):
     rank, send, recv, close = _endpoint(peer)
     clock = time.perf_counter_ns
     result = {}
+    if peer.endswith("-pooled"):
+        import pycollect
+        zeros = pycollect.zeros
+    else:
+        zeros = np.zeros
     for count in counts:
-        if peer.endswith("-pooled"):
-            import pycollect as pc
-            buf = pc.zeros(count, np.float32)
-        else:
-            buf = np.zeros(count, np.float32)
+        buf = zeros(count, np.float32)
         batches = []
         for b in range(max(1, iters // BATCH) + 5):     # the first 5 batches warm up
             start = clock()

@@ -140,11 +140,16 @@ def _two_ranks_command(script, peer, counts, iters, out):
     return module_command("pycollect.launch") + ["-n", "2", "--timeout", "300"] + me
 
 
+def pycollect_transport(peer):
+    """The transport of a pycollect peer: "pycollect-shm-pooled" (shm on pycollect.zeros
+    buffers) runs over "shm"."""
+    return peer.split("-", 1)[1].removesuffix("-pooled")
+
+
 def against_mpi(peer):
     """The reference of a pycollect peer in the 2-rank tables: MPI on the same transport."""
-    if not peer.startswith("pycollect-"):
-        return None
-    return ("mpi-" + peer.split("-", 1)[1].removesuffix("-pooled"), "MPI")
+    return ("mpi-" + pycollect_transport(peer), "MPI") if peer.startswith("pycollect-") \
+        else None
 
 
 def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate):

@@ -1167,7 +1167,7 @@ cdef class Engine(Transport):
                     r.addr_done += <uint32_t>n
                     if r.addr_done < ADDR_BODY:
                         return progressed
-                    r.view = pool_view(pr.pid, &r.where.pool, r.where.addr, r.nbytes)
+                    r.view = self.view_remote(peer, &r.where.pool, r.where.addr, r.nbytes)
                 want = r.nbytes - r.done
                 if want > ADDR_CHUNK:
                     want = ADDR_CHUNK

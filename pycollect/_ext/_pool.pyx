@@ -60,7 +60,7 @@ cdef struct View:
     char* local         # the same pages here
 
 
-# This process's pool (base 0: none yet), set once by Pool.__init__ for the pool that
+# This process's pool (base 0: none yet), set by Pool.current for the pool that
 # pycollect.shared makes current.
 cdef PoolRef _mine
 memset(&_mine, 0, sizeof(PoolRef))
@@ -71,10 +71,14 @@ cdef uint32_t _views_lock = 0
 cdef uint64_t _hits = 0         # views handed out (a test's witness that they are used)
 
 
+cdef inline bint _within(const PoolRef* ref, uint64_t addr, size_t nbytes) noexcept nogil:
+    """Whether [addr, addr + nbytes) lies in the pool ``ref`` (none: base 0)."""
+    return ref.base != 0 and addr >= ref.base and nbytes <= ref.nbytes \
+        and addr - ref.base <= ref.nbytes - nbytes
+
+
 cdef int pool_ref(const void* addr, size_t nbytes, PoolRef* out) noexcept nogil:
-    cdef uint64_t a = <uint64_t>addr
-    if _mine.base != 0 and a >= _mine.base and nbytes <= _mine.nbytes \
-            and a - _mine.base <= _mine.nbytes - nbytes:
+    if _within(&_mine, <uint64_t>addr, nbytes):
         out[0] = _mine
         return 1
     memset(out, 0, sizeof(PoolRef))
@@ -84,8 +88,7 @@ cdef int pool_ref(const void* addr, size_t nbytes, PoolRef* out) noexcept nogil:
 cdef char* pool_view(int pid, const PoolRef* ref, uint64_t addr, size_t nbytes) noexcept nogil:
     global _hits
     cdef View* v
-    if ref.base == 0 or pid <= 0 or addr < ref.base or nbytes > ref.nbytes \
-            or addr - ref.base > ref.nbytes - nbytes:
+    if pid <= 0 or not _within(ref, addr, nbytes):
         return NULL
     v = _find(pid, ref)
     if v == NULL:
@@ -271,13 +274,6 @@ cdef class Block:
 
     def __getbuffer__(self, Py_buffer* view, int flags):
         PyBuffer_FillInfo(view, self, self.ptr, self.nbytes, 0, flags)
-
-    def __releasebuffer__(self, Py_buffer* view):
-        pass
-
-    @property
-    def address(self):
-        return <uint64_t>self.ptr
 
     def __dealloc__(self):
         if self.pool is not None:
