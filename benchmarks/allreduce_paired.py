@@ -4,6 +4,10 @@ of every algorithm.
     python benchmarks/allreduce_paired.py --ranks 4 --count 1048576 \
         --algorithms direct,halving_doubling,ring --iterations 40
     python benchmarks/allreduce_paired.py --collective broadcast --algorithms direct,binomial
+    python benchmarks/allreduce_paired.py --algorithms direct,direct-cma --count 262144
+
+"direct-cma" is "direct" with plain buffers never staged in the pool of shared
+buffers (their peers copy them with cross-memory attach, as before staging).
 
 On a machine other jobs share, a burst of load lands on whichever call runs
 then.  Here every iteration calls each algorithm once, back to back, in an
@@ -28,12 +32,22 @@ def rank_main(args):
     ctx = pc.init(rank=args.rank, size=args.ranks, store=args.store, timeout=args.timeout,
                   transport=args.transport)
     from pycollect.bench import busbw_factor
+    from pycollect._ext._direct import set_stage_bytes
     names = args.algorithms.split(",")
     buf = np.ones(args.count, np.dtype(args.dtype))
     out = np.empty(args.count * args.ranks, buf.dtype)
-    call = {"allreduce": lambda a: ctx.allreduce(buf, algorithm=a),
-            "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
-            "allgather": lambda a: ctx.allgather(buf, out, algorithm=a)}[args.collective]
+    run = {"allreduce": lambda a: ctx.allreduce(buf, algorithm=a),
+           "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
+           "allgather": lambda a: ctx.allgather(buf, out, algorithm=a)}[args.collective]
+
+    def call(name):
+        if name != "direct-cma":
+            return run(name)
+        bound = set_stage_bytes(0)
+        try:
+            run("direct")
+        finally:
+            set_stage_bytes(bound)
     for name in names:
         for _ in range(args.warmup):
             call(name)

@@ -13,37 +13,22 @@ inherited still share their pages with the parent.
 """
 
 import math
-import mmap
-import os
-import threading
 
 import numpy as np
 
-from . import settings
-from ._ext._pool import Pool, view_stats
+from ._ext._pool import made_pool, process_pool, view_stats
 from .errors import InvalidArgument
 
 __all__ = ["empty", "zeros", "pool_used", "view_stats"]
 
-_lock = threading.Lock()
-_pool = None
-_pool_pid = None
-
 
 def _current():
-    """This process's pool, made (and made current) on first use and after a fork."""
-    global _pool, _pool_pid
-    with _lock:
-        if _pool is None or _pool_pid != os.getpid():
-            try:
-                pool = Pool(settings.get("PYCOLLECT_POOL_BYTES"), mmap.PAGESIZE)
-            except OSError as exc:
-                raise InvalidArgument("pycollect.empty: the pool of shared arrays cannot be "
-                                      "made (%s); PYCOLLECT_POOL_BYTES sets its size" % exc) \
-                    from None
-            pool.current()
-            _pool, _pool_pid = pool, os.getpid()
-        return _pool
+    """This process's pool (made on first use and after a fork)."""
+    try:
+        return process_pool()
+    except OSError as exc:
+        raise InvalidArgument("pycollect.empty: the pool of shared arrays cannot be made "
+                              "(%s); PYCOLLECT_POOL_BYTES sets its size" % exc) from None
 
 
 def empty(shape, dtype=np.float32):
@@ -86,5 +71,5 @@ def zeros(shape, dtype=np.float32):
 
 def pool_used():
     """Bytes of this process's pool held by live arrays (whole pages); 0 before the first."""
-    with _lock:
-        return _pool.used if _pool is not None and _pool_pid == os.getpid() else 0
+    pool = made_pool()
+    return pool.used if pool is not None else 0

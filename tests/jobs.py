@@ -48,6 +48,25 @@ def stop(procs):
                 proc.wait(5)
 
 
+_SHM_HEAD = r"""
+import json, sys
+import numpy as np
+import pycollect as pc
+from pycollect import shared
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=%d, store=store, timeout=30, transport="shm")
+assert all(k in ("self", "shm+cma") for k in ctx._transport.pair_kinds()), \
+    "cross-memory attach is needed for this test"
+"""
+
+
+def shm_ranks(size, body):
+    """A rank script for run_script: joins ``size`` ranks over shared memory, checks that
+    every pair may use cross-memory attach, then runs ``body`` (``ctx``, ``rank``, ``np``,
+    ``pc``, ``shared`` and ``json`` defined)."""
+    return _SHM_HEAD % size + body
+
+
 def run_script(tmp_path, text, size=3):
     """Start ``text`` as a script of ``size`` ranks (argv: rank, a file store's URL); return
     the processes, their output piped."""

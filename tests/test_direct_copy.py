@@ -14,7 +14,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
-from jobs import last_json, run_script, run_victims
+from jobs import last_json, run_script, run_victims, shm_ranks
 from pycollect import selection
 from pycollect._ext import _allgather, _broadcast
 from pycollect._ext._direct import DIRECT_READ_BYTES
@@ -239,14 +239,7 @@ def test_auto_picks_the_direct_broadcast_and_allgather_where_the_table_says():
 
 # Processes: the owner mutates its buffer the moment the call returns; a reader that had
 # not finished would see the mutation.
-_MUTATE = r"""
-import json, sys
-import numpy as np
-import pycollect as pc
-rank, store = int(sys.argv[1]), sys.argv[2]
-ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
-assert all(k in ("self", "shm+cma") for k in ctx._transport.pair_kinds()), \
-    "cross-memory attach is needed for this test"
+_MUTATE = shm_ranks(3, r"""
 n = 4 << 20
 buf = np.empty(n, np.float32)
 send = np.empty(n, np.float32)
@@ -268,7 +261,7 @@ for i in range(12):
         bad += 1
     ctx.barrier()
 print(json.dumps({"bad": bad}))
-"""
+""")
 
 
 def test_an_owner_returns_only_after_every_reader_has_copied(tmp_path):

@@ -7,6 +7,7 @@ mapped for real, and the witness that plain loads were used is
 ``view_stats()``'s count of views handed out.
 """
 
+import gc
 import os
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
-from jobs import last_json, run_script, run_victims
+from jobs import last_json, run_script, run_victims, shm_ranks
 from pycollect import shared
 from test_allreduce_direct import _VICTIM, direct_on, ring_engines
 
@@ -51,6 +52,7 @@ def test_an_array_larger_than_the_pool_is_refused_naming_the_setting():
 
 
 def test_freed_arrays_give_their_pages_and_their_range_back():
+    gc.collect()            # earlier tests' transports give their direct stages back now
     before = shared.pool_used()
     a = pc.empty(1 << 20, np.float32)
     b = pc.empty(3, np.float32)          # a whole page
@@ -67,6 +69,7 @@ def test_freed_arrays_give_their_pages_and_their_range_back():
 
 
 def test_a_view_of_an_array_keeps_its_memory():
+    gc.collect()
     a = pc.empty(1000, np.int32)
     a[:] = np.arange(1000)
     tail = a[500:]
@@ -190,15 +193,7 @@ def test_a_pooled_peer_that_cannot_be_read_takes_the_fallback():
             t.close()
 
 
-_RANKS = r"""
-import json, sys
-import numpy as np
-import pycollect as pc
-from pycollect import shared
-rank, store = int(sys.argv[1]), sys.argv[2]
-ctx = pc.init(rank=rank, size=2, store=store, timeout=30, transport="shm")
-assert all(k in ("self", "shm+cma") for k in ctx._transport.pair_kinds()), \
-    "cross-memory attach is needed for this test"
+_RANKS = shm_ranks(2, r"""
 n = (1 << 20) + 7
 ok = True
 for step in range(20):
@@ -219,7 +214,7 @@ for step in range(20):
 mapped, hits = shared.view_stats()
 ctx.close()
 print(json.dumps({"ok": ok, "mapped": mapped, "hits": hits, "used": shared.pool_used()}))
-"""
+""")
 
 
 def test_processes_map_each_others_pools(tmp_path):

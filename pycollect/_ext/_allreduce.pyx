@@ -73,13 +73,14 @@ from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgat
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
-                                     direct_release, direct_write)
+                                     direct_release, direct_stage, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from pycollect.errors import InvalidArgument
 
@@ -318,13 +319,14 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
 
 
 cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
-                          size_t chunk) noexcept nogil:
-    """Allreduce in place by reading the peers' buffers directly (see the module notes).
+                          size_t chunk, char* stage) noexcept nogil:
+    """Allreduce in place by reading the peers' buffers directly (see the module notes);
+    ``stage`` (or NULL): where the peers read this rank's other slices and write them back.
 
     Returns 1 when some rank's memory was not readable and halving-doubling ran instead.
     """
     cdef int P = t.size, r = t.rank, i, p, readable
-    cdef size_t lo, length, off, c, take
+    cdef size_t lo, length, off, c, take, tail
     cdef DirectHello* hello
     cdef char* other
     if P == 1 or n == 0:
@@ -332,8 +334,14 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
+    lo = chunk_offset(n, P, r)
+    length = chunk_length(n, P, r)
+    tail = (lo + length) * es
+    if stage != NULL:       # the slices the peers reduce, where they may map them
+        memcpy(stage, buf, lo * es)
+        memcpy(stage + tail, buf + tail, n * es - tail)
     # 1. Hello: addresses, and whether direct access works between every pair.
-    readable = direct_hello(t, buf, n * es, hello)
+    readable = direct_hello(t, stage if stage != NULL else buf, n * es, hello)
     if readable < 0:
         return -1
     if not readable:
@@ -344,8 +352,6 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     other = t.scratch(chunk * es)
     if other == NULL:
         return -1
-    lo = chunk_offset(n, P, r)
-    length = chunk_length(n, P, r)
     c = 0
     while c < length:
         take = length - c if length - c < chunk else chunk
@@ -364,7 +370,12 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
                 return -1
         c += take
     # 3. Nobody returns while a peer may still read or write its buffer.
-    return direct_release(t)
+    if direct_release(t) < 0:
+        return -1
+    if stage != NULL:       # the peers' reduced slices
+        memcpy(buf, stage, lo * es)
+        memcpy(buf + tail, stage + tail, n * es - tail)
+    return 0
 
 
 cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
@@ -387,6 +398,7 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
     cdef size_t n = b.count
     cdef size_t seg
     cdef int window, rc
+    cdef char* stage = NULL
     if algo == ALGO_BCUBE and not 2 <= base <= MAX_BCUBE_BASE:
         raise InvalidArgument("allreduce: bcube base %d is outside 2..%d" % (base, MAX_BCUBE_BASE))
     if algo == ALGO_RECURSIVE_DOUBLING or algo == ALGO_HALVING_DOUBLING or algo == ALGO_BCUBE \
@@ -402,6 +414,8 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
     elif algo == ALGO_DIRECT:
         seg = segment_bytes if segment_bytes < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
         window = 0
+        if not t.solo and t.size > 1:
+            stage = direct_stage(t, b.ptr, b.nbytes)
     else:
         raise InvalidArgument("allreduce: unknown algorithm code %d" % algo)
     if t.solo:
@@ -419,7 +433,7 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
                 elif algo == ALGO_BCUBE:
                     rc = bcube_allreduce(t, b.ptr, n, es, b.dtype, op, base)
                 elif algo == ALGO_DIRECT:
-                    rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, seg)
+                    rc = direct_allreduce(t, b.ptr, n, es, b.dtype, op, seg, stage)
                     if rc == 1:
                         algo = ALGO_HALVING_DOUBLING
                         rc = 0

@@ -19,6 +19,9 @@ cdef struct DirectHello:
     PoolRef pool        # where the sender's buffer lies in its pool of shared buffers
     uint64_t view       # set on receipt (direct_view): the sender's buffer as mapped here, or 0
 
+# Where a direct algorithm copies a plain buffer of ``nbytes`` that its peers may then map
+# (see _direct.pyx), or NULL where it works on the buffer itself.  Called with the GIL.
+cdef char* direct_stage(Transport t, const void* buf, size_t nbytes)
 cdef void direct_offer(DirectHello* mine, const void* addr, size_t nbytes) noexcept nogil
 cdef void direct_view(Transport t, int peer, DirectHello* theirs, size_t nbytes) noexcept nogil
 cdef int direct_hello(Transport t, const void* addr, size_t nbytes,

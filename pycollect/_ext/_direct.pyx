@@ -16,6 +16,16 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    maps that pool (``direct_view``, the transport's ``view_remote``), a read or
    write is a plain memcpy, with no system call and no pages pinned, and an
    algorithm may work on the peer's buffer in place (``DirectHello.view``).
+   A plain buffer (not in the pool) may be staged (``direct_stage``): the
+   rank copies what its peers read into a block of its own pool, kept on the
+   transport, and offers that block instead, so the peers' reads and writes are memcpy too; the rank copies
+   what they wrote back into its buffer once they are done.  Two copies in
+   the rank's own cache cost less than the kernel's copies of the peers'
+   pages (process_vm_readv pins every page it copies) while the buffers and
+   blocks of every rank fit the last-level cache together
+   (DIRECT_STAGE_BYTES); above that, cross-memory attach's single copy is the
+   faster.  Allreduce stages; broadcast and allgather do not (staging
+   measured slower there: docs/algorithms.md).
 3. Release (``direct_release``): every rank tells every other that it reads
    and writes nobody's buffer any more, and returns only once every peer has
    said the same, so no caller uses a buffer that a peer still reads or
@@ -24,13 +34,81 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
 
 from libc.string cimport memcpy
 
-from pycollect._ext._pool cimport pool_ref
+import os
+
+from pycollect._ext._pool cimport PoolRef, block_address, pool_block, pool_ref
 from pycollect._ext._transport cimport *
 
 # One read_remote or write_remote call of direct_read/direct_write copies at most this
 # many bytes.
 DIRECT_READ_BYTES = 1 << 20
 cdef size_t _read_bytes = DIRECT_READ_BYTES
+
+
+def _cache_bytes():
+    """The last-level cache of the CPU this process starts on, as the kernel describes it
+    (the C library's sysconf may count every cache of the chip); 32 MiB where it says
+    nothing."""
+    best_level, best = 0, 32 << 20
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return best
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(base, name, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        digits = size.rstrip("KMG")
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[len(digits):], 1)
+        if level > best_level and digits.isdigit():
+            best_level, best = level, int(digits) * scale
+    return best
+
+
+# Plain buffers are staged in the pool (direct_stage) while every rank's buffer and
+# staging block fit this many bytes together: the last-level cache.
+DIRECT_STAGE_BYTES = _cache_bytes()
+cdef size_t _stage_bytes = DIRECT_STAGE_BYTES
+
+
+def set_stage_bytes(size_t nbytes):
+    """Stage plain buffers while 2 x ranks x the buffer's bytes <= ``nbytes`` (0: never);
+    returns the previous bound.  For tests and benchmarks that compare staging with
+    cross-memory attach."""
+    global _stage_bytes
+    old = _stage_bytes
+    _stage_bytes = nbytes
+    return old
+
+
+cdef char* direct_stage(Transport t, const void* buf, size_t nbytes):
+    """A block of the pool of at least ``nbytes`` to stage ``buf`` in, or NULL: ``buf`` lies
+    in the pool already, the ranks' buffers and blocks would not fit the cache together
+    (2 x ranks x nbytes > DIRECT_STAGE_BYTES), some peer's memory is not readable (the
+    algorithm sends messages instead), or the pool has no room.  The block stays on the
+    transport for the next call, grown to a power of two when a larger buffer comes."""
+    cdef PoolRef ref
+    cdef size_t want = 4096
+    cdef int p
+    if nbytes == 0 or nbytes > _stage_bytes // (2 * <size_t>t.size) or \
+            pool_ref(buf, nbytes, &ref):
+        return NULL
+    for p in range(t.size):
+        if p != t.rank and not t.can_read_remote(p):
+            return NULL
+    if t.staging is None or t.staging.nbytes < nbytes:
+        while want < nbytes:
+            want <<= 1
+        t.staging = None                # its pages go back before the larger block is made
+        t.staging = pool_block(want)
+        if t.staging is None:
+            return NULL
+    return block_address(t.staging)
 
 
 cdef void direct_offer(DirectHello* mine, const void* addr, size_t nbytes) noexcept nogil:

@@ -21,3 +21,9 @@ cdef int pool_ref(const void* addr, size_t nbytes, PoolRef* out) noexcept nogil
 # lies outside it, or the pool cannot be mapped (the caller copies with cross-memory
 # attach instead).
 cdef char* pool_view(int pid, const PoolRef* ref, uint64_t addr, size_t nbytes) noexcept nogil
+
+# A Block of at least ``nbytes`` from this process's pool (made on first use: _pool.pyx's
+# process_pool), or None where the pool cannot be made or has no room; its memory starts
+# at block_address(block) and lasts as long as the Block does.
+cdef object pool_block(size_t nbytes)
+cdef char* block_address(object block) noexcept

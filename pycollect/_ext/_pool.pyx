@@ -28,12 +28,16 @@ from posix.unistd cimport close as c_close, ftruncate, getpid
 from cpython.buffer cimport PyBuffer_FillInfo
 
 import threading
+from mmap import PAGESIZE
+
+from pycollect import settings
 
 cdef extern from "_sys.h" nogil:
     uint32_t pc_exchange_u32(uint32_t* p, uint32_t v)
     void pc_store_u32_sc(uint32_t* p, uint32_t v)
     uint32_t pc_load_u32(uint32_t* p)
     void pc_pause()
+    void pc_count_u64(uint64_t* p)
 
 cdef extern from "<sys/mman.h>" nogil:
     int memfd_create(const char* name, unsigned int flags)
@@ -86,7 +90,6 @@ cdef int pool_ref(const void* addr, size_t nbytes, PoolRef* out) noexcept nogil:
 
 
 cdef char* pool_view(int pid, const PoolRef* ref, uint64_t addr, size_t nbytes) noexcept nogil:
-    global _hits
     cdef View* v
     if pid <= 0 or not _within(ref, addr, nbytes):
         return NULL
@@ -95,7 +98,7 @@ cdef char* pool_view(int pid, const PoolRef* ref, uint64_t addr, size_t nbytes) 
         v = _map(pid, ref)
     if v == NULL or v.failed:
         return NULL
-    _hits += 1
+    pc_count_u64(&_hits)       # thread ranks view at once: a count that loses none
     return v.local + (addr - ref.base)
 
 
@@ -148,6 +151,49 @@ def view_stats():
     for i in range(pc_load_u32(&_nviews)):
         mapped += not _views[i].failed
     return mapped, _hits
+
+
+# This process's pool, made by process_pool on first use (and again after a fork).
+_made_lock = threading.Lock()
+_made = None
+_made_pid = 0
+_made_error = None      # the OSError of a pool that could not be made, for every later ask
+
+
+def process_pool():
+    """This process's pool (``PYCOLLECT_POOL_BYTES`` of address space), made and made current
+    on first use and again in a forked child; OSError where it cannot be made."""
+    global _made, _made_pid, _made_error
+    with _made_lock:
+        if _made is None or _made_pid != getpid():
+            if _made_error is not None and _made_pid == getpid():
+                raise _made_error
+            _made_pid = getpid()
+            try:
+                pool = Pool(settings.get("PYCOLLECT_POOL_BYTES"), PAGESIZE)
+            except OSError as exc:
+                _made, _made_error = None, exc
+                raise
+            pool.current()
+            _made, _made_error = pool, None
+        return _made
+
+
+def made_pool():
+    """This process's pool if process_pool made it here (not in a parent), else None."""
+    with _made_lock:
+        return _made if _made is not None and _made_pid == getpid() else None
+
+
+cdef object pool_block(size_t nbytes):
+    try:
+        return process_pool().block(nbytes)
+    except OSError:
+        return None
+
+
+cdef char* block_address(object block) noexcept:
+    return (<Block>block).ptr
 
 
 cdef class Pool:

@@ -36,6 +36,8 @@ static inline void pc_fence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 /* Spinning on shared memory (the flags path, _flags.pyx): a relaxed-cost load of a
  * 32-bit word and the CPU's spin-wait hint. */
 static inline uint32_t pc_load_u32(uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+/* A counter that threads bump at once (statistics: no ordering). */
+static inline void pc_count_u64(uint64_t *p) { __atomic_fetch_add(p, 1, __ATOMIC_RELAXED); }
 static inline void pc_pause(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();

@@ -102,6 +102,9 @@ cdef class Transport:
     # The shared-memory flag area of the small-message path (_flags.FlagArea), set at
     # connect time where every pair is on one host's shared memory; None elsewhere.
     cdef public object flag_area
+    # The direct algorithms' staging block in this process's pool of shared buffers
+    # (_direct.pyx's direct_stage), or None.
+    cdef object staging
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil
