@@ -139,8 +139,8 @@ DIRECT_MIN_BYTES = selection.min_bytes("allreduce", "direct", ranks=3)
 
 
 def test_auto_picks_direct_when_every_pair_shares_memory():
-    big = np.zeros(DIRECT_MIN_BYTES // 4, np.float32)
-    small = np.zeros(DIRECT_MIN_BYTES // 4 - 1, np.float32)
+    big = np.zeros(-(-DIRECT_MIN_BYTES // 4), np.float32)     # the first float32 count
+    small = np.zeros(big.size - 1, np.float32)
     g = ThreadGroup(3)
     try:
         ctx = g.contexts[0]
