@@ -107,7 +107,10 @@ def _allreduce_rules(collective, large_multi_host, why):
     """allreduce's rules, with what a multi-host topology runs from 128 KiB."""
     return [
         Rule(collective, None, "multi-host", 128 * KiB, large_multi_host, why),
-        Rule(collective, None, "shm", 16 * KiB + 1, "direct",
+        Rule(collective, 2, "shm", 4 * KiB + 1, "direct",
+             "each rank reduces its slice straight from the peers' memory and writes it "
+             "into theirs"),
+        Rule(collective, None, "shm", 8 * KiB + 1, "direct",
              "each rank reduces its slice straight from the peers' memory and writes it "
              "into theirs"),
         Rule(collective, 2, "any", 4 * MiB, "ring_chunked",

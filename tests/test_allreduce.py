@@ -110,14 +110,14 @@ def test_allreduce_large_default_segments():
 
 
 @pytest.mark.parametrize("size, transport, cases", [
-    (2, "auto", [(16 << 10, "flags"), ((16 << 10) + 4, "direct"), (32 << 10, "direct")]),
+    (2, "auto", [(4 << 10, "flags"), ((4 << 10) + 4, "direct"), (32 << 10, "direct")]),
     (2, "tcp", [(64 << 10, "recursive_doubling"), ((64 << 10) + 4, "halving_doubling"),
                 (4 << 20, "ring_chunked")]),
-    (4, "auto", [(4 << 10, "flags"), (16 << 10, "flags"), ((16 << 10) + 4, "direct"),
+    (4, "auto", [(4 << 10, "flags"), (8 << 10, "flags"), ((8 << 10) + 4, "direct"),
                  (128 << 10, "direct")]),
     (4, "tcp", [(4 << 10, "recursive_doubling"), ((256 << 10) - 4, "halving_doubling"),
                 ((16 << 20) - 4, "bcube"), (16 << 20, "ring_chunked")]),
-    (3, "auto", [(16 << 10, "flags"), ((16 << 10) + 4, "direct")]),
+    (3, "auto", [(8 << 10, "flags"), ((8 << 10) + 4, "direct")]),
 ])
 def test_auto_follows_the_measured_crossovers(size, transport, cases):
     """auto's rule (docs/algorithms.md): by size, rank count and whether all pairs share memory;

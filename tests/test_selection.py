@@ -23,15 +23,15 @@ def test_the_docs_table_is_the_rule_table():
 
 
 @pytest.mark.parametrize("size,shm,multi,cases", [
-    (2, True, False, [(16 * KiB, "recursive_doubling"), (16 * KiB + 1, "direct"),
+    (2, True, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "direct"),
                       (32 * KiB, "direct"), (64 * MiB, "direct")]),
     (2, False, False, [(64 * KiB, "recursive_doubling"), (64 * KiB + 1, "halving_doubling"),
                        (4 * MiB - 1, "halving_doubling"), (4 * MiB, "ring_chunked")]),
     (4, False, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "halving_doubling"),
                        (256 * KiB, "bcube"), (16 * MiB, "ring_chunked")]),
-    (4, True, False, [(16 * KiB, "halving_doubling"), (16 * KiB + 1, "direct"),
+    (4, True, False, [(8 * KiB, "halving_doubling"), (8 * KiB + 1, "direct"),
                       (128 * KiB, "direct"), (16 * MiB, "direct")]),
-    (3, True, False, [(16 * KiB, "halving_doubling"), (16 * KiB + 1, "direct")]),
+    (3, True, False, [(8 * KiB, "halving_doubling"), (8 * KiB + 1, "direct")]),
     (3, False, False, [(4 * KiB + 1, "halving_doubling"), (64 * MiB, "halving_doubling")]),
     (4, False, True, [(4 * KiB, "recursive_doubling"), (128 * KiB - 1, "halving_doubling"),
                       (128 * KiB, "hierarchical"), (16 * MiB, "hierarchical")]),
@@ -53,15 +53,17 @@ def test_a_coalesced_allreduce_stays_flat_where_allreduce_goes_hierarchical():
 
 @pytest.mark.parametrize("size", [2, 3, 4, 8])
 def test_small_messages_of_a_group_with_a_flag_area_take_flags(size):
-    """Up to the flag area's 16 KiB, on one host's shared memory with a flag area; above
-    it, and for a group on shared memory without one (a sub-group), as before."""
+    """On one host's shared memory with a flag area: broadcast up to the flag area's 16 KiB,
+    allreduce up to where ``direct`` starts (4 KiB at 2 ranks, 8 KiB with more); above
+    that, and for a group on shared memory without one (a sub-group), as before."""
     with_area, without = Selector(Facts(size, True, False, True)), Selector(Facts(size, True))
-    for nbytes in (0, 1, 4 * KiB, 16 * KiB):
-        for collective in ("allreduce", "allreduce_coalesced", "broadcast"):
+    allreduce_max = 4 * KiB if size == 2 else 8 * KiB
+    for collective, most in (("allreduce", allreduce_max), ("allreduce_coalesced", allreduce_max),
+                             ("broadcast", 16 * KiB)):
+        for nbytes in (0, 1, most // 2, most):
             assert with_area.plan(collective, nbytes).name == "flags", (collective, nbytes)
             assert without.plan(collective, nbytes).name != "flags"
-    for nbytes in (16 * KiB + 1, 256 * KiB - 1, MiB, 16 * MiB):
-        for collective in ("allreduce", "broadcast"):
+        for nbytes in (most + 1, 256 * KiB - 1, MiB, 16 * MiB):
             assert with_area.plan(collective, nbytes) == without.plan(collective, nbytes)
 
 
