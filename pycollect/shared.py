@@ -70,6 +70,7 @@ def zeros(shape, dtype=np.float32):
 
 
 def pool_used():
-    """Bytes of this process's pool held by live arrays (whole pages); 0 before the first."""
+    """Bytes of this process's pool held by live arrays and by the direct allreduce's
+    staging blocks (whole pages); 0 before the first."""
     pool = made_pool()
     return pool.used if pool is not None else 0

@@ -18,14 +18,14 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    algorithm may work on the peer's buffer in place (``DirectHello.view``).
    A plain buffer (not in the pool) may be staged (``direct_stage``): the
    rank copies what its peers read into a block of its own pool, kept on the
-   transport, and offers that block instead, so the peers' reads and writes are memcpy too; the rank copies
-   what they wrote back into its buffer once they are done.  Two copies in
-   the rank's own cache cost less than the kernel's copies of the peers'
-   pages (process_vm_readv pins every page it copies) while the buffers and
-   blocks of every rank fit the last-level cache together
-   (DIRECT_STAGE_BYTES); above that, cross-memory attach's single copy is the
-   faster.  Allreduce stages; broadcast and allgather do not (staging
-   measured slower there: docs/algorithms.md).
+   transport, and offers that block instead, so the peers' reads and writes
+   are memcpy too; the rank copies what they wrote back into its buffer once
+   they are done.  Two copies in the rank's own cache cost less than the
+   kernel's copies of the peers' pages (process_vm_readv pins every page it
+   copies) while the buffers and blocks of every rank fit the last-level
+   cache together (DIRECT_STAGE_BYTES); above that, cross-memory attach's
+   single copy is the faster.  Allreduce stages; broadcast and allgather do
+   not (staging measured slower there: docs/algorithms.md).
 3. Release (``direct_release``): every rank tells every other that it reads
    and writes nobody's buffer any more, and returns only once every peer has
    said the same, so no caller uses a buffer that a peer still reads or
