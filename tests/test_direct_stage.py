@@ -111,6 +111,28 @@ def test_the_stage_is_kept_between_calls_and_grows_once(stage_bound):
         g.close()
 
 
+def test_a_sub_group_stages_through_its_parent():
+    """Ranks 1 and 3 of four: the group's transport stages, its peers map the stage through
+    the parent's pairs, and the sum is exact."""
+    g = ThreadGroup(4, transport="shm")
+    try:
+        def body(ctx):
+            sub = ctx.new_group([1, 3])
+            if ctx.rank not in (1, 3):
+                return None
+            a = np.arange(100003, dtype=np.float64) + ctx.rank
+            sub.allreduce(a, algorithm="direct")
+            return a
+
+        before = _hits()
+        results = g.run(body)
+        assert _hits() - before >= 2
+        for r in (1, 3):
+            np.testing.assert_array_equal(results[r], 2 * np.arange(100003) + 4)
+    finally:
+        g.close()
+
+
 _PLAIN = shm_ranks(2, r"""
 n = (1 << 18) + 3
 ok = True
