@@ -86,6 +86,15 @@ def set_stage_bytes(size_t nbytes):
     return old
 
 
+cdef inline bint _reads_every_peer(Transport t) noexcept nogil:
+    """Whether this rank may read every peer's memory (the transport's can_read_remote)."""
+    cdef int p
+    for p in range(t.size):
+        if p != t.rank and not t.can_read_remote(p):
+            return 0
+    return 1
+
+
 cdef char* direct_stage(Transport t, const void* buf, size_t nbytes):
     """A block of the pool of at least ``nbytes`` to stage ``buf`` in, or NULL: ``buf`` lies
     in the pool already, the ranks' buffers and blocks would not fit the cache together
@@ -94,13 +103,9 @@ cdef char* direct_stage(Transport t, const void* buf, size_t nbytes):
     transport for the next call, grown to a power of two when a larger buffer comes."""
     cdef PoolRef ref
     cdef size_t want = 4096
-    cdef int p
     if nbytes == 0 or nbytes > _stage_bytes // (2 * <size_t>t.size) or \
-            pool_ref(buf, nbytes, &ref):
+            pool_ref(buf, nbytes, &ref) or not _reads_every_peer(t):
         return NULL
-    for p in range(t.size):
-        if p != t.rank and not t.can_read_remote(p):
-            return NULL
     if t.staging is None or t.staging.nbytes < nbytes:
         while want < nbytes:
             want <<= 1
@@ -133,10 +138,7 @@ cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
     cdef int P = t.size, r = t.rank, p, all_readable
     cdef DirectHello* mine = &hello[r]
     direct_offer(mine, addr, nbytes)
-    mine.readable = 1
-    for p in range(P):
-        if p != r and not t.can_read_remote(p):
-            mine.readable = 0
+    mine.readable = _reads_every_peer(t)
     for p in range(P):
         if p != r and (t.post_send(p, mine, sizeof(DirectHello)) < 0 or
                        t.post_recv(p, &hello[p], sizeof(DirectHello)) < 0):
