@@ -43,7 +43,7 @@ and the send completes on the acknowledgement.
 from libc.errno cimport EAGAIN, EFAULT, EINTR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memmove, memset
 from posix.unistd cimport close as c_close, read as c_read, write as c_write
 from posix.uio cimport iovec
@@ -97,8 +97,10 @@ cdef enum:
                                 # keep moving
     JUNK_BYTES = 65536          # recover() discards payloads in pieces of this size
     FINISH_MS = 1000            # a failing rank finishes the messages it is in the middle of
-                                # for at most this long ...
+                                # for at most this long (then recover() writes their
+                                # rest, up to CARRY_MAX_BYTES of it) ...
     QUIET_MS = 50               # ... and reads on until its peers have been quiet this long
+    CARRY_MAX_BYTES = 64 << 20
     REFUSED_KEPT = 8            # the collectives this rank refused that it remembers, to
                                 # drop their peers' messages
 
@@ -154,6 +156,11 @@ cdef struct Pair:
     uint64_t skip       # its bytes still in the stream, to discard before the next header
     int skip_ack        # ... it was a by-address message: acknowledge it once skipped
     int finishing       # failed in the middle of a message to the peer: finishing it
+    # ... and where the peer did not read it all in time, its rest and the abort frame,
+    # copied here (malloc'd) for recover() to write before its reset frame:
+    char* out_carry
+    size_t out_len
+    size_t out_off
 
 
 cdef struct Resync:
@@ -291,6 +298,7 @@ cdef class Engine(Transport):
         if self.pairs != NULL:
             for p in range(self.size):
                 free(self.pairs[p].rs_carry)
+                free(self.pairs[p].out_carry)
         free(self.pairs)
         free(self.reqs)
         free(self.pfds)
@@ -739,12 +747,13 @@ cdef class Engine(Transport):
         """After a failure, write the rest of the messages this rank is in the middle of
         (the peer is reading them, or finishing its own to us) and then their pair's abort
         frame, so that the pairs stay whole for recover(); read on meanwhile, so that peers
-        finishing theirs to us can, until they are quiet.  Bounded by FINISH_MS: a pair
+        finishing theirs to us can, until they are quiet.  A pair whose peer is gone (its
+        end met, or a write failed) is given up at once.  Bounded by FINISH_MS: a pair
         whose message is still half written then is shut, as a peer that does not read
         cannot be reached again."""
         cdef int64_t now = pc_now_ns()
         cdef int64_t end = now + FINISH_MS * 1000000, quiet = now + QUIET_MS * 1000000
-        cdef int p, n, busy, moved
+        cdef int p, n, busy, moved, rc
         cdef Pair* pr
         cdef ChannelBase* ch
         while True:
@@ -755,7 +764,15 @@ cdef class Engine(Transport):
                 if p == self.rank or pr.lost or ch.fd < 0:
                     continue
                 if pr.finishing:
-                    moved |= self._do_send(p) > 0   # never starts a message after a failure
+                    rc = self._do_send(p)           # never starts a message after a failure
+                    if rc < 0 or ch.eof:
+                        # The peer is gone (its end met here, or the write failed): there is
+                        # nobody to finish the message for.
+                        pr.finishing = 0
+                        pr.lost = 1
+                        ch.ops.shut(ch)
+                        continue
+                    moved |= rc
                     if pr.send_head >= 0 and self.reqs[pr.send_head].hdr_done != 0:
                         busy = 1
                     else:
@@ -765,8 +782,11 @@ cdef class Engine(Transport):
                             ch.ops.shut(ch)
                             continue
                 if pr.recv_head >= 0 and not (pr.rs_set or ch.eof):
-                    moved |= self._do_recv(p) > 0
-                    if pr.recv_head >= 0 and self.reqs[pr.recv_head].hdr_done != 0 \
+                    rc = self._do_recv(p)
+                    if rc < 0 and not pr.rs_set:
+                        ch.eof = 1          # the connection failed: nothing more comes on it
+                    moved |= rc > 0
+                    if rc >= 0 and pr.recv_head >= 0 and self.reqs[pr.recv_head].hdr_done != 0 \
                             and not pr.rs_set:
                         busy = 1            # a message of the peer's half read
                 self.pfds[n].fd = ch.fd
@@ -784,8 +804,33 @@ cdef class Engine(Transport):
             pr = &self.pairs[p]
             if p != self.rank and pr.finishing:
                 pr.finishing = 0
-                pr.lost = 1
-                pr.ch.ops.shut(pr.ch)
+                if self._carry_out(p, abort) < 0:
+                    pr.lost = 1
+                    pr.ch.ops.shut(pr.ch)
+
+    cdef int _carry_out(self, int peer, const MsgHeader* abort) noexcept nogil:
+        """Copy the rest of the message half written to ``peer`` (the caller's buffer is
+        the caller's again once the operation returns) and the abort frame after it, for
+        recover() to write before its reset frame: the stream stays whole for a peer that
+        reads late.  -1 where the rest is over CARRY_MAX_BYTES or memory is short."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Req* r = &self.reqs[pr.send_head]
+        cdef size_t hrem = HDR_BYTES - r.hdr_done, body = r.nbytes - r.done
+        if body > CARRY_MAX_BYTES:
+            return -1
+        cdef char* out = <char*>malloc(hrem + body + HDR_BYTES)
+        if out == NULL:
+            return -1
+        memcpy(out, (<char*>&r.hdr) + r.hdr_done, hrem)
+        if body:
+            memcpy(out + hrem, r.buf + r.done, body)
+        memcpy(out + hrem + body, abort, HDR_BYTES)
+        free(pr.out_carry)
+        pr.out_carry = out
+        pr.out_len = hrem + body + HDR_BYTES
+        pr.out_off = 0
+        pr.send_head = pr.send_tail = -1    # the operation failed: nothing else goes out
+        return 0
 
     cdef int _do_send(self, int peer) noexcept nogil:
         """Write queued messages to ``peer`` until its channel is full; 1 if progress."""
@@ -1545,6 +1590,9 @@ cdef class Engine(Transport):
             free(pr.rs_carry)
             pr.rs_carry = NULL
             pr.rs_carry_len = 0
+            free(pr.out_carry)
+            pr.out_carry = NULL
+            pr.out_len = pr.out_off = 0
             if want[p] == 2:
                 pr.sent_msgs = 0
                 pr.recv_msgs = 0
@@ -1641,7 +1689,18 @@ cdef class Engine(Transport):
         cdef size_t need
         cdef int progressed = 0
         ch.ops.woken(ch)            # a doorbell's bytes; the end of the peer's stream
-        if rs.sent < HDR_BYTES:
+        while pr.out_off < pr.out_len:
+            # The rest of the message this rank failed in the middle of, and its abort frame.
+            iov.iov_base = pr.out_carry + pr.out_off
+            iov.iov_len = pr.out_len - pr.out_off
+            n = ch.ops.writev(ch, &iov, 1)
+            if n < 0:
+                if not (_would_block(errno) or errno == EINTR):
+                    return -1
+                break
+            pr.out_off += <size_t>n
+            progressed = 1
+        if rs.sent < HDR_BYTES and pr.out_off == pr.out_len:
             iov.iov_base = (<char*>reset) + rs.sent
             iov.iov_len = HDR_BYTES - rs.sent
             n = ch.ops.writev(ch, &iov, 1)
@@ -1710,14 +1769,15 @@ cdef class Engine(Transport):
         return 0
 
     cdef void _resync_wait(self, char* want) noexcept nogil:
-        """Sleep until a recovering pair is readable (at most 1 ms: rings have no doorbell
-        armed here)."""
+        """Sleep until a recovering pair is readable, or writable where it has a message's
+        rest to write (at most 1 ms: rings have no doorbell armed here)."""
         cdef int p, k = 0
         for p in range(self.size):
             if want[p] != 1 or self.pairs[p].ch.fd < 0:
                 continue
             self.pfds[k].fd = self.pairs[p].ch.fd
-            self.pfds[k].events = POLLIN
+            self.pfds[k].events = self.pairs[p].ch.ops.events(
+                self.pairs[p].ch, self.pairs[p].out_off < self.pairs[p].out_len, 1)
             self.pfds[k].revents = 0
             k += 1
         poll(self.pfds, k, 1)
