@@ -804,7 +804,10 @@ cdef class Engine(Transport):
             pr = &self.pairs[p]
             if p != self.rank and pr.finishing:
                 pr.finishing = 0
-                if self._carry_out(p, abort) < 0:
+                # After a lost rank the survivors recover() together: the late reader gets
+                # the rest then.  After any other failure (a refusal, a deadline) the peer
+                # may wait on this pair without failing itself: its end tells it at once.
+                if abort.word.error_kind != ERR_PEER or self._carry_out(p, abort) < 0:
                     pr.lost = 1
                     pr.ch.ops.shut(pr.ch)
 

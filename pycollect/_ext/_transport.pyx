@@ -38,7 +38,9 @@ def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned lon
     name = COLLECTIVE_NAMES.get(coll, "collective#%d" % coll)
     if coll == COLL_BARRIER:
         return "barrier()"
-    parts = ["%s x %d" % (DTYPES.get(dtype, "dtype#%d" % dtype), count)]
+    parts = [DTYPES.get(dtype, "dtype#%d" % dtype)]
+    if coll != COLL_ALLTOALLV:      # its count differs from rank to rank (the header has 0)
+        parts[0] += " x %d" % count
     if coll in REDUCING:
         try:
             parts.append(ReduceOp(redop).name)
