@@ -26,9 +26,11 @@ caller's buffer (a channel whose messages may carry an address instead of a
 payload reads the header first).  A failing rank sends an abort frame (a
 header with the ABORT magic and its error kind) to every peer whose stream is
 at a message boundary, so the failure spreads in milliseconds instead of
-waiting for every rank's timeout; a stream it cannot end at a boundary (a
-message half written) it shuts down.  The other pairs stay open: ``recover()``
-brings them back to a frame boundary (a reset frame each way, what came before
+waiting for every rank's timeout; where it is half-way through a message it
+finishes the message first (after a lost rank, what the peer has not read
+within FINISH_MS is copied for ``recover()`` to write), and only a stream it
+cannot bring to a boundary either way it shuts down.  The other pairs stay
+open: ``recover()`` brings them back to a frame boundary (a reset frame each way, what came before
 it discarded), so the survivors of a failure go on over the same channels
 (``Context.shrink``, ``Context.agree``).
 
@@ -748,9 +750,10 @@ cdef class Engine(Transport):
         (the peer is reading them, or finishing its own to us) and then their pair's abort
         frame, so that the pairs stay whole for recover(); read on meanwhile, so that peers
         finishing theirs to us can, until they are quiet.  A pair whose peer is gone (its
-        end met, or a write failed) is given up at once.  Bounded by FINISH_MS: a pair
-        whose message is still half written then is shut, as a peer that does not read
-        cannot be reached again."""
+        end met, or a write failed) is given up at once.  Bounded by FINISH_MS: a message
+        still half written then is handed to recover() (_carry_out) when the failure is a
+        lost rank, whose survivors all recover; otherwise, or where it cannot be copied,
+        its pair is shut, so that a peer waiting on it fails at once."""
         cdef int64_t now = pc_now_ns()
         cdef int64_t end = now + FINISH_MS * 1000000, quiet = now + QUIET_MS * 1000000
         cdef int p, n, busy, moved, rc
