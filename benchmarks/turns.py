@@ -97,15 +97,18 @@ def report(title, first, align, keys, figures, reference, missing, json_path, do
 MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"]
 
 
-def _two_ranks_parser(doc, peers, iters, iters_help):
+def _two_ranks_parser(doc, peers, iters, iters_help, patterns=None):
     """The options every 2-rank benchmark takes (``--peers``, ``--counts``, ``--rounds``,
-    ``--iters``, ``--json``, and the worker's own)."""
+    ``--iters``, ``--json``, and the worker's own), and ``--pattern`` where the benchmark
+    has ``patterns`` (the first is the default)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--peers", default=",".join(peers))
     ap.add_argument("--counts", default="1,4096", help="float32 elements")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=iters, help=iters_help)
     ap.add_argument("--json", help="also write the figures here")
+    if patterns:
+        ap.add_argument("--pattern", choices=patterns, default=patterns[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap
@@ -128,11 +131,12 @@ def _two_ranks_available(peer):
     return importable("mpi4py" if mpi else "pycollect", mpirun=mpi)
 
 
-def _two_ranks_command(script, peer, counts, iters, out):
+def _two_ranks_command(script, peer, counts, iters, out, pattern=None):
     """The argv that runs ``script``'s worker for ``peer`` on 2 ranks: under mpirun (TCP
     forced for mpi-tcp) or pycollect-run."""
     me = [sys.executable, os.path.abspath(script), "--worker", peer, "--counts",
-          ",".join(map(str, counts)), "--iters", str(iters), "--out", out]
+          ",".join(map(str, counts)), "--iters", str(iters), "--out", out] + (
+          ["--pattern", pattern] if pattern else [])
     if peer.startswith("mpi-"):
         return (["mpirun", "--allow-run-as-root", "-n", "2"]
                 + (MPI_TCP if peer == "mpi-tcp" else []) + me)
@@ -142,8 +146,9 @@ def _two_ranks_command(script, peer, counts, iters, out):
 
 def pycollect_transport(peer):
     """The transport of a pycollect peer: "pycollect-shm-pooled" (shm on pycollect.zeros
-    buffers) runs over "shm"."""
-    return peer.split("-", 1)[1].removesuffix("-pooled")
+    buffers) and "pycollect-shm-ring" (shm with every message through the rings) run over
+    "shm"."""
+    return peer.split("-", 1)[1].removesuffix("-pooled").removesuffix("-ring")
 
 
 def against_mpi(peer):
@@ -152,18 +157,22 @@ def against_mpi(peer):
         else None
 
 
-def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate):
+def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate,
+                   patterns=None):
     """A 2-rank benchmark's main: parse the shared options; as a worker, run
-    ``worker(peer, counts, iters, out)``; else run every peer that can run here in turns
-    (``script`` under mpirun or pycollect-run) and hand ``tabulate(args, counts, runs,
-    missing)`` the runs."""
-    ap = _two_ranks_parser(doc, peers, iters, iters_help)
+    ``worker(peer, counts, iters, out)`` (``pattern=`` added where the benchmark has
+    ``patterns``); else run every peer that can run here in turns (``script`` under mpirun
+    or pycollect-run) and hand ``tabulate(args, counts, runs, missing)`` the runs."""
+    ap = _two_ranks_parser(doc, peers, iters, iters_help, patterns)
     args = ap.parse_args(argv)
     counts = _two_ranks_counts(ap, args)
+    pattern = args.pattern if patterns else None
     if args.worker:
+        if patterns:
+            return worker(args.worker, counts, args.iters, args.out, pattern=pattern)
         return worker(args.worker, counts, args.iters, args.out)
     chosen, missing = pick_peers(ap, args.peers, peers, _two_ranks_available)
     runs = take_turns(chosen, args.rounds, lambda peer, out: _two_ranks_command(
-        script, peer, counts, args.iters, out))
+        script, peer, counts, args.iters, out, pattern))
     tabulate(args, counts, runs, missing)
     return 0

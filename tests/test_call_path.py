@@ -432,6 +432,38 @@ def test_sendrecv_on_arrays_stays_compiled_around_a_ring(trio, python_calls):
     assert not any(python_calls.values()), python_calls
 
 
+def test_sendrecv_takes_its_message_from_the_mailbox_or_past_others(fresh_pair, python_calls):
+    """The compiled sendrecv's other paths, with its own send in flight meanwhile: its
+    message already parked in the mailbox (rank 1: an earlier receive passed tag 5 over),
+    and other messages ahead of it on the wire (rank 0: tag 8 comes before the tag 9 it
+    wants, and waits in the mailbox for the receive after)."""
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.full(2, 5.0), 1, tag=5)
+            ctx.send(np.full(2, 6.0), 1, tag=6)
+            got = np.zeros(2)
+            src = ctx.sendrecv(np.full(2, 7.0), 1, got, 1, sendtag=7, recvtag=9)
+            eight, one = np.zeros(2), np.zeros(2)
+            ctx.recv(eight, 1, tag=8)
+            ctx.recv(one, 1, tag=1)
+            return src, got.tolist(), eight.tolist(), one.tolist()
+        six = np.zeros(2)
+        ctx.recv(six, 0, tag=6)                 # parks tag 5
+        ctx.send(np.full(2, 8.0), 0, tag=8)
+        ctx.send(np.full(2, 9.0), 0, tag=9)
+        got, seven = np.zeros(2), np.zeros(2)
+        st = pc.Status()
+        src = ctx.sendrecv(np.full(2, 1.0), 0, got, 0, sendtag=1, recvtag=5, status=st)
+        ctx.recv(seven, 0, tag=7)
+        return src, got.tolist(), (st.source, st.count, st.tag), seven.tolist()
+    first, second = fresh_pair.run(body)
+    assert first == (1, [9.0, 9.0], [8.0, 8.0], [1.0, 1.0]), first
+    assert second == (0, [5.0, 5.0], (0, 2, 5), [7.0, 7.0]), second
+    # The sends and receives made while a message waited in the mailbox took the Python
+    # path (rank 1's two sends, rank 0's receive of tag 8); neither sendrecv did.
+    assert python_calls["sendrecv"] == 0 and python_calls["send"] == 2, python_calls
+
+
 def test_sendrecv_refused_or_out_of_step_keeps_the_python_paths_words(trio, python_calls):
     def body(ctx):
         n, r = ctx.size, ctx.rank

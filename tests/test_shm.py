@@ -85,6 +85,32 @@ def test_every_message_size_by_either_path(monkeypatch, cma_min, by_address):
         g.close()
 
 
+@pytest.mark.parametrize("cma_min", ["1", "100000000"])
+def test_sendrecv_exchanges_every_size_by_either_path(monkeypatch, cma_min):
+    """Two ranks exchange at once with sendrecv, by address and through the rings, from
+    one element to several times a ring: each gets the other's data, its send done."""
+    monkeypatch.setenv("PYCOLLECT_CMA_MIN_BYTES", cma_min)
+    g = ThreadGroup(2, transport="shm")
+
+    def body(ctx):
+        other = 1 - ctx.rank
+        out = []
+        for n in (1, 4096, 100003, 3 << 20):
+            mine = np.arange(n, dtype=np.float32) + ctx.rank * 7
+            theirs = np.zeros(n, np.float32)
+            assert ctx.sendrecv(mine, other, theirs, other, sendtag=3, recvtag=3) == other
+            out.append(bool(np.array_equal(theirs, np.arange(n, dtype=np.float32)
+                                           + other * 7)))
+        return out, sum(ctx._transport.messages_by_address())
+    try:
+        results = g.run(body)
+        for ok, by_address in results:
+            assert ok == [True] * 4
+            assert (by_address > 0) == (cma_min == "1"), by_address
+    finally:
+        g.close()
+
+
 _VICTIM = r"""
 import os, signal, sys, time
 import numpy as np
@@ -114,9 +140,11 @@ def test_a_rank_killed_mid_collective_over_shared_memory(tmp_path):
     assert len(paths) == 1 and not _leftovers(paths), paths
 
 
-def test_a_spinning_receive_notices_the_peer_leave(monkeypatch):
+@pytest.mark.parametrize("call,count", [("recv", 1), ("sendrecv", 1), ("sendrecv", 1 << 18)])
+def test_a_spinning_receive_notices_the_peer_leave(monkeypatch, call, count):
     # The longest spin: the reader never sleeps in poll() before the peer is gone, so
     # only its looks at the doorbell socket between looks at the ring can see the end.
+    # A sendrecv's send went into the ring (1 element) or waits to be read by address.
     monkeypatch.setenv("PYCOLLECT_SPIN_US", "1000000")
     g = ThreadGroup(2, timeout=20)
     try:
@@ -129,7 +157,11 @@ def test_a_spinning_receive_notices_the_peer_leave(monkeypatch):
                 return None
             start = time.monotonic()
             with pytest.raises(pc.PeerError, match="rank 0 .* closed its connection"):
-                ctx.recv(np.zeros(1, np.float32), 0, tag=1)
+                if call == "recv":
+                    ctx.recv(np.zeros(count, np.float32), 0, tag=1)
+                else:
+                    ctx.sendrecv(np.ones(count, np.float32), 0, np.zeros(count, np.float32),
+                                 0, sendtag=1, recvtag=1)
             return time.monotonic() - start
 
         _, seconds = g.run(body)

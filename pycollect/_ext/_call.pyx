@@ -75,6 +75,7 @@ from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
 from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
 from pycollect._ext._p2p import Batch as _Batch, recv as _recv, send as _send
+from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
@@ -120,7 +121,6 @@ cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
                     K_REDUCE: dict(_REDUCE_ALGORITHMS),
                     K_ALLGATHER: dict(_ALLGATHER_ALGORITHMS)}
 cdef double _INF = float("inf")
-cdef double _SLICE_S = 0.002          # one progress() pass of sendrecv's batch at most
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
 
 
@@ -538,7 +538,7 @@ cdef class CallPath:
         if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray and seconds >= 0
                 and self.is_peer(dst) and _is_tag(sendtag, False) and _is_tag(recvtag, True)
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
-                and self.ready()):
+                and self.ready_p2p()):
             got = self.run_sendrecv(sendbuf, dst, sendtag, recvbuf, src, recvtag, seconds)
             if got is not _TAKE_SLOW:
                 if status is not None:
@@ -551,16 +551,15 @@ cdef class CallPath:
 
     cdef object run_sendrecv(self, object sendbuf, int dst, int sendtag, object recvbuf,
                              int src, int recvtag, double timeout):
-        """A send and a receive in one batch of their own, driven under the context lock
-        until both have ended (each recorded as its own send and receive, as the Python
-        path records them); the receive's (source, count, tag), or _TAKE_SLOW where a
-        buffer was refused before anything went on the wire, or the context stopped being
-        ready."""
+        """A send and a receive in flight together (``_p2p.sendrecv``: its message taken from
+        the mailbox when it waits there), under the context lock (each recorded as its own
+        send and receive, as the Python path records them); the receive's (source, count,
+        tag), or _TAKE_SLOW where a buffer was refused before anything went on the wire, or
+        the context stopped being ready."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t sent = -1, got = -1
         cdef CallLock lock = self._lock
         cdef Transport t = self._transport
-        cdef int left = 2
         lock.take()
         try:
             if self._closed or self._failure is not None:
@@ -574,14 +573,8 @@ cdef class CallPath:
                               cnp.PyArray_SIZE(<cnp.ndarray>recvbuf), NONE, [src], True, NONE)
             self._busy = True
             try:
-                batch = _Batch(t, self._mailbox, timeout)
-                # The receive first: its buffer is checked before the send goes out, and
-                # with the mailbox empty it takes nothing until it is moved.
-                recv_at = batch.add_recv(recvbuf, src, recvtag)
-                batch.add_send(sendbuf, dst, sendtag)
-                while left:
-                    left -= len(batch.progress(_SLICE_S))
-                result = batch.result(recv_at)
+                result = _p2p_sendrecv(t, self._mailbox, sendbuf, dst, sendtag, recvbuf, src,
+                                       recvtag, timeout)
             except InvalidArgument as exc:
                 if t.is_failed:
                     raise
@@ -808,6 +801,11 @@ cdef class CallPath:
     cdef inline bint ready_async(self):
         """Nothing stands in the way of queueing a compiled call (queued work does not)."""
         return not (self._closed or self._failure is not None or self._detail or self._logs)
+
+    cdef inline bint ready_p2p(self):
+        """As ``ready``, but messages waiting in the mailbox do not stand in the way: for a
+        call that looks there itself (sendrecv)."""
+        return self.ready_async() and not (self._runner is not None and self._runner.pending())
 
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""

@@ -196,19 +196,40 @@ def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0:
-            peer = _probe_head(t, src, &pr, 0)
-            if peer >= 0 and _wants(src, tag, peer, pr.desc.root):
-                taken = True
-                rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
+            rc = _first_look(t, src, tag, &pr, b.ptr, b.nbytes, b.dtype, b.count, &peer, &req,
+                             &taken)
     if rc < 0:
         raise_error(t)
+    return _received(t, box, &d, src, tag, timeout, peer, taken, &pr, b, req)
+
+
+cdef inline int _first_look(Transport t, int src, int tag, Probe* pr, char* ptr,
+                            size_t nbytes, int dtype, size_t count, int* peer, int* req,
+                            bint* taken) noexcept nogil:
+    """A receive's first look at the wire: the next head from ``src`` (``peer[0]``, -1 after
+    the transport's error); where it is the one asked for (``taken[0]``), its body is read
+    straight into ``ptr`` (request ``req[0]``).  0, or -1 after the transport's error."""
+    peer[0] = _probe_head(t, src, pr, 0)
+    if peer[0] >= 0 and _wants(src, tag, peer[0], pr.desc.root):
+        taken[0] = True
+        return _read_body(t, peer[0], pr, ptr, nbytes, dtype, count, req)
+    return 0
+
+
+cdef tuple _received(Transport t, Mailbox box, const OpDesc* d, int src, int tag,
+                     double timeout, int peer, bint taken, Probe* pr, Buffer b, int req):
+    """The rest of receive ``d`` into ``b`` after its first look at the wire, which found
+    ``peer``'s head ``pr`` (-1: the transport failed) and, when ``taken`` (the head asked
+    for), read its body with request ``req``: another head is parked in the mailbox and
+    the wait goes on (``_matching_loop``).  Returns (source rank, element count, tag)."""
+    cdef int rc
     if peer == -1:
-        _receive_failed(t, box, &d, src, tag, timeout)
+        _receive_failed(t, box, d, src, tag, timeout)
     if not taken:
-        _park(t, box, &pr)
-        peer = _matching_loop(t, box, &d, src, tag, timeout, 0, &pr)
+        _park(t, box, pr)
+        peer = _matching_loop(t, box, d, src, tag, timeout, 0, pr)
         with nogil:
-            rc = _read_body(t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
+            rc = _read_body(t, peer, pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
         if rc < 0:
             raise_error(t)
     return peer, _count(t, req, b), pr.desc.root
@@ -259,6 +280,45 @@ cdef int _matching_loop(Transport t, Mailbox box, const OpDesc* d, int src, int 
 
 cdef Py_ssize_t _count(Transport t, int req, Buffer b):
     return <Py_ssize_t>(t.received(req) // b.itemsize) if b.itemsize else 0
+
+
+def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, object recvbuf,
+             int src, int recvtag, double timeout):
+    """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src`` with
+    ``recvtag``, both in flight at once; return the receive's (source rank, element count,
+    tag).  Both buffers are checked before anything goes out.
+
+    The common case runs as one stretch without the GIL, as ``recv``'s does: the send is
+    posted, the first head to come is the one asked for and is read straight into
+    ``recvbuf``, then the send is waited for.  A message already in the mailbox, or another
+    head first, takes ``recv``'s other paths while the send stays in flight."""
+    cdef Buffer sb = as_buffer(sendbuf, "sendrecv", "sendbuf", False)
+    cdef Buffer rb = as_buffer(recvbuf, "sendrecv", "recvbuf", True)
+    cdef OpDesc ds, dr
+    cdef Probe pr
+    cdef int rc, req = -1, peer = -1
+    cdef bint taken = False
+    fill_desc(&ds, 0, COLL_P2P, sb.dtype, 0, 0, sendtag, sb.count)
+    fill_desc(&dr, 0, COLL_P2P, rb.dtype, 0, 0, recvtag, rb.count)
+    m = box.take(src, recvtag)
+    with nogil:
+        rc = t.begin(&ds, timeout)
+        if rc == 0:
+            rc = t.post_send(dst, sb.ptr, sb.nbytes)
+        if rc >= 0 and m is None:
+            rc = _first_look(t, src, recvtag, &pr, rb.ptr, rb.nbytes, rb.dtype, rb.count,
+                             &peer, &req, &taken)
+    if rc < 0:
+        raise_error(t)
+    if m is not None:
+        got = _deliver(m, rb, "sendrecv")
+    else:
+        got = _received(t, box, &dr, src, recvtag, timeout, peer, taken, &pr, rb, req)
+    with nogil:
+        rc = t.wait_all()       # the send
+    if rc < 0:
+        raise_error(t)
+    return got
 
 
 cdef class Batch:
