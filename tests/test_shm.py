@@ -111,6 +111,26 @@ def test_sendrecv_exchanges_every_size_by_either_path(monkeypatch, cma_min):
         g.close()
 
 
+def test_a_sendrecv_whose_send_is_never_taken_times_out_naming_the_send():
+    """The receive of a sendrecv ends, but the peer never reads its send (by address: it
+    waits for the peer's copy); the Timeout names the send, not the receive."""
+    g = ThreadGroup(2, timeout=20, transport="shm")
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                ctx.send(np.ones(4, np.float32), 1, tag=2)
+                time.sleep(1.0)
+                return None
+            with pytest.raises(pc.Timeout) as info:
+                ctx.sendrecv(np.ones(1 << 18, np.float32), 0, np.zeros(4, np.float32), 0,
+                             sendtag=1, recvtag=2, timeout=0.3)
+            return str(info.value)
+        text = g.run(body)[1]
+        assert "float32 x 262144, tag 1" in text and "rank 0" in text, text
+    finally:
+        g.close()
+
+
 _VICTIM = r"""
 import os, signal, sys, time
 import numpy as np

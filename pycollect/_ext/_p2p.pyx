@@ -315,7 +315,9 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     else:
         got = _received(t, box, &dr, src, recvtag, timeout, peer, taken, &pr, rb, req)
     with nogil:
-        rc = t.wait_all()       # the send
+        rc = t.set_op(&ds)      # a failure from here on is the send's
+        if rc == 0:
+            rc = t.wait_all()
     if rc < 0:
         raise_error(t)
     return got
