@@ -181,6 +181,14 @@ cdef inline int _same_op(const MsgHeader* h, const OpDesc* d) noexcept nogil:
             and h.count == d.count)
 
 
+cdef inline void _give_up(Pair* pr) noexcept nogil:
+    """The stream to this pair's peer cannot be brought back to a message boundary:
+    ``recover()`` leaves the pair out, and its end (the channel shut) tells the peer at
+    once."""
+    pr.lost = 1
+    pr.ch.ops.shut(pr.ch)
+
+
 cdef inline int _would_block(int e) noexcept nogil:
     return e == EAGAIN  # EWOULDBLOCK == EAGAIN on Linux
 
@@ -740,8 +748,7 @@ cdef class Engine(Transport):
                 # A by-address message is read from our memory after we return, and a frame
                 # may not fit: end the stream, so the peer fails at once; recover() cannot
                 # bring this pair back.
-                pr.lost = 1
-                ch.ops.shut(ch)
+                _give_up(pr)
         if finishing:
             self._finish_messages(&h)
 
@@ -772,8 +779,7 @@ cdef class Engine(Transport):
                         # The peer is gone (its end met here, or the write failed): there is
                         # nobody to finish the message for.
                         pr.finishing = 0
-                        pr.lost = 1
-                        ch.ops.shut(ch)
+                        _give_up(pr)
                         continue
                     moved |= rc
                     if pr.send_head >= 0 and self.reqs[pr.send_head].hdr_done != 0:
@@ -781,8 +787,7 @@ cdef class Engine(Transport):
                     else:
                         pr.finishing = 0
                         if not ch.ops.send_frame(ch, abort):
-                            pr.lost = 1
-                            ch.ops.shut(ch)
+                            _give_up(pr)
                             continue
                 if pr.recv_head >= 0 and not (pr.rs_set or ch.eof):
                     rc = self._do_recv(p)
@@ -811,8 +816,7 @@ cdef class Engine(Transport):
                 # the rest then.  After any other failure (a refusal, a deadline) the peer
                 # may wait on this pair without failing itself: its end tells it at once.
                 if abort.word.error_kind != ERR_PEER or self._carry_out(p, abort) < 0:
-                    pr.lost = 1
-                    pr.ch.ops.shut(pr.ch)
+                    _give_up(pr)
 
     cdef int _carry_out(self, int peer, const MsgHeader* abort) noexcept nogil:
         """Copy the rest of the message half written to ``peer`` (the caller's buffer is
