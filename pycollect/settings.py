@@ -126,7 +126,8 @@ SETTINGS = {s.name: s for s in (
     Setting("PYCOLLECT_CMA_MIN_BYTES", _int_at_least(0), 64 << 10,
             "a byte count (an int >= 0)",
             "messages to a same-host peer from this size (default 65536) are read straight "
-            "from the sender's memory"),
+            "from the sender's memory, except async sends up to 256 KiB (a quarter of the "
+            "ring at most), which go through the ring and end at once"),
     Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20), 64 << 30,
             "a byte count (an int >= 1048576)",
             "the address space of this process's pool of shared arrays (`pycollect.empty`, "

@@ -1,6 +1,7 @@
 """The shared-memory path: rings, single-copy reads, cleanup, and failure."""
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -128,6 +129,41 @@ def test_a_sendrecv_whose_send_is_never_taken_times_out_naming_the_send():
         text = g.run(body)[1]
         assert "float32 x 262144, tag 1" in text and "rank 0" in text, text
     finally:
+        g.close()
+
+
+def test_an_async_send_up_to_the_eager_size_goes_through_the_ring_and_ends_at_once():
+    """From PYCOLLECT_CMA_MIN_BYTES a message goes by address, and its send ends only once
+    the peer has copied it; an async send up to the channel's eager size (256 KiB, a
+    quarter of the ring at most) goes through the ring instead and has ended when the call
+    returns, before the peer receives. Larger async sends, and blocking ones, still go by
+    address."""
+    from pycollect._ext._shm import ASYNC_EAGER_BYTES
+    g = ThreadGroup(2, timeout=20, transport="shm")
+    go = threading.Event()
+    sizes = (16 << 10, ASYNC_EAGER_BYTES, ASYNC_EAGER_BYTES + 4, 1 << 20)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                go.wait(10)
+                for n in sizes:
+                    got = np.zeros(n // 4, np.float32)
+                    ctx.recv(got, 0, tag=3)
+                    assert got[0] == n and got[-1] == n
+                return None
+            before = ctx._transport.messages_by_address()[1]
+            works = [ctx.send(np.full(n // 4, n, np.float32), 1, tag=3, async_op=True)
+                     for n in sizes]
+            ended_at_once = [work.is_completed() for work in works]
+            go.set()
+            for work in works:
+                work.wait()
+            return ended_at_once, ctx._transport.messages_by_address()[1] - before
+        ended_at_once, by_address = g.run(body)[0]
+        assert ended_at_once == [True, True, False, False], ended_at_once
+        assert by_address == 2, by_address      # the two above the eager size
+    finally:
+        go.set()
         g.close()
 
 

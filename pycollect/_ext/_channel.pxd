@@ -94,6 +94,8 @@ ctypedef struct ChannelBase:
     int eof                     # the peer ended its side of the stream
     int split_header            # read a header alone before its payload
     size_t by_address_min       # sends from this many bytes go by address (0: never)
+    size_t eager_max            # ... but an async send up to this many bytes goes through
+                                # the stream, which takes it now: it ends at once
     int reads_remote            # this rank may read the peer's memory (read_remote)
     const char* send_call       # the syscall a failed write names
     const char* recv_call       # ... a failed read

@@ -384,6 +384,14 @@ cdef class Engine(Transport):
         return self.nreqs - 1
 
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self._post_send(peer, buf, nbytes, 0)
+
+    cdef int post_send_async(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self._post_send(peer, buf, nbytes, 1)
+
+    cdef int _post_send(self, int peer, const void* buf, size_t nbytes, bint eager) noexcept nogil:
+        """Queue a send; ``eager``: an async send, through the stream up to the channel's
+        eager_max even where it would go by address (see _channel.pxd)."""
         cdef int idx = self._new_req(peer, 1, <void*>buf, nbytes)
         if idx < 0:
             return -1
@@ -391,7 +399,8 @@ cdef class Engine(Transport):
         cdef Pair* pr = &self.pairs[peer]
         cdef size_t by_address_min = pr.ch.by_address_min
         r.hdr.magic = MAGIC_DATA
-        if by_address_min and nbytes >= by_address_min:
+        if by_address_min and nbytes >= by_address_min and not (
+                eager and nbytes <= pr.ch.eager_max):
             r.hdr.magic = MAGIC_BY_ADDRESS
             r.by_address = 1
             r.where.addr = <uint64_t>buf

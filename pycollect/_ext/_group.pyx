@@ -71,6 +71,9 @@ cdef class GroupTransport(Transport):
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
         return self._mirror(self.parent.post_send(self.members[peer], buf, nbytes))
 
+    cdef int post_send_async(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self._mirror(self.parent.post_send_async(self.members[peer], buf, nbytes))
+
     cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil:
         return self._mirror(self.parent.post_recv(self.members[peer], buf, nbytes))
 

@@ -374,7 +374,7 @@ cdef class Batch:
             self.t.extend_deadline(tmo)
             req = self.t.set_op(&d)
             if req == 0:
-                req = self.t.post_send(dst, b.ptr, b.nbytes)
+                req = self.t.post_send_async(dst, b.ptr, b.nbytes)
         if req < 0:
             raise_error(self.t)
         return self._append(b, dst, tag, req, False)

@@ -384,6 +384,13 @@ RING_OPS.acked = _ring_acked
 RING_OPS.ack = _ring_ack
 
 
+# The largest async send (a send begun with async_op=True) that goes through the ring
+# where it would go by address, up to a quarter of the ring: it ends at once instead of
+# waiting for the peer to copy it out (docs/performance.md, "Async sends through the
+# ring").  Above it the single copy by address is worth the wait.
+ASYNC_EAGER_BYTES = 256 << 10
+
+
 cdef class RingChannel(Channel):
     """The rings between this rank (local index ``me``) and a same-host peer (``other``)
     in ``segment``, with ``doorbell``'s socket as the wake-up and end-of-stream channel
@@ -401,6 +408,9 @@ cdef class RingChannel(Channel):
         self.chan.fd = doorbell.release_fd()
         self.chan.split_header = 1       # the payload may be an address
         self.chan.by_address_min = by_address_min if peer_reads else 0
+        # An async send through the ring ends as soon as it is copied in; by address it
+        # waits for the peer's copy, and the caller's next calls for the runner.
+        self.chan.eager_max = min(ASYNC_EAGER_BYTES, ring_bytes // 4)
         self.chan.reads_remote = reads_peer
         self.chan.send_call = b""
         self.chan.recv_call = b""

@@ -108,6 +108,10 @@ cdef class Transport:
 
     cdef int begin(self, const OpDesc* op, double timeout_s) noexcept nogil
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil
+    # post_send for an async send: one the channel can take whole now, rather than have
+    # the peer copy it from this process's memory later, so that it ends at once (a
+    # channel's eager_max; the default is post_send).
+    cdef int post_send_async(self, int peer, const void* buf, size_t nbytes) noexcept nogil
     cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil
     cdef int wait(self, int req) noexcept nogil
     cdef int wait_all(self) noexcept nogil

@@ -86,6 +86,9 @@ cdef class Transport:
     cdef int post_send(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
         return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement send")
 
+    cdef int post_send_async(self, int peer, const void* buf, size_t nbytes) noexcept nogil:
+        return self.post_send(peer, buf, nbytes)
+
     cdef int post_recv(self, int peer, void* buf, size_t nbytes) noexcept nogil:
         return self.set_error(ERR_INTERNAL, peer, "", 0, "transport does not implement recv")
 
