@@ -10,6 +10,11 @@ Each rank is a child process in its own process group with ``PYCOLLECT_RANK``,
 ranks a fresh secret in ``PYCOLLECT_AUTH``.  Every run gets its own store prefix,
 so a store shared between runs never serves a stale key.
 
+Where ``OMP_NUM_THREADS`` is not set, each rank gets the machine's cores divided
+among the ranks (at least 1): the ranks' OpenMP and BLAS thread pools (NumPy's
+OpenBLAS starts one at import) then share the cores instead of each taking all of
+them, as torchrun does for its workers.
+
 The first rank that fails (non-zero exit or a signal) takes the job down: the
 others get SIGTERM, then SIGKILL after a grace period, and the launcher exits
 non-zero naming that rank.  SIGINT and SIGTERM sent to the launcher are
@@ -340,11 +345,21 @@ def _supervise(job, size, timeout, received):
     return 0
 
 
+def _cores():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _rank_envs(size, store_url, auth):
     """Return the environment of each rank."""
     envs = []
+    threads = str(max(1, _cores() // size))
     for rank in range(size):
         env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", threads)
         env.update({
             "PYCOLLECT_RANK": str(rank),
             "PYCOLLECT_SIZE": str(size),

@@ -93,6 +93,25 @@ def test_every_rank_runs_with_its_environment(tmp_path):
     assert done.stderr == b""
 
 
+@pytest.mark.parametrize("user", [None, "3"])
+def test_ranks_share_the_cores_for_their_thread_pools(tmp_path, monkeypatch, user):
+    """Without OMP_NUM_THREADS each rank gets the cores divided among the ranks (at least 1),
+    so that their OpenMP and BLAS pools do not each take every core; a value the user set
+    is kept."""
+    if user is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", user)
+    program = write_program(tmp_path, "print(os.environ.get('OMP_NUM_THREADS'))\n")
+    cores = len(os.sched_getaffinity(0))
+    for n in (1, 2, 3):
+        done, _ = launch(tmp_path, "-n", str(n), program)
+        assert done.returncode == 0, done.stderr
+        values = {line.split(b" ")[-1] for line in done.stdout.splitlines()}
+        assert len(done.stdout.splitlines()) == n
+        assert values == {(user or str(max(1, cores // n))).encode()}, (n, values)
+
+
 def test_embedded_store_serves_every_rank_with_a_secret(tmp_path):
     program = write_program(tmp_path, """
         from urllib.parse import parse_qs, urlsplit
