@@ -464,6 +464,25 @@ def test_sendrecv_takes_its_message_from_the_mailbox_or_past_others(fresh_pair, 
     assert python_calls["sendrecv"] == 0 and python_calls["send"] == 2, python_calls
 
 
+def test_a_sendrecv_whose_waiting_message_does_not_fit_sends_nothing(fresh_pair):
+    """The message parked in the mailbox is checked before the send goes out: where it does
+    not fit the receive (another dtype), MismatchError, and the peer gets nothing."""
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.ones(2, np.float64), 1, tag=5)
+            ctx.send(np.ones(2, np.float64), 1, tag=6)
+            ctx.barrier()
+            return ctx.iprobe()
+        ctx.recv(np.zeros(2, np.float64), 0, tag=6)     # parks tag 5
+        with pytest.raises(pc.MismatchError, match="sendrecv: the message from rank 0 "
+                                                   "with tag 5"):
+            ctx.sendrecv(np.ones(2, np.float32), 0, np.zeros(2, np.float32), 0, sendtag=1,
+                         recvtag=5)
+        ctx.barrier()
+        return None
+    assert fresh_pair.run(body) == [None, None]
+
+
 def test_sendrecv_refused_or_out_of_step_keeps_the_python_paths_words(trio, python_calls):
     def body(ctx):
         n, r = ctx.size, ctx.rank

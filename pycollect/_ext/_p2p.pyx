@@ -301,6 +301,8 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     fill_desc(&ds, 0, COLL_P2P, sb.dtype, 0, 0, sendtag, sb.count)
     fill_desc(&dr, 0, COLL_P2P, rb.dtype, 0, 0, recvtag, rb.count)
     m = box.take(src, recvtag)
+    if m is not None:       # checked, and copied, before the send goes out
+        got = _deliver(m, rb, "sendrecv")
     with nogil:
         rc = t.begin(&ds, timeout)
         if rc == 0:
@@ -310,9 +312,7 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
                              &peer, &req, &taken)
     if rc < 0:
         raise_error(t)
-    if m is not None:
-        got = _deliver(m, rb, "sendrecv")
-    else:
+    if m is None:
         got = _received(t, box, &dr, src, recvtag, timeout, peer, taken, &pr, rb, req)
     with nogil:
         rc = t.set_op(&ds)      # a failure from here on is the send's

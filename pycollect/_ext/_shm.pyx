@@ -386,8 +386,8 @@ RING_OPS.ack = _ring_ack
 
 # The largest async send (a send begun with async_op=True) that goes through the ring
 # where it would go by address, up to a quarter of the ring: it ends at once instead of
-# waiting for the peer to copy it out (docs/performance.md, "Async sends through the
-# ring").  Above it the single copy by address is worth the wait.
+# waiting for the peer to copy it out (docs/performance.md, "Async exchanges").  Above it
+# the single copy by address is worth the wait.
 ASYNC_EAGER_BYTES = 256 << 10
 
 
