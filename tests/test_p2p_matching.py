@@ -82,6 +82,45 @@ def test_async_receives_complete_in_the_order_their_messages_come(trio):
     assert statuses == [(0, 1, 2), (0, 2, 2)] and one == [1.0, 1.0]
 
 
+def test_async_receives_begun_past_other_heads_mid_message_and_from_the_mailbox(trio):
+    """An async receive begun on the caller's thread finds, at once: its message whole (it
+    has ended), another tag's head first (parked; the receive waits for its own), its
+    message only partly here (a large one: it goes on reading in the background), or its
+    message already parked in the mailbox."""
+    go = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.full(2, 1.0), 1, tag=1)
+            ctx.send(np.full(2, 2.0), 1, tag=2)
+            go.wait(10)
+            ctx.send(np.full(1 << 21, 3.0), 1, tag=3)      # 16 MiB: more than a ring
+            ctx.barrier()
+            return None
+        if ctx.rank == 2:
+            go.wait(10)
+            ctx.barrier()
+            return None
+        time.sleep(0.2)                 # tags 1 and 2 are here
+        two = np.zeros(2)
+        w2 = ctx.recv(two, 0, tag=2, async_op=True)     # past tag 1's head, which is parked
+        ended_two = not ctx._runner.pending()           # ended at once: nothing parked
+        one = np.zeros(2)
+        w1 = ctx.recv(one, 0, tag=1, async_op=True)     # from the mailbox
+        go.set()
+        big = np.zeros(1 << 21)
+        w3 = ctx.recv(big, 0, tag=3, async_op=True)
+        st3 = w3.wait()
+        st2, st1 = w2.wait(), w1.wait()
+        ctx.barrier()
+        return (ended_two, two.tolist(), one.tolist(), (st1.source, st1.tag, st1.count),
+                (st2.source, st2.tag, st2.count), (st3.source, st3.tag, st3.count),
+                float(big[0]), float(big[-1]))
+    got = trio.run(body)[1]
+    assert got[0] is True       # tag 2 was here behind tag 1: read at once
+    assert got[1:] == ([2.0, 2.0], [1.0, 1.0], (0, 1, 2), (0, 2, 2), (0, 3, 1 << 21), 3.0, 3.0)
+
+
 def test_probe_and_iprobe_describe_without_receiving(trio):
     def body(ctx):
         if ctx.rank == 2:

@@ -74,8 +74,8 @@ from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
 from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
-from pycollect._ext._p2p import Batch as _Batch, recv as _recv, send as _send
-from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
+from pycollect._ext._p2p import recv as _recv, send as _send
+from pycollect._ext._p2p import sendrecv as _p2p_sendrecv, start as _p2p_start
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
@@ -600,10 +600,11 @@ cdef class CallPath:
                           object status):
         """An async send or receive of an array begun on the calling thread when the
         context's runner has nothing queued, in flight or running (``Runner.claim``):
-        posted in a batch of its own and moved once (twice for a receive: it matches its
-        message, then reads it), so that a send the channel takes at once, or a receive
-        whose message is here, has ended when the call returns; what is still in flight
-        is parked in the runner (``Runner.begun``) for its wait to drive.  Its Work, or
+        posted as a batch of its own and moved once (twice for a receive: it matches its
+        message, then reads it: ``_p2p.start``), so that a send the channel takes at once,
+        or a receive whose message is here, has ended when the call returns (no Batch is
+        made for it); what is still in flight is parked in the runner (``Runner.begun``)
+        with its Batch, for its wait to drive.  Its Work, or
         None where the Python path queues it (the runner has work, or the call is
         refused)."""
         cdef Ring rec = self._recorder
@@ -613,7 +614,7 @@ cdef class CallPath:
         runner = self._started_runner() if self._runner is None else self._runner
         if not runner.claim():
             return None
-        batch, index, ended, exception = None, -1, False, None
+        batch, index, ended, got, exception = None, -1, False, None, None
         lock.take()
         try:
             if self._closed or self._failure is not None:
@@ -625,8 +626,8 @@ cdef class CallPath:
                                 cnp.PyArray_SIZE(<cnp.ndarray>buf), NONE, [peer], True, NONE)
             self._busy = True
             try:
-                batch = _Batch(t, self._mailbox, timeout)
-                index, ended = batch.start(is_recv, buf, peer, tag)
+                batch, index, ended, got = _p2p_start(t, self._mailbox, timeout, is_recv, buf,
+                                                      peer, tag)
             except BaseException as exc:    # handed to the Work, raised by its wait
                 if isinstance(exc, InvalidArgument) and not t.is_failed:
                     # The buffer refused before the wire: the Python path says why, at once.
@@ -648,7 +649,7 @@ cdef class CallPath:
             runner.unclaim()        # the batch was this call's alone: nothing is left
             result = None
             if ended and is_recv:
-                result = (_Status() if status is None else status).set(*batch.result(index))
+                result = (_Status() if status is None else status).set(*got)
             work = _Work.ended(what, result, exception)
         else:
             work = runner.begun(_P2P(is_recv, buf, peer, tag, self._new_batch,

@@ -323,6 +323,74 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     return got
 
 
+def start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
+          int tag):
+    """Begin one async send or receive on ``t`` as a batch of its own and move it once (a
+    receive: it matches its message, then reads it), as ``progress(0)`` would; return
+    (batch, index, ended, status).  Where it has ended, batch is None (none was made) and
+    status is a receive's (source, element count, tag); where it is still in flight, it is
+    operation ``index`` of the Batch returned, for the runner to drive.  A receive while
+    messages wait in the mailbox takes the Batch's way (``add_recv``) from the start."""
+    cdef Buffer b
+    cdef OpDesc d
+    cdef Probe pr
+    cdef Batch batch
+    cdef int rc = 0, req = -1, got = -2
+    if is_recv and len(box.mail):
+        batch = Batch(t, box, timeout)
+        i = batch.add_recv(buf, peer, tag)
+        batch._match(pc_now_ns())
+        return _moved(batch, i)
+    b = as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
+    fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0 and not is_recv:
+            req = rc = t.post_send_async(peer, b.ptr, b.nbytes)
+        elif rc == 0:
+            got = _probe_head(t, peer, &pr, pc_now_ns())
+            if got >= 0 and _wants(peer, tag, got, pr.desc.root):
+                fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
+                rc = t.set_op(&d)
+                if rc == 0:
+                    req = rc = t.post_recv_upto(got, b.ptr, b.nbytes)
+        if rc >= 0 and req >= 0 and not t.done(req):
+            rc = t.progress_until(pc_now_ns())
+    if rc < 0:
+        raise_error(t)
+    if got == -1:
+        _receive_failed(t, box, &d, peer, tag, timeout)
+    if req >= 0 and t.done(req):
+        return (None, -1, True, (got, _count(t, req, b), pr.desc.root) if is_recv else None)
+    batch = Batch.__new__(Batch)
+    batch._attach(t, box, timeout)
+    if req >= 0:            # a send in flight, or a receive reading its message
+        i = batch._append(b, got if is_recv else peer, pr.desc.root if is_recv else tag, req,
+                          is_recv)
+        return batch, i, False, None
+    # A receive whose message has not come (or another's head came first): the Batch's way.
+    i = batch._append(b, peer, tag, NOT_POSTED, True)
+    batch.waiting.append(i)
+    if got >= 0:
+        batch._match(pc_now_ns())
+    return _moved(batch, i)
+
+
+cdef tuple _moved(Batch batch, int i):
+    """``start``'s answer for operation ``i`` of ``batch``, a receive moved once by
+    ``_match``: moved once more, as progress(0) would."""
+    cdef int rc
+    if not batch._ended(i) and not batch.waiting:
+        with nogil:
+            rc = batch.t.progress_until(pc_now_ns())
+        if rc < 0:
+            raise_error(batch.t)
+    if batch._ended(i):
+        batch.open_ops.discard(i)
+        return None, -1, True, batch.result(i)
+    return batch, i, False, None
+
+
 cdef class Batch:
     """Sends and receives of one context in flight together, completing in any order.
 
@@ -350,15 +418,19 @@ cdef class Batch:
         cdef OpDesc d
         cdef int rc
         fill_desc(&d, 0, COLL_P2P, 0, 0, 0, 0, 0)
+        self._attach(t, box, timeout)
+        with nogil:
+            rc = t.begin(&d, timeout)
+        if rc < 0:
+            raise_error(t)
+
+    cdef void _attach(self, Transport t, Mailbox box, double timeout):
+        """Empty, on ``t``'s operation (begun by the caller)."""
         self.t = t
         self.box = box
         self.timeout = timeout
         self.bufs, self.peers, self.tags, self.reqs, self.is_recv = [], [], [], [], []
         self.counts, self.waiting, self.open_ops = [], [], set()
-        with nogil:
-            rc = t.begin(&d, timeout)
-        if rc < 0:
-            raise_error(t)
 
     def __len__(self):
         return len(self.reqs)
@@ -465,28 +537,6 @@ cdef class Batch:
         fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, self.tags[i], b.count)
         return _receive_failed(self.t, self.box, &d, self.peers[i], self.tags[i],
                                self.timeout)
-
-    def start(self, bint is_recv, object buf, int peer, int tag):
-        """Add one send or receive to this batch and move it at once, as ``progress(0)``
-        does, once for a send and twice for a receive (it matches its message, then reads
-        it); return (its index, whether it has ended).  An ended one is not reported by
-        ``progress`` again."""
-        cdef int i, rc, passes
-        i = self.add_recv(buf, peer, tag) if is_recv else self.add_send(buf, peer, tag)
-        for passes in range(2 if is_recv else 1):
-            if self._ended(i):
-                break
-            if self.waiting:
-                self._match(pc_now_ns())
-            else:
-                with nogil:
-                    rc = self.t.progress_until(pc_now_ns())
-                if rc < 0:
-                    raise_error(self.t)
-        if self._ended(i):
-            self.open_ops.discard(i)
-            return i, True
-        return i, False
 
     cdef bint _ended(self, int i) except -1:
         """Operation ``i`` has ended: served from the mailbox, or its request is done."""
