@@ -34,6 +34,8 @@ import threading
 import time
 import urllib.parse
 
+from pycollect.plugins.hosts import cores
+
 __all__ = ["main", "module_command"]
 
 # How long ranks get to exit after SIGTERM (or a forwarded SIGINT) before SIGKILL.
@@ -345,18 +347,10 @@ def _supervise(job, size, timeout, received):
     return 0
 
 
-def _cores():
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _rank_envs(size, store_url, auth):
     """Return the environment of each rank."""
     envs = []
-    threads = str(max(1, _cores() // size))
+    threads = str(max(1, cores() // size))
     for rank in range(size):
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", threads)

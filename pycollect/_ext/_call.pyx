@@ -810,8 +810,7 @@ cdef class CallPath:
 
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
-        return self.ready_async() and not (
-            (self._runner is not None and self._runner.pending()) or len(self._mailbox))
+        return self.ready_p2p() and not len(self._mailbox)
 
     cdef int auto(self, int kind, Py_ssize_t nbytes) except -2:
         """auto's algorithm code for ``nbytes`` (-1 for a hierarchical plan)."""

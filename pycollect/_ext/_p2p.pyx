@@ -148,18 +148,24 @@ cdef inline int _probe_head(Transport t, int src, Probe* pr, int64_t until_ns) n
     return t.probe_until(src, pr, until_ns)
 
 
+cdef inline int _post_body(Transport t, int peer, const Probe* pr, char* ptr, size_t nbytes,
+                           int dtype, size_t count) noexcept nogil:
+    """Post the receive of the body of the head ``pr`` (from ``peer``) into ``ptr``, as an
+    operation of the receive's dtype and count and the message's tag: the request, or -1
+    after the transport's error."""
+    cdef OpDesc d
+    fill_desc(&d, 0, COLL_P2P, dtype, 0, 0, pr.desc.root, count)
+    if t.set_op(&d) < 0:
+        return -1
+    return t.post_recv_upto(peer, ptr, nbytes)
+
+
 cdef int _read_body(Transport t, int peer, Probe* pr, char* ptr, size_t nbytes, int dtype,
                     size_t count, int* req) noexcept nogil:
     """Read the body of the head ``pr`` (from ``peer``) into ``ptr``; 0, or -1 after the
     transport's error (``req[0]``: the request, for the byte count received)."""
-    cdef OpDesc d
-    cdef int rc
-    fill_desc(&d, 0, COLL_P2P, dtype, 0, 0, pr.desc.root, count)
-    rc = t.set_op(&d)
-    if rc == 0:
-        req[0] = t.post_recv_upto(peer, ptr, nbytes)
-        rc = req[0] if req[0] < 0 else t.wait(req[0])
-    return rc
+    req[0] = _post_body(t, peer, pr, ptr, nbytes, dtype, count)
+    return req[0] if req[0] < 0 else t.wait(req[0])
 
 
 cdef int _receive_failed(Transport t, Mailbox box, const OpDesc* asked, int src, int tag,
@@ -350,10 +356,7 @@ def start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, in
         elif rc == 0:
             got = _probe_head(t, peer, &pr, pc_now_ns())
             if got >= 0 and _wants(peer, tag, got, pr.desc.root):
-                fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
-                rc = t.set_op(&d)
-                if rc == 0:
-                    req = rc = t.post_recv_upto(got, b.ptr, b.nbytes)
+                req = rc = _post_body(t, got, &pr, b.ptr, b.nbytes, b.dtype, b.count)
         if rc >= 0 and req >= 0 and not t.done(req):
             rc = t.progress_until(pc_now_ns())
     if rc < 0:
@@ -483,7 +486,6 @@ cdef class Batch:
     cdef int _match(self, int64_t until_ns) except -1:
         """Hand the heads that show up before ``until_ns`` to the waiting receives."""
         cdef Buffer b
-        cdef OpDesc d
         cdef Probe pr
         cdef int i, peer = -1, req, src
         while self.waiting:
@@ -507,11 +509,8 @@ cdef class Batch:
                 continue
             self.waiting.remove(i)
             b = self.bufs[i]
-            fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, pr.desc.root, b.count)
             with nogil:
-                req = self.t.set_op(&d)
-                if req == 0:
-                    req = self.t.post_recv_upto(peer, b.ptr, b.nbytes)
+                req = _post_body(self.t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count)
             if req < 0:
                 raise_error(self.t)
             self.peers[i], self.tags[i], self.reqs[i] = peer, pr.desc.root, req

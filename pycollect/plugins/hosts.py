@@ -13,7 +13,7 @@ import socket
 from .. import settings
 from ..errors import InvalidArgument
 
-__all__ = ["boot_id", "check_host_table", "host_identity", "machine_identity"]
+__all__ = ["boot_id", "check_host_table", "cores", "host_identity", "machine_identity"]
 
 
 def boot_id():
@@ -23,6 +23,14 @@ def boot_id():
             return f.read().strip()
     except OSError:
         return ""
+
+
+def cores():
+    """How many CPUs this process may run on (its affinity, where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def machine_identity():

@@ -5,10 +5,10 @@
 ``create_tcp_transport`` is the ``tcp`` entry point itself.
 """
 
-import os
 import time
 
 from ... import settings
+from ..hosts import cores
 from ..mesh import connect_mesh, format_addr
 
 __all__ = ["create_tcp_transport", "open_tcp"]
@@ -38,8 +38,7 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
                           context_id=context_id, tls=tls)
     addrs = joined.addrs
     sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == addrs[rank]["boot"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    oversubscribed = sharing_cores > cores
+    oversubscribed = sharing_cores > cores()
     if spin_us is None:
         # A core of its own: spin long enough to ride out a peer's preemption on a busy
         # host (a sleep and its wake-up cost ~100 us there). Sharing cores: spin briefly,
