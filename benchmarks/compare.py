@@ -55,11 +55,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))   # run from a checkout without installing
 from pycollect.bench import busbw_factor, latency_stats, numpy_dtype, time_calls  # noqa: E402
+from pycollect.plugins.hosts import rank_cpus, started_on  # noqa: E402
 from pycollect.tensors import as_tensor_like  # noqa: E402
 
 MPI_TCP_ARGS = ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", "lo"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe"]
+# --bind core: every peer's rank r on core r % cores (pycollect-run --bind core); mpirun's
+# own default binds to cores only while the ranks fit (none at 4 ranks on 2 cores).
+MPI_BIND = {"core": ["--bind-to", "core:overload-allowed", "--map-by", "core:oversubscribe"],
+            "none": ["--bind-to", "none"]}
 ALLREDUCE_COUNTS = (1, 256, 4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 OTHER_CASES = (("broadcast", 1 << 20), ("allgather", 1 << 20), ("barrier", 0))
 SETUP_S = 120.0
@@ -372,7 +377,7 @@ def free_port():
 class Group:
     """The worker processes of one peer at one world size, and their control connections."""
 
-    def __init__(self, peer, size, control, logdir, store_url):
+    def __init__(self, peer, size, control, logdir, store_url, bind="core"):
         self.peer, self.size = peer, size
         self.conns = {}
         self.error = None
@@ -381,7 +386,8 @@ class Group:
               "--control", control, "--size", str(size)]
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONUNBUFFERED="1")
         if peer.startswith("mpi-"):
-            argv = MPIRUN + (MPI_TCP_ARGS if peer == "mpi-tcp" else []) + ["-n", str(size)] + me
+            argv = (MPIRUN + MPI_BIND[bind] + (MPI_TCP_ARGS if peer == "mpi-tcp" else [])
+                    + ["-n", str(size)] + me)
             self.procs = [subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                            env=env, start_new_session=True)]
             return
@@ -391,9 +397,13 @@ class Group:
             rdv = self.shm_name = f"pycollect-ceiling-{size}-{secrets.token_hex(4)}"
         else:
             rdv = f"{store_url}?prefix={peer}-{size}-{secrets.token_hex(4)}"
-        self.procs = [subprocess.Popen(me + ["--rank", str(r), "--rdv", rdv], stdout=self.log,
-                                       stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True) for r in range(size)]
+        cpus = rank_cpus(size) if bind == "core" else [None] * size
+        self.procs = []
+        for r in range(size):
+            with started_on(cpus[r]):
+                self.procs.append(subprocess.Popen(
+                    me + ["--rank", str(r), "--rdv", rdv], stdout=self.log,
+                    stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
     def tail(self):
         """The last lines the group's processes wrote."""
@@ -535,7 +545,7 @@ def drive(args):
            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
            "load_before": os.getloadavg(), "machine": machine(), "versions": versions(peers),
            "missing": missing, "peers": peers, "dtype": args.dtype,
-           "rounds": args.rounds, "budget_s": args.budget,
+           "rounds": args.rounds, "budget_s": args.budget, "bind": args.bind,
            "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
            "results": []}
     doc["memcpy_GBps"] = memcpy_bandwidth()
@@ -551,7 +561,7 @@ def drive(args):
     started = time.monotonic()
     with TCPStoreServer(host="127.0.0.1", port=0, auth=auth) as server:
         for size in args.ranks:
-            groups = [Group(p, size, control, logdir, server.url) for p in peers]
+            groups = [Group(p, size, control, logdir, server.url, args.bind) for p in peers]
             try:
                 connect_groups(listener, groups)
                 for g in groups:
@@ -563,6 +573,7 @@ def drive(args):
                 for collective, count in cases:
                     load = os.getloadavg()[0]
                     samples = {g.peer: [] for g in live}
+                    totals = {g.peer: [] for g in live}     # per round: each rank's sum
                     for round_no in range(args.rounds):
                         turn = round_no % max(1, len(live))
                         for g in live[turn:] + live[:turn]:
@@ -582,11 +593,17 @@ def drive(args):
                                 continue
                             per_rank = np.array([replies[r]["times"] for r in sorted(replies)])
                             samples[g.peer].append(per_rank.max(axis=0))
+                            totals[g.peer].append(per_rank.sum(axis=1))
                     nbytes = count * itemsize * (size if collective == "allgather" else 1)
                     for peer, parts in samples.items():
                         if parts:
                             stats = latency_stats(np.concatenate(parts), nbytes,
                                                   busbw_factor(collective, size))
+                            # OSU's average latency: each rank's time in its calls over the
+                            # calls, the slowest rank's.
+                            calls = sum(len(x) for x in parts)
+                            stats["avg_us"] = float(np.sum(totals[peer], axis=0).max()
+                                                    / calls * 1e6)
                             doc["results"].append(dict(stats, ranks=size, peer=peer, load=load,
                                                        collective=collective, count=count))
                     print(f"compare: {size} ranks, {collective} {count}: " + ", ".join(
@@ -766,12 +783,13 @@ def _count_name(count):
     return str(count)
 
 
-def _ratio(doc, size, collective, count, other, mine):
-    """How many times ``other``'s p50 is ``mine``'s (above 1: ``mine`` is faster)."""
+def _ratio(doc, size, collective, count, other, mine, key="p50_us"):
+    """How many times ``other``'s p50 (or ``key``) is ``mine``'s (above 1: ``mine`` is
+    faster)."""
     a, b = _find(doc, size, collective, count, other), _find(doc, size, collective, count, mine)
-    if a is None or b is None:
+    if a is None or b is None or key not in a or key not in b:
         return None
-    return a["p50_us"] / b["p50_us"]
+    return a[key] / b[key]
 
 
 def _fmt_ratio(value):
@@ -796,8 +814,16 @@ def torch_pairs(peers):
     return [("gloo", "torch-pycollect")] if set(TORCH_PEERS) <= set(peers) else []
 
 
-def _table(doc, size, cases, first):
-    """Markdown rows: one per case, a cell per peer, ratios against pycollect, the load."""
+def _avg_cell(row):
+    """'p50 / avg' of a result row, in µs."""
+    if row is None or "avg_us" not in row:
+        return "–"
+    return f"{num(row['p50_us'])} / {num(row['avg_us'])}"
+
+
+def _table(doc, size, cases, first, avg=False):
+    """Markdown rows: one per case, a cell per peer, ratios against pycollect, the load
+    (``avg``: cells 'p50 / avg' and ratios of the averages)."""
     peers = doc["peers"]
     pairs = ratio_pairs(peers)
     pairs += [p for p in torch_pairs(peers) if p not in pairs]
@@ -806,13 +832,15 @@ def _table(doc, size, cases, first):
     for coll, count in cases:
         found = [_find(doc, size, coll, count, p) for p in peers]
         if coll == "allreduce":
-            name = _count_name(count)
+            name = _count_name(count) if first == "count" else f"allreduce {_count_name(count)}"
         else:
             name = f"{coll} {_count_name(count)}" if count else coll
             name += " per rank" if coll == "allgather" else ""
         load = next((f"{r['load']:.2f}" for r in found if r and "load" in r), "–")
-        rows.append("| " + " | ".join([name] + [_cell(r) for r in found] + [
-            _fmt_ratio(_ratio(doc, size, coll, count, a, b)) for a, b in pairs] + [load]) + " |")
+        cell = _avg_cell if avg else _cell
+        rows.append("| " + " | ".join([name] + [cell(r) for r in found] + [
+            _fmt_ratio(_ratio(doc, size, coll, count, a, b, "avg_us" if avg else "p50_us"))
+            for a, b in pairs] + [load]) + " |")
     return rows
 
 
@@ -844,7 +872,12 @@ def markdown(doc, images):
         f"busbw as NCCL-tests define it "
         f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M elements, broadcast × 1). "
         f"\"X ÷ pycollect\" is X's p50 over pycollect's: above 1, pycollect is faster. "
-        f"load: the 1-minute load average as the case began (this run's own ranks count too).",
+        f"load: the 1-minute load average as the case began (this run's own ranks count too). "
+        + ("Placement: every peer's rank r bound to core r mod cores (pycollect-run "
+           "`--bind core`; mpirun `" + " ".join(MPI_BIND["core"]) + "`)."
+           if doc.get("bind") == "core" else
+           "Placement: no peer's ranks bound to cores (mpirun `--bind-to none`)."
+           if doc.get("bind") == "none" else ""),
     ]
     if doc["missing"]:
         lines.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in doc["missing"].items())
@@ -859,6 +892,13 @@ def markdown(doc, images):
         if rest:
             lines += ["", f"{size} ranks, other collectives: p50 / p99 (µs); busbw (GB/s)", ""]
             lines += _table(doc, size, rest, "collective")
+        small = [("allreduce", c) for c in counts if c <= 4096] + [
+            c for c in rest if c[0] == "barrier"]
+        if any("avg_us" in r for r in doc["results"]) and small:
+            lines += ["", f"{size} ranks, small messages: p50 / average (µs), the average as "
+                          f"OSU's (each rank's time in its calls over the calls, the slowest "
+                          f"rank's); ratios of the averages", ""]
+            lines += _table(doc, size, small, "case", avg=True)
         if size in images:
             lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
                           f"({images[size]})"]
@@ -1132,6 +1172,10 @@ def parse_args(argv=None):
                         help="other collectives besides allreduce (default all three)")
     parser.add_argument("--budget", type=float, default=1.0,
                         help="timed seconds per peer and case, over all rounds (default 1)")
+    parser.add_argument("--bind", choices=("core", "none"), default="core",
+                        help="core (default): every peer's rank r bound to core r %% cores, "
+                             "mpirun's with --bind-to core:overload-allowed; none: the "
+                             "kernel places every peer's ranks")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     parser.add_argument("--warmup", type=int, default=3, help="warmup calls per round")
     parser.add_argument("--min-iters", type=int, default=10,

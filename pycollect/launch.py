@@ -15,6 +15,13 @@ among the ranks (at least 1): the ranks' OpenMP and BLAS thread pools (NumPy's
 OpenBLAS starts one at import) then share the cores instead of each taking all of
 them, as torchrun does for its workers.
 
+``--bind core`` binds rank r to physical core ``r % cores`` of those the launcher
+may run on (a core's hardware threads together), as ``mpirun --bind-to core`` does;
+more ranks than cores share them evenly.  A rank that stays on one core keeps its
+caches and never waits for the scheduler to move it back beside its shared-memory
+flags.  The default, ``none``, leaves placement to the kernel, which suits a
+machine shared with other jobs.
+
 The first rank that fails (non-zero exit or a signal) takes the job down: the
 others get SIGTERM, then SIGKILL after a grace period, and the launcher exits
 non-zero naming that rank.  SIGINT and SIGTERM sent to the launcher are
@@ -34,7 +41,7 @@ import threading
 import time
 import urllib.parse
 
-from pycollect.plugins.hosts import cores
+from pycollect.plugins.hosts import cores, rank_cpus, started_on
 
 __all__ = ["main", "module_command"]
 
@@ -96,8 +103,8 @@ def _parser():
     """Build the command-line parser."""
     parser = argparse.ArgumentParser(
         prog="pycollect-run",
-        usage="%(prog)s -n N [--store URL] [--timeout S] [--no-prefix-output] "
-              "program [args ...]",
+        usage="%(prog)s -n N [--store URL] [--timeout S] [--bind {none,core}] "
+              "[--no-prefix-output] program [args ...]",
         description="Run N ranks of a program on this machine for pycollect.",
         epilog="A program ending in .py runs with this Python interpreter. "
                "Exit status: 0 when every rank exits 0; the failed rank's exit code, "
@@ -110,6 +117,10 @@ def _parser():
                              "on 127.0.0.1); a prefix=run-<random> query is added per run")
     parser.add_argument("--timeout", type=_positive_seconds, metavar="S",
                         help="terminate the whole job after S seconds (default: no limit)")
+    parser.add_argument("--bind", choices=("none", "core"), default="none",
+                        help="core: bind rank r to physical core r %% cores (a core's "
+                             "hardware threads), as mpirun --bind-to core; none (default): "
+                             "the kernel places the ranks")
     parser.add_argument("--no-prefix-output", dest="prefix_output", action="store_false",
                         help="pass the ranks' stdout and stderr through without '[rank R] '")
     parser.add_argument("program", nargs="?",
@@ -206,17 +217,19 @@ class _Job:
         self.stopping = False
         self.exits = queue.Queue()
 
-    def start(self, argv, envs):
-        """Start one rank per environment; on failure stop those already started."""
+    def start(self, argv, envs, cpus=None):
+        """Start one rank per environment, rank r on ``cpus[r]`` where given; on failure
+        stop those already started."""
         lock = threading.Lock()
         pipe = subprocess.PIPE if self.prefix_output else None
         try:
             for rank, env in enumerate(envs):
-                proc = subprocess.Popen(
-                    argv, env=env, start_new_session=True,
-                    stdin=None if rank == 0 else subprocess.DEVNULL,
-                    stdout=pipe, stderr=pipe,
-                )
+                with started_on(None if cpus is None else cpus[rank]):
+                    proc = subprocess.Popen(
+                        argv, env=env, start_new_session=True,
+                        stdin=None if rank == 0 else subprocess.DEVNULL,
+                        stdout=pipe, stderr=pipe,
+                    )
                 self.procs.append(proc)
                 if self.prefix_output:
                     prefix = f"[rank {rank}] ".encode()
@@ -397,7 +410,8 @@ def main(argv=None):
         job = _Job(args.prefix_output)
         with _signals_caught(job) as received:
             try:
-                job.start(command, envs)
+                job.start(command, envs,
+                          rank_cpus(args.nranks) if args.bind == "core" else None)
             except OSError as exc:
                 _fail(f"cannot start {command[0]}: {exc}")
                 return 1

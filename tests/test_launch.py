@@ -112,6 +112,29 @@ def test_ranks_share_the_cores_for_their_thread_pools(tmp_path, monkeypatch, use
         assert values == {(user or str(max(1, cores // n))).encode()}, (n, values)
 
 
+def test_bind_core_puts_rank_r_on_core_r_mod_cores(tmp_path):
+    """--bind core: each rank runs on one core from its first instruction (its threads
+    too), rank r on core r % cores; without it every rank may run on every CPU."""
+    from pycollect.plugins.hosts import core_sets
+    program = write_program(tmp_path, """
+        import threading
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+        t.start(); t.join()
+        print(RANK, sorted(os.sched_getaffinity(0)), seen[0])
+    """)
+    sets = core_sets()
+    everything = sorted(os.sched_getaffinity(0))
+    for extra, expect in ((["--bind", "core"], lambda r: sorted(sets[r % len(sets)])),
+                          ([], lambda r: everything), (["--bind", "none"], lambda r: everything)):
+        done, _ = launch(tmp_path, "-n", "3", *extra, program)
+        assert done.returncode == 0, done.stderr
+        lines = sorted(line.split(b"] ", 1)[1].decode() for line in done.stdout.splitlines())
+        assert lines == [f"{r} {expect(r)} {expect(r)}" for r in range(3)], (extra, lines)
+    # The launcher itself keeps every CPU.
+    assert sorted(os.sched_getaffinity(0)) == everything
+
+
 def test_embedded_store_serves_every_rank_with_a_secret(tmp_path):
     program = write_program(tmp_path, """
         from urllib.parse import parse_qs, urlsplit
@@ -295,6 +318,7 @@ def test_a_program_that_cannot_start_is_reported(tmp_path):
     (["-n", "2", "no-such-program-pycollect"], "program not found: no-such-program-pycollect"),
     (["-n", "2", "missing.py"], "program not found: missing.py"),
     (["-n", "2", "--timeout", "0", "x.py"], "must be a finite number of seconds > 0"),
+    (["-n", "2", "--bind", "socket", "x.py"], "argument --bind: invalid choice: 'socket'"),
 ])
 def test_argument_errors(tmp_path, args, message):
     done, _ = launch(tmp_path, *args, store=False)

@@ -1,11 +1,15 @@
-"""Host identity: which ranks share a kernel, a memory and a loopback.
+"""Host identity: which ranks share a kernel, a memory and a loopback; and the cores
+of this host that local ranks are placed on.
 
 Every rank publishes at rendezvous a machine identity (host name, kernel boot
 id, network namespace) and a host identity, the machine identity unless
 ``PYCOLLECT_HOST_ID`` names another.  Stores (the MPI store) and transports
-(the TCP mesh, shared memory) read them from here.
+(the TCP mesh, shared memory) read them from here.  The launcher
+(``pycollect-run --bind core``) and the benchmarks place ranks on the
+physical cores that ``core_sets`` reads from the kernel's topology.
 """
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -13,7 +17,10 @@ import socket
 from .. import settings
 from ..errors import InvalidArgument
 
-__all__ = ["boot_id", "check_host_table", "cores", "host_identity", "machine_identity"]
+__all__ = ["boot_id", "check_host_table", "core_sets", "cores", "host_identity",
+           "machine_identity", "rank_cpus", "started_on"]
+
+SYSFS_CPU = "/sys/devices/system/cpu"
 
 
 def boot_id():
@@ -31,6 +38,72 @@ def cores():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _cpu_list(text):
+    """Parse the kernel's CPU list format ("0-3,8,10-11") into a set of ints."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def core_sets(allowed=None, sysfs=SYSFS_CPU):
+    """The physical cores this process may run on: one frozenset of CPU numbers (the
+    core's hardware threads that ``allowed`` includes) per core, ordered by lowest CPU.
+
+    ``allowed`` defaults to this process's affinity.  Where the kernel does not say which
+    CPUs share a core (no ``topology/core_cpus_list`` or ``thread_siblings_list``), every
+    CPU counts as a core of its own.
+    """
+    if allowed is None:
+        try:
+            allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            allowed = range(os.cpu_count() or 1)
+    allowed = set(allowed)
+    found = set()
+    for cpu in allowed:
+        siblings = {cpu}
+        for name in ("core_cpus_list", "thread_siblings_list"):
+            try:
+                with open(os.path.join(sysfs, "cpu%d" % cpu, "topology", name)) as f:
+                    siblings = _cpu_list(f.read()) & allowed or {cpu}
+                break
+            except (OSError, ValueError):
+                continue
+        found.add(frozenset(siblings))
+    return sorted(found, key=min)
+
+
+def rank_cpus(nranks, sets=None):
+    """The CPUs each of ``nranks`` local ranks is bound to: rank r gets core ``r % cores``
+    (``core_sets()``), so more ranks than cores share them evenly."""
+    sets = core_sets() if sets is None else sets
+    return [sets[r % len(sets)] for r in range(nranks)]
+
+
+@contextlib.contextmanager
+def started_on(cpus):
+    """Children started (forked) by this thread inside the block run on ``cpus`` only.
+
+    The calling thread takes the affinity for the block and gets its own back after, so
+    the child holds it from its first instruction (its threads, an OpenBLAS pool started
+    at import, inherit it) and the caller's other threads are untouched.  ``cpus`` None:
+    no binding.
+    """
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def machine_identity():
