@@ -180,6 +180,9 @@ def _parser():
                      help="rendezvous store URL (default: PYCOLLECT_STORE)")
     own.add_argument("--local", type=_int_at_least(1), metavar="N",
                      help="start N ranks on this machine, wired through an embedded TCP store")
+    own.add_argument("--bind", choices=("none", "core"), default="none",
+                     help="with --local: core binds rank r to physical core r %% cores "
+                          "(pycollect-run --bind core); none (default): the kernel places them")
     own.add_argument("--dtype", help="element type (default float32; uint8 for pairwise_exchange)")
     own.add_argument("--op",
                      help="reduction: sum (default), product, min, max, avg, band, bor, bxor")
@@ -285,6 +288,9 @@ class Config:
             self.check_size(size)
         if args.local is not None and (args.size is not None or args.rank is not None):
             raise InvalidArgument("--local N starts ranks 0..N-1 itself: drop --size/--rank")
+        if args.bind != "none" and args.local is None:
+            raise InvalidArgument("--bind places the ranks that --local starts; ranks started "
+                                  "by pycollect-run take its own --bind")
         if args.json == "-" and args.csv == "-":
             raise InvalidArgument("--json and --csv cannot both go to stdout; give one a FILE")
         stores = [flag for flag, value in (("--store", args.store), ("--redis-host",
@@ -963,7 +969,7 @@ def run(cfg):
 
 def _child_argv(parser, args):
     """Rebuild the command line for the ranks --local starts (store and --local left out)."""
-    skip = {"local", "store", "redis_host", "redis_port", "prefix", "shared_path", "help"}
+    skip = {"local", "bind", "store", "redis_host", "redis_port", "prefix", "shared_path", "help"}
     argv = []
     raw = parser.parse_args([args.benchmark])   # the defaults, as parsed
     for action in parser._actions:
@@ -989,7 +995,7 @@ def _child_argv(parser, args):
 def _launch_local(parser, cfg):
     """Start cfg.args.local ranks of this tool through pycollect-run; return its exit status."""
     from . import launch
-    argv = ["-n", str(cfg.args.local), "--no-prefix-output"]
+    argv = ["-n", str(cfg.args.local), "--bind", cfg.args.bind, "--no-prefix-output"]
     if cfg.store is not None:
         argv += ["--store", cfg.store]
     argv += launch.module_command("pycollect.bench") + _child_argv(parser, cfg.args)

@@ -181,6 +181,17 @@ def test_local_passes_options_to_the_ranks():
     assert again.local is None
 
 
+@pytest.mark.parametrize("extra, bind", [([], "none"), (["--bind", "core"], "core")])
+def test_local_hands_its_placement_to_the_launcher(monkeypatch, extra, bind):
+    from pycollect import launch
+    seen = []
+    monkeypatch.setattr(launch, "main", lambda argv: seen.append(argv) or 0)
+    assert bench.main(["--local", "2", *extra, "--quiet", "allreduce"]) == 0
+    argv = seen[0]
+    assert argv[argv.index("--bind") + 1] == bind
+    assert "--bind" not in argv[argv.index("--no-prefix-output"):]   # not the ranks' option
+
+
 @pytest.mark.parametrize("args, message", [
     (["nosuch"], "unknown benchmark 'nosuch'"),
     (["allreduce_rnig"], "did you mean one of allreduce"),
@@ -194,6 +205,7 @@ def test_local_passes_options_to_the_ranks():
     (["--base", "3", "allreduce_ring"], "--base applies to allreduce_bcube only"),
     (["--local", "3", "sendrecv_roundtrip"], "exactly 2 ranks, not 3"),
     (["--local", "2", "--size", "2", "allreduce"], "drop --size/--rank"),
+    (["--bind", "core", "allreduce"], "--bind places the ranks that --local starts"),
     (["--local", "2", "--root", "2", "broadcast"], "--root 2 is not a rank of 2"),
     (["--json", "--csv", "allreduce"], "cannot both go to stdout"),
     (["--store", "file:///tmp/x", "--shared-path", "/tmp/y", "allreduce"], "two stores"),
