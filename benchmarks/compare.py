@@ -12,7 +12,14 @@ control socket; the other groups sleep in a socket read meanwhile, so they take
 no CPU.  For every case the peers take turns, in a rotated order, for --rounds
 rounds.  Every peer times the same way (pycollect.bench.time_calls): a warmup,
 an iteration count agreed on from the slowest rank's warmup, back-to-back
-calls, and per call the slowest rank's time.  The results go into
+calls, and per call the slowest rank's time; beside its p50, the small messages'
+tables give OSU's average latency (each rank's time in its calls over the calls, the
+slowest rank's), which tells more where ranks share cores: there a rank that arrives
+last at a barrier leaves at once and its next call waits for a core, so per-call times
+split into a short and a long mode and the p50 lands on either.  By default every
+peer's rank r runs bound to core r mod cores (``--bind core``: pycollect-run's
+``--bind core``, mpirun's ``--bind-to core:overload-allowed``); ``--bind none`` leaves
+every peer's placement to the kernel.  The results go into
 docs/performance.md (between the compare.py markers) and docs/img/*.png.
 
 Peers: pycollect over each --transport given, torch 2.13.0 (the CPU wheel) with
