@@ -106,7 +106,8 @@ class Ceiling:
     Every rank's buffers lie in shared memory (files in /dev/shm that every rank maps), so
     no rank copies anything through a transport.  allreduce: rank r owns slice r (at 2 ranks,
     half r); it adds every peer's slice r into its own, a barrier, then copies every peer's
-    reduced slice over its own.  broadcast: every rank but the root copies the root's buffer,
+    reduced slice over its own, and a barrier again (without it a rank could add into its
+    slice for the next call while a peer still copies it, as no allreduce may).  broadcast: every rank but the root copies the root's buffer,
     then a barrier.  allgather: every rank copies each rank's block into place, then a
     barrier.  The barrier spins on per-rank counters in shared memory (yielding the CPU).
     """
@@ -190,6 +191,7 @@ class Ceiling:
             self.barrier()
             for q in peers:
                 np.copyto(own[cuts[q]:cuts[q + 1]], sends[q][cuts[q]:cuts[q + 1]])
+            self.barrier()      # nobody adds into its slice while a peer still copies it
 
         def broadcast():
             if r != 0:
