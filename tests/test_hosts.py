@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 
-from pycollect.plugins.hosts import core_sets, rank_cpus, started_on
+import pytest
+
+from pycollect.plugins.hosts import core_sets, cpu_list, oversubscribed, rank_cpus, started_on
 
 
 def fake_sysfs(tmp_path, siblings, name="core_cpus_list"):
@@ -55,3 +57,61 @@ def test_a_child_started_inside_runs_on_the_cpus_and_the_caller_gets_its_own_bac
     with started_on(None):
         free = subprocess.run(probe, capture_output=True, text=True, check=True).stdout
     assert free.strip() == str(sorted(mine))
+
+
+def test_the_published_cpus_are_the_kernels_list_format(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 8, 10, 11})
+    assert cpu_list() == "0-3,8,10-11"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    assert cpu_list() == "5"
+
+
+def record(cpus, boot="k1"):
+    return {"hostid": "h", "boot": boot, "cpus": cpus}
+
+
+def test_ranks_share_cores_when_more_of_them_overlap_a_ranks_cpus_than_it_has():
+    bound = [record("0"), record("1")]
+    assert not oversubscribed(0, bound) and not oversubscribed(1, bound)
+    # Four ranks bound two to a core, or free on two CPUs: each shares.
+    assert all(oversubscribed(r, [record("0"), record("1")] * 2) for r in range(4))
+    assert all(oversubscribed(r, [record("0-1")] * 4) for r in range(4))
+    assert not oversubscribed(0, [record("0-1")] * 2)
+    # Another kernel's ranks never count; a rank that published no CPUs counts as sharing.
+    assert not oversubscribed(0, [record("0"), record("0", boot="k2")])
+    assert oversubscribed(0, [record("0"), {"hostid": "h", "boot": "k1"}])
+
+
+def test_without_published_cpus_the_rank_count_against_the_cores_decides(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    old = [{"hostid": "h", "boot": "k1"}] * 2
+    assert not oversubscribed(0, old)
+    assert oversubscribed(0, old * 2)
+    assert oversubscribed(0, [record("bogus")] * 3)
+
+
+@pytest.mark.parametrize("cpus, shared", [(lambda r: {r % 2}, False), (lambda r: {0}, True)])
+def test_bound_ranks_spin_without_yielding_unless_they_share_a_core(tmp_path, cpus, shared):
+    """Two ranks bound to one core each are no oversubscription (each may run on one CPU
+    only); two bound to the same core are: the engine yields while it spins."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    program = tmp_path / "rank.py"
+    program.write_text(
+        "import pycollect as pc\n"
+        "ctx = pc.init(transport='shm')\n"
+        "print(ctx.rank, ctx._transport.yields_spin, ctx._transport.spin_us, flush=True)\n"
+        "ctx.barrier()\n"
+        "ctx.close()\n")
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, PYCOLLECT_RANK=str(r), PYCOLLECT_SIZE="2",
+                   PYCOLLECT_STORE=f"file://{tmp_path}/store")
+        env.pop("PYCOLLECT_SPIN_US", None)
+        with started_on(cpus(r)):
+            procs.append(subprocess.Popen([sys.executable, "-P", str(program)], env=env,
+                                          stdout=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    for out in outs:
+        assert out[1] == str(shared) and float(out[2]) == (50.0 if shared else 1000.0), outs

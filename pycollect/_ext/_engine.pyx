@@ -13,7 +13,8 @@ have work queued, writing and reading as much as the channels take without
 blocking, so sends and receives to several peers advance together.  When a
 pass makes no progress the engine spins for ``spin_us`` microseconds (a polled
 round trip on loopback is several times faster than a woken one), yielding the
-core between passes when this host runs more ranks than it has cores, and then
+core between passes when more of this host's ranks may run on its CPUs than it has
+(``plugins/hosts.oversubscribed``), and then
 blocks in ``poll`` until a channel is ready, the deadline passes or
 ``abort()`` writes to the wake-up eventfd.
 
@@ -293,7 +294,8 @@ cdef class Engine(Transport):
 
     @property
     def yields_spin(self):
-        """Whether a spinning wait yields the core between passes (more ranks than cores)."""
+        """Whether a spinning wait yields the core between passes (its CPUs shared by more ranks
+        than it has)."""
         return bool(self.yield_spin)
 
     def peer_pids(self):

@@ -45,7 +45,8 @@ post line's flag only grows (k + 1, then k + 1 + D...), so "peer p has
 entered operation j" is "p's post line j % D holds at least j + 1".
 
 Waiting spins on the flags with the CPU's pause hint (yielding the core
-between passes where the host runs more ranks than cores), looks at the pairs
+between passes where more of the host's ranks may run on this rank's CPUs than
+it has: ``plugins/hosts.oversubscribed``), looks at the pairs
 without sleeping every LOOK_NS (an abort frame, a peer's end, a message that
 shows disagreement, abort() from another thread), and after the transport's
 spin time sleeps in ``Transport.watch`` (poll() on the pairs' doorbells and the

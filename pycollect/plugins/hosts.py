@@ -17,8 +17,8 @@ import socket
 from .. import settings
 from ..errors import InvalidArgument
 
-__all__ = ["boot_id", "check_host_table", "core_sets", "cores", "host_identity",
-           "machine_identity", "rank_cpus", "started_on"]
+__all__ = ["boot_id", "check_host_table", "core_sets", "cores", "cpu_list", "host_identity",
+           "machine_identity", "oversubscribed", "rank_cpus", "started_on"]
 
 SYSFS_CPU = "/sys/devices/system/cpu"
 
@@ -38,6 +38,43 @@ def cores():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def cpu_list():
+    """The CPUs this process may run on in the kernel's list format ("0-3,8"; what a rank
+    publishes at rendezvous, a few bytes on any machine), or None where the system does
+    not say."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    runs = []
+    for cpu in cpus:
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join("%d" % a if a == b else "%d-%d" % (a, b) for a, b in runs)
+
+
+def oversubscribed(rank, addrs):
+    """Whether rank ``rank`` shares its CPUs with more ranks than it has CPUs, counting the
+    ranks of its kernel (same boot id) whose published CPUs (``cpus``) overlap its own, so
+    that a waiting rank should yield the core to them.  Ranks bound to cores of their own
+    (``pycollect-run --bind core``) are not, even though each may run on one CPU only; four
+    unbound ranks on two CPUs are.  A rank that published no CPUs counts as sharing all."""
+    me = addrs[rank]
+    boot = me.get("boot", me["hostid"])
+    local = [a for a in addrs if a.get("boot", a["hostid"]) == boot]
+    try:
+        mine = _cpu_list(me.get("cpus") or "")
+        theirs = [_cpu_list(a.get("cpus") or "") for a in local]
+    except ValueError:
+        mine = None
+    if not mine:
+        return len(local) > cores()
+    sharing = sum(1 for cpus in theirs if not cpus or mine & cpus)
+    return sharing > len(mine)
 
 
 def _cpu_list(text):

@@ -349,7 +349,7 @@ def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", 
     log.debug("rank %d: listening on %s (%s)", rank, format_addr(host, port), why)
     machine = hosts.machine_identity()
     me = {"host": host, "port": port, "hostid": hosts.host_identity(machine), "machine": machine,
-          "boot": hosts.boot_id(), "pid": os.getpid()}
+          "boot": hosts.boot_id(), "pid": os.getpid(), "cpus": hosts.cpu_list()}
     if tls is not None:
         me["tls"] = {"name": socket.gethostname()}
     try:

@@ -8,7 +8,7 @@
 import time
 
 from ... import settings
-from ..hosts import cores
+from ..hosts import oversubscribed
 from ..mesh import connect_mesh, format_addr
 
 __all__ = ["create_tcp_transport", "open_tcp"]
@@ -37,16 +37,15 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
     joined = connect_mesh(rank, size, store, deadline=deadline, interface=interface,
                           context_id=context_id, tls=tls)
     addrs = joined.addrs
-    sharing_cores = sum(1 for a in addrs if a.get("boot", a["hostid"]) == addrs[rank]["boot"])
-    oversubscribed = sharing_cores > cores()
+    shared = oversubscribed(rank, addrs)
     if spin_us is None:
         # A core of its own: spin long enough to ride out a peer's preemption on a busy
         # host (a sleep and its wake-up cost ~100 us there). Sharing cores: spin briefly,
         # yielding, so that the peer that holds the data gets the core.
-        spin_us = SPIN_US_SHARED if oversubscribed else SPIN_US_DEDICATED
+        spin_us = SPIN_US_SHARED if shared else SPIN_US_DEDICATED
     channels = [None if fd < 0 else SocketChannel(fd) for fd in joined.fds]
     transport = Engine(rank, size, channels, [format_addr(a["host"], a["port"]) for a in addrs],
-                       spin_us=spin_us, yield_spin=oversubscribed)
+                       spin_us=spin_us, yield_spin=shared)
     transport.host_ids = [a["hostid"] for a in addrs]
     return transport, joined
 
