@@ -115,3 +115,11 @@ def test_bound_ranks_spin_without_yielding_unless_they_share_a_core(tmp_path, cp
     assert [p.returncode for p in procs] == [0, 0]
     for out in outs:
         assert out[1] == str(shared) and float(out[2]) == (50.0 if shared else 1000.0), outs
+
+
+def test_cpus_that_cannot_be_had_are_named_and_the_caller_keeps_its_own():
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(OSError, match=r"cannot bind to CPUs 100000: "):
+        with started_on({100000}):
+            pass
+    assert os.sched_getaffinity(0) == mine

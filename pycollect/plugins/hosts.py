@@ -136,7 +136,11 @@ def started_on(cpus):
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:      # CPUs outside the cpuset, or binding forbidden here
+        raise OSError(exc.errno, "cannot bind to CPUs %s: %s"
+                      % (",".join(map(str, sorted(cpus))), exc.strerror)) from None
     try:
         yield
     finally:
