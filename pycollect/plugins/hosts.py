@@ -67,8 +67,8 @@ def oversubscribed(rank, addrs):
     boot = me.get("boot", me["hostid"])
     local = [a for a in addrs if a.get("boot", a["hostid"]) == boot]
     try:
-        mine = _cpu_list(me.get("cpus") or "")
-        theirs = [_cpu_list(a.get("cpus") or "") for a in local]
+        mine = _parse_cpu_list(me.get("cpus") or "")
+        theirs = [_parse_cpu_list(a.get("cpus") or "") for a in local]
     except ValueError:
         mine = None
     if not mine:
@@ -77,7 +77,7 @@ def oversubscribed(rank, addrs):
     return sharing > len(mine)
 
 
-def _cpu_list(text):
+def _parse_cpu_list(text):
     """Parse the kernel's CPU list format ("0-3,8,10-11") into a set of ints."""
     cpus = set()
     for part in text.strip().split(","):
@@ -108,7 +108,7 @@ def core_sets(allowed=None, sysfs=SYSFS_CPU):
         for name in ("core_cpus_list", "thread_siblings_list"):
             try:
                 with open(os.path.join(sysfs, "cpu%d" % cpu, "topology", name)) as f:
-                    siblings = _cpu_list(f.read()) & allowed or {cpu}
+                    siblings = _parse_cpu_list(f.read()) & allowed or {cpu}
                 break
             except (OSError, ValueError):
                 continue
