@@ -302,13 +302,16 @@ class Work:
         and the core for a moment), and the first one wakes the runner for it, as MPI's
         Test progresses a request: a loop that polls while it computes gets the operation
         started at once, not at the runner's next look or after the interpreter's switch
-        interval."""
+        interval.  An allreduce or barrier that this rank posted when it was called (the
+        shared-memory flags: ``Runner.begun_collective``) ends in the look that finds every
+        peer's post there, on the polling thread."""
         if self._end.done:
             return True
         if self._runner is not None:
-            if not self._polled:
-                self._polled = True
-                self._runner.hurry()
+            self._runner.poll(self, not self._polled)
+            self._polled = True
+            if self._end.done:
+                return True
             # Let the runner have the GIL and the core: a loop of polls would otherwise
             # keep the GIL from it for the interpreter's switch interval (5 ms) at a time.
             # sleep(0) gave up the GIL but not the core, so that a runner woken onto the
@@ -401,6 +404,8 @@ class Runner:
         self._posting = []      # ... taken off the queue, not yet posted to it
         self._parked = False    # ... begun on a caller's thread (claim), with a doorbell
                                 # token for whoever drives it next
+        self._begun = None      # (work, ready) of the collective at the head that a
+                                # caller's thread posted (begun_collective), not yet taken
         self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
         self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
@@ -464,6 +469,41 @@ class Runner:
         self._done_running(False, park=True)
         return work
 
+    def begun_collective(self, op, work, ready):
+        """End a claim under which the calling thread posted the collective ``op`` (an
+        allreduce or barrier through the shared-memory flags, begun without waiting) whose
+        peers have not all posted yet: its end goes first in the queue, for the next driver:
+        the wait that follows, a poll that finds every peer's post there (``ready()`` says
+        so: ``poll``), or the runner at its next look (not woken now, as for a
+        queued operation)."""
+        work._runner = self
+        with self._mutex:
+            self._queue.appendleft((op, work))
+            self._begun = (work, ready)
+            self._busy = False
+            if self._runner_waits:
+                # The runner found the claim and waits for its end: back to its doorbell.
+                self._runner_waits = False
+                self._handed = False
+                self._cond.notify()
+        self._bell.queue()
+
+    def poll(self, work, first):
+        """``is_completed``'s look at ``work``, pending.  Where a caller's thread posted its
+        collective (``begun_collective``), run it here once nothing runs and every peer has
+        posted too, so that it waits for nobody, as MPI's Test completes a request whose
+        peers are there; the runner is left to its next look.  Anything else: wake the
+        runner for it on the first look (``first``)."""
+        with self._mutex:
+            begun = self._begun
+            mine = begun is not None and begun[0] is work
+            ready = (mine and not self._busy and bool(self._queue)
+                     and self._queue[0][1] is work and begun[1]())
+        if ready:
+            self.run_until(work)
+        elif first and not mine:
+            self._bell.hurry()
+
     def hurry(self):
         """A thread that waits with a timeout, so does not run the queue itself (a
         collective it ran could outlast the wait), wants the runner to run it now rather
@@ -505,6 +545,8 @@ class Runner:
         if self._batch is not None or isinstance(self._queue[0][0], P2P):
             return None
         self._bell.take()
+        if self._begun is not None and self._queue[0][1] is self._begun[0]:
+            self._begun = None
         return self._queue[0]
 
     def _run_next(self, head, until):

@@ -264,3 +264,99 @@ def test_a_rank_killed_while_the_others_wait_on_flags(tmp_path, monkeypatch, spi
 def test_a_stopped_rank_is_named_in_the_timeout(tmp_path):
     run_victims(tmp_path, _VICTIM % {"timeout": 3, "signal": "SIGSTOP"}, stopped=True,
                 bound_s=20, min_s=2.5)
+
+
+def _posted(ctx):
+    return ctx._transport.flag_area.operations
+
+
+def test_an_async_call_posts_when_made_and_ends_where_every_peer_is_there():
+    """An async allreduce or barrier through the flags posts this rank's part in the call
+    itself, as MPI's Iallreduce begins; the last rank to call finds every post there and
+    its call has ended when it returns, without the runner; the others end in a poll."""
+    g = ThreadGroup(3, timeout=30)
+    try:
+        def body(ctx):
+            before = _posted(ctx)
+            if ctx.rank == 2:
+                time.sleep(0.3)
+            buf = np.full(4, ctx.rank + 1.0, np.float32)
+            work = ctx.allreduce(buf, async_op=True)
+            posted_at_call = _posted(ctx) - before
+            ended_at_call = work.is_completed()
+            deadline = time.monotonic() + 10
+            while not work.is_completed() and time.monotonic() < deadline:
+                pass
+            bar = ctx.barrier(async_op=True)
+            bar.wait(timeout=10)
+            return (posted_at_call, ended_at_call, work.wait(timeout=1).tolist(),
+                    work.algorithm, bar.algorithm, _posted(ctx) - before)
+
+        out = g.run(body)
+        for rank, (posted, ended, result, algo, bar_algo, ops) in enumerate(out):
+            assert posted == 1 and result == [6.0] * 4, (rank, out)
+            assert (algo, bar_algo, ops) == ("flags", "flags", 2), (rank, out)
+        assert out[2][1] is True            # the last to come found every post there
+        assert out[0][1] is False and out[1][1] is False
+    finally:
+        g.close()
+
+
+def test_a_begun_call_ends_by_itself_and_keeps_its_place():
+    """Nobody waits: the runner ends a posted call at its next look (its callback runs); a
+    blocking call made behind a posted one runs after it, in order, on every rank."""
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(ctx):
+            # Rank 1 posts first and never waits: its runner ends the call.
+            if ctx.rank == 0:
+                time.sleep(0.2)
+            done = threading.Event()
+            a = ctx.allreduce(np.ones(2), async_op=True)
+            a.add_done_callback(lambda w: done.set())
+            assert done.wait(10)
+            # Rank 0 posts first, then makes a blocking call behind its posted one.
+            if ctx.rank == 1:
+                time.sleep(0.2)
+            b = ctx.allreduce(np.full(2, 2.0), async_op=True)
+            c = ctx.allreduce(np.full(2, 5.0))
+            assert b.is_completed()
+            return a.wait().tolist(), b.wait().tolist(), c.tolist()
+
+        assert g.run(body) == [([2.0, 2.0], [4.0, 4.0], [10.0, 10.0])] * 2
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("end", ["mismatch", "timeout", "abort"])
+def test_a_begun_call_fails_as_a_blocking_one_would(end):
+    """A posted async call still meets the peers' disagreement (MismatchError on every
+    rank), its deadline (Timeout naming the absent rank) and abort() from another thread."""
+    g = ThreadGroup(2, timeout=3 if end == "timeout" else 30)
+    try:
+        def body(ctx):
+            started = time.monotonic()
+            if ctx.rank == 1:
+                if end == "mismatch":
+                    return ctx.allreduce(np.ones(9))
+                time.sleep(1.5 if end == "abort" else 6)
+                return None
+            work = ctx.allreduce(np.ones(8), async_op=True)
+            if end == "abort":
+                threading.Timer(0.3, ctx.abort).start()
+            with pytest.raises(Exception) as caught:
+                work.wait()
+            return caught.value, time.monotonic() - started
+
+        res = g.outcomes(body, timeout=60)
+        exc, took = res[0]
+        expected = {"mismatch": pc.MismatchError, "timeout": pc.Timeout,
+                    "abort": pc.Aborted}[end]
+        assert isinstance(exc, expected), res
+        assert took < (8 if end == "timeout" else 5), res
+        if end == "mismatch":
+            assert isinstance(res[1], pc.MismatchError), res
+        if end == "timeout":
+            assert "rank 1" in str(exc), exc
+    finally:
+        g.close()

@@ -75,7 +75,8 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
                                      direct_release, direct_stage, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
-from pycollect._ext._flags cimport Flags, flags_allreduce, flags_fit
+from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_allreduce,
+                                    flags_allreduce_end, flags_fit, flags_post)
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
@@ -444,3 +445,59 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
     if rc < 0:
         raise_error(t)
     return algo
+
+
+cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
+                          double timeout) except? -1:
+    """Begin an allreduce of ``buf`` in place through the flag area without waiting (an
+    async call on the caller's thread): 1 when every peer had posted it already and it has
+    ended, 0 when it is posted and ``allreduce_end`` must finish it before the next
+    collective, -2 when the flags path does not apply (nothing was done: run
+    ``allreduce``)."""
+    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    check_op(b.dtype, op, "allreduce")
+    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef OpDesc d
+    cdef int rc
+    if fl == NULL or t.solo or t.size < 2:
+        return -2
+    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = flags_post(t, fl, b.ptr, b.nbytes)
+        if rc == 0 and flags_all_posted(fl):
+            rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+            if rc == 0:
+                rc = 1
+    if rc < 0:
+        raise_error(t)
+    return rc
+
+
+cpdef int allreduce_end(Transport t, object buf, int op, unsigned int seq,
+                        double timeout) except? -1:
+    """Finish the allreduce ``allreduce_begin`` posted (its deadline counts from now); the
+    algorithm's code."""
+    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef OpDesc d
+    cdef int rc
+    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+    if rc < 0:
+        raise_error(t)
+    return ALGO_FLAGS
+
+
+cdef int _end_flags(Transport t, Flags* fl, char* buf, size_t n, size_t es, int dtype,
+                    int op) noexcept nogil:
+    """Wait for every post of the flags allreduce begun on ``buf``, and reduce."""
+    if flags_allreduce_end(t, fl, buf, n, es, dtype, op) < 0:
+        return -1
+    if op == OP_AVG:
+        divide_by(buf, n, dtype, t.size)
+    return 0

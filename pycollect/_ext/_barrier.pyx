@@ -9,7 +9,8 @@ and waits for all the others' instead.
 """
 
 from pycollect._ext._algo cimport wrap
-from pycollect._ext._flags cimport Flags, flags_barrier, flags_fit
+from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_barrier, flags_barrier_end,
+                                    flags_fit, flags_post)
 from pycollect._ext._transport cimport *
 
 
@@ -42,3 +43,43 @@ cpdef int barrier(Transport t, unsigned int seq, double timeout) except? -1:
     if rc < 0:
         raise_error(t)
     return algo
+
+
+cpdef int barrier_begin(Transport t, unsigned int seq, double timeout) except? -1:
+    """Begin a barrier through the flag area without waiting (an async call on the caller's
+    thread): 1 when every peer had posted it already and it has ended, 0 when it is posted
+    and ``barrier_end`` must finish it before the next collective, -2 when the flags path
+    does not apply (nothing was done: run ``barrier``)."""
+    cdef OpDesc d
+    cdef Flags* fl = flags_fit(t, 0)
+    cdef int rc
+    if fl == NULL or t.solo or t.size < 2:
+        return -2
+    fill_desc(&d, seq, COLL_BARRIER, 0, 0, ALGO_FLAGS, 0, 0)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = flags_post(t, fl, NULL, 0)
+        if rc == 0 and flags_all_posted(fl):
+            rc = flags_barrier_end(t, fl)
+            if rc == 0:
+                rc = 1
+    if rc < 0:
+        raise_error(t)
+    return rc
+
+
+cpdef int barrier_end(Transport t, unsigned int seq, double timeout) except? -1:
+    """Finish the barrier ``barrier_begin`` posted (its deadline counts from now); the
+    algorithm's code."""
+    cdef OpDesc d
+    cdef Flags* fl = flags_fit(t, 0)
+    cdef int rc
+    fill_desc(&d, seq, COLL_BARRIER, 0, 0, ALGO_FLAGS, 0, 0)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = flags_barrier_end(t, fl)
+    if rc < 0:
+        raise_error(t)
+    return ALGO_FLAGS

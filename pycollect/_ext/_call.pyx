@@ -60,16 +60,19 @@ cdef extern from *:
     int pc_lock_add(int* n, int d) noexcept
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
+from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end
 from pycollect._ext._barrier cimport barrier as run_barrier
+from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._record cimport NONE, Ring
-from pycollect._ext._transport cimport Transport
+from pycollect._ext._transport cimport ALGO_FLAGS, Transport
 
 import numpy as np
 
 from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
 from pycollect._ext._allgather import allgather as _allgather
 from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
+from pycollect._ext._flags import posts_complete as _posts_complete
 from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
@@ -271,9 +274,15 @@ cdef class Queued:
     cdef Py_ssize_t seg
     cdef object buf
     cdef object recv
+    cdef bint begun             # a flags allreduce or barrier posted as number ``seq``
+    cdef unsigned int seq       # (CallPath.begin_flags): running it ends it
 
     def __call__(self, unsigned int seq):
         cdef int kind = self.kind
+        if self.begun:
+            if kind == K_ALLREDUCE:
+                return allreduce_end(self.t, self.buf, self.op, seq, self.timeout)
+            return barrier_end(self.t, seq, self.timeout)
         try:
             if kind == K_ALLREDUCE:
                 return run_allreduce(self.t, self.buf, self.op, self.code, seq, self.timeout,
@@ -293,6 +302,11 @@ cdef class Queued:
         """Run it now, on the calling thread (the runner's, or a waiter's), as
         ``Context._execute`` runs a queued item; the algorithm's name."""
         return self.ctx.run_queued(self)
+
+    def ends_at_once(self):
+        """A begun flags collective whose every peer has posted: running it waits for
+        nobody (``Runner.run_if_ready``)."""
+        return self.begun and _posts_complete(self.t)
 
 
 cdef class CallPath:
@@ -734,19 +748,13 @@ cdef class CallPath:
         """Queue one checked and planned collective (``async_op=True``) as ``run`` would run
         it; its Work, whose result is ``result``.  The queue, the Work and the flight
         recorder's entry are the Python path's (``Context._submit``)."""
-        cdef Queued q = Queued.__new__(Queued)
+        cdef Queued q
         cdef Ring rec = self._recorder
-        q.ctx = self
-        q.t = self._transport
-        q.kind = kind
-        q.code = code
-        q.op = op
-        q.root = root
-        q.timeout = timeout
-        q.seg = self._segment_bytes
-        q.buf = buf
-        q.recv = recv
-        q.entry = -1
+        if kind == K_BARRIER or (kind == K_ALLREDUCE and code == ALGO_FLAGS):
+            work = self.begin_flags(kind, buf, op, timeout, result)
+            if work is not None:
+                return work
+        q = self.queued(kind, buf, recv, code, op, root, timeout)
         if rec is not None:
             described = buf if kind <= K_REDUCE else recv
             q.entry = rec.add(_COLLECTIVES[kind],
@@ -760,6 +768,97 @@ cdef class CallPath:
         runner.submit(q, work)
         return work
 
+    cdef Queued queued(self, int kind, object buf, object recv, int code, int op, int root,
+                       double timeout):
+        """A ``Queued`` for one checked and planned call, with no recorder entry yet."""
+        cdef Queued q = Queued.__new__(Queued)
+        q.ctx = self
+        q.t = self._transport
+        q.kind = kind
+        q.code = code
+        q.op = op
+        q.root = root
+        q.timeout = timeout
+        q.seg = self._segment_bytes
+        q.buf = buf
+        q.recv = recv
+        q.entry = -1
+        return q
+
+    cdef object begin_flags(self, int kind, object buf, int op, double timeout,
+                            object result):
+        """An async allreduce or barrier through the flag area begun on the calling thread
+        when the context's runner has nothing queued, in flight or running
+        (``Runner.claim``), as MPI's Iallreduce begins: this rank posts now, and where every
+        peer had posted already the operation ends here; else its end waits at the head of
+        the runner's queue (``Runner.begun_collective``) for its wait, a poll that finds
+        every post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or
+        None where the call is queued as usual (the runner has work, the flags path does
+        not apply, or the arguments are refused)."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t entry = -1
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        cdef unsigned int seq = 0
+        cdef int state = -2
+        cdef Queued q
+        runner = self._started_runner() if self._runner is None else self._runner
+        if not runner.claim():
+            return None
+        exception = None
+        lock.take()
+        try:
+            if self._closed or self._failure is not None:
+                runner.unclaim()
+                return None
+            seq = self._seq + 1
+            self._busy = True
+            try:
+                if kind == K_ALLREDUCE:
+                    state = allreduce_begin(t, buf, op, seq, timeout)
+                else:
+                    state = barrier_begin(t, seq, timeout)
+            except BaseException as exc:    # handed to the Work, raised by its wait
+                if isinstance(exc, InvalidArgument) and not t.is_failed:
+                    runner.unclaim()        # refused before the wire: queued as usual
+                    return None
+                exception = exc
+            finally:
+                self._busy = False
+            if state == -2 and exception is None:
+                runner.unclaim()
+                return None
+            self._seq = seq         # numbered, as run numbers a collective that ran
+            if rec is not None:
+                entry = rec.add(_COLLECTIVES[kind],
+                                None if buf is None
+                                else <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
+                                NONE if buf is None else cnp.PyArray_SIZE(<cnp.ndarray>buf),
+                                NONE, None, True, seq)
+            if exception is not None:
+                self.failed(exception, entry)
+        except BaseException:
+            runner.unclaim()
+            raise
+        finally:
+            lock.give()
+        what = self.what(kind)
+        if state == 1 or exception is not None:
+            runner.unclaim()
+            work = _Work.ended(what, result, exception)
+            if exception is None:
+                work.algorithm = _name_of(ALGO_FLAGS)
+                if entry >= 0:
+                    rec.end(entry, work.algorithm, None)
+            return work
+        q = self.queued(kind, buf, None, ALGO_FLAGS, op, 0, timeout)
+        q.entry = entry
+        q.begun = True
+        q.seq = seq
+        work = _Work(what, result)
+        runner.begun_collective(q, work, q.ends_at_once)
+        return work
+
     cdef str what(self, int kind):
         """A handle's description for ``kind``: "allreduce on rank 3"."""
         if self._what is None:
@@ -770,20 +869,21 @@ cdef class CallPath:
         """Run ``q`` under the context lock as collective number seq + 1, as ``run`` runs
         a blocking call, its recorder entry made when it was queued; the algorithm's name.
         Where the context is closed or failed, or point-to-point messages wait unreceived,
-        ``Context._execute`` runs it and words the error."""
+        ``Context._execute`` runs it and words the error.  A begun ``q`` (``begin_flags``)
+        was numbered, and its entry started, when it was posted: running it ends it."""
         cdef Ring rec = self._recorder
         cdef CallLock lock = self._lock
         cdef unsigned int seq
         cdef int code
         lock.take()
-        if self._closed or self._failure is not None or len(self._mailbox):
+        if not q.begun and (self._closed or self._failure is not None or len(self._mailbox)):
             lock.give()
             return self._execute((q, 1, None, None if q.entry < 0 else q.entry))
         try:
-            seq = self._seq + 1
+            seq = q.seq if q.begun else self._seq + 1
             self._busy = True
             try:
-                if q.entry >= 0:
+                if q.entry >= 0 and not q.begun:
                     rec.begin(q.entry, seq)
                 code = q(seq)
             except BaseException as exc:    # KeyboardInterrupt fails the context too

@@ -38,6 +38,12 @@ operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
    contribution, in rank order, into its output (so all ranks get the same
    bits); broadcast copies the root's; barrier reads nothing.
 
+An async allreduce or barrier begun on the caller's thread (``flags_post``:
+steps 1 to 3) is ended later, by whichever thread drives it next, with
+``flags_allreduce_end`` or ``flags_barrier_end`` (steps 4 to 6), before the
+rank's next flags operation; ``flags_all_posted`` says when that end would
+wait for nobody.
+
 No trailing barrier is needed and slots never need a "read by all" count: a
 rank posts k + 1 only after it has finished operation k - 1, and nobody
 writes a slot for operation k + D before every peer has entered k + 1.  A
@@ -335,9 +341,8 @@ cdef enum:
     WAIT_ALL = -1               # allreduce, barrier
 
 
-cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_for) noexcept nogil:
-    """Steps 1 to 5 for this rank's next operation (``src``: its contribution, if any;
-    ``wait_for``: WAIT_ALL, WAIT_NONE, or the one rank to wait for)."""
+cdef int _enter_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
+    """Steps 1 to 3 for this rank's next operation (``src``: its contribution, if any)."""
     cdef uint64_t k = f.ops, free_at
     if t.failed:
         return -1
@@ -347,6 +352,13 @@ cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_
             return _fail(f)
     f.ops = k + 1
     _post(t, f, k, src, nbytes)
+    return 0
+
+
+cdef int _enter_wait(Transport t, Flags* f, int wait_for) noexcept nogil:
+    """Steps 4 and 5 for the operation this rank posted last (``wait_for``: WAIT_ALL,
+    WAIT_NONE, or the one rank to wait for)."""
+    cdef uint64_t k = f.ops - 1
     if wait_for == WAIT_ALL:
         if _wait(t, f, k + 1, 0, f.n - 1) < 0 or _check_upto(t, f, k + 1) < 0:
             return _fail(f)
@@ -356,9 +368,43 @@ cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_
     return 0
 
 
+cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_for) noexcept nogil:
+    """Steps 1 to 5 for this rank's next operation (``src``: its contribution, if any;
+    ``wait_for``: WAIT_ALL, WAIT_NONE, or the one rank to wait for)."""
+    if _enter_post(t, f, src, nbytes) < 0:
+        return -1
+    return _enter_wait(t, f, wait_for)
+
+
+cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
+    """Post this rank's next operation of those that wait for every rank (allreduce,
+    barrier: ``src`` NULL), without waiting: ``flags_allreduce_end`` or
+    ``flags_barrier_end`` finishes it, on this thread or another, before the next flags
+    operation begins (an async call begun on the caller's thread)."""
+    return _enter_post(t, f, src, nbytes)
+
+
+cdef bint flags_all_posted(Flags* f) noexcept nogil:
+    """Every peer has posted the operation this rank posted last: its end waits for
+    nobody."""
+    return _first_missing(f, f.ops, 0, f.n - 1) > f.n - 1
+
+
+def posts_complete(Transport t):
+    """Whether every peer has posted the flags operation this rank posted last, so that its
+    end (``flags_allreduce_end``, ``flags_barrier_end``) waits for nobody."""
+    cdef Flags* f = flags_fit(t, 0)
+    return f != NULL and flags_all_posted(f)
+
+
 cdef int flags_barrier(Transport t, Flags* f) noexcept nogil:
     """Every rank posts; each returns once it has seen every flag."""
     return _enter(t, f, NULL, 0, WAIT_ALL)
+
+
+cdef int flags_barrier_end(Transport t, Flags* f) noexcept nogil:
+    """The rest of a barrier that ``flags_post`` began: wait for every flag."""
+    return _enter_wait(t, f, WAIT_ALL)
 
 
 cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
@@ -377,9 +423,18 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
                          int op) noexcept nogil:
     """Every rank copies ``buf`` into its slot; once all have posted each reduces every
     slot, rank 0's first, into ``buf`` (AVG sums: the caller divides)."""
+    if _enter_post(t, f, buf, n * es) < 0:
+        return -1
+    return flags_allreduce_end(t, f, buf, n, es, dtype, op)
+
+
+cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
+                             int op) noexcept nogil:
+    """The rest of an allreduce that ``flags_post`` began with ``buf``: wait for every
+    post, then reduce every slot, rank 0's first, into ``buf``."""
     cdef uint64_t k
     cdef int p
-    if _enter(t, f, buf, n * es, WAIT_ALL) < 0:
+    if _enter_wait(t, f, WAIT_ALL) < 0:
         return -1
     k = f.ops - 1
     reduce_into(buf, _data(f, 0, k, n * es), _data(f, 1, k, n * es), n, dtype, op)
