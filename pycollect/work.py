@@ -302,9 +302,9 @@ class Work:
         and the core for a moment), and the first one wakes the runner for it, as MPI's
         Test progresses a request: a loop that polls while it computes gets the operation
         started at once, not at the runner's next look or after the interpreter's switch
-        interval.  An allreduce or barrier that this rank posted when it was called (the
-        shared-memory flags: ``Runner.begun_collective``) ends in the look that finds every
-        peer's post there, on the polling thread."""
+        interval.  An allreduce, broadcast or barrier that this rank posted when it was
+        called (the shared-memory flags: ``Runner.begun_collective``) ends in the look that
+        finds the peers' posts there, on the polling thread."""
         if self._end.done:
             return True
         if self._runner is not None:
@@ -471,8 +471,8 @@ class Runner:
 
     def begun_collective(self, op, work, ready):
         """End a claim under which the calling thread posted the collective ``op`` (an
-        allreduce or barrier through the shared-memory flags, begun without waiting) whose
-        peers have not all posted yet: its end goes first in the queue, for the next driver:
+        allreduce, broadcast or barrier through the shared-memory flags, begun without
+        waiting) whose peers have not all posted yet: its end goes first in the queue, for the next driver:
         the wait that follows, a poll that finds every peer's post there (``ready()`` says
         so: ``poll``), or the runner at its next look (not woken now, as for a
         queued operation)."""

@@ -360,3 +360,38 @@ def test_a_begun_call_fails_as_a_blocking_one_would(end):
             assert "rank 1" in str(exc), exc
     finally:
         g.close()
+
+
+def test_an_async_broadcast_posts_when_made_and_a_root_running_ahead_never_blocks():
+    """An async broadcast through the flags posts in the call: the root's has ended when it
+    returns, the others' end where the root had posted.  A root that runs ahead of the
+    flag area's slots (8) gets async calls that return at once all the same (those that
+    would wait for a slot queue), and every rank gets every value."""
+    g = ThreadGroup(3, timeout=30)
+    try:
+        def body(ctx):
+            before = _posted(ctx)
+            if ctx.rank != 0:
+                time.sleep(0.5)
+            bufs = [np.full(3, i + 1.0 if ctx.rank == 0 else 0.0) for i in range(12)]
+            slowest, works = 0.0, []
+            for buf in bufs:
+                t0 = time.monotonic()
+                works.append(ctx.broadcast(buf, root=0, async_op=True))
+                slowest = max(slowest, time.monotonic() - t0)
+            t0 = time.monotonic()
+            total = ctx.allreduce(np.ones(2), async_op=True)
+            slowest = max(slowest, time.monotonic() - t0)
+            ended_at_call = works[0].is_completed()
+            values = [w.wait(timeout=20)[0] for w in works]
+            return (slowest, ended_at_call, values, total.wait(timeout=20).tolist(),
+                    {w.algorithm for w in works}, _posted(ctx) - before)
+
+        out = g.run(body)
+        for rank, (slowest, ended, values, total, algos, ops) in enumerate(out):
+            assert values == [i + 1.0 for i in range(12)] and total == [3.0, 3.0], out
+            assert algos == {"flags"} and ops == 13, (rank, out)
+            assert slowest < 0.25, (rank, slowest)      # the others came 0.5 s later
+            assert ended, (rank, out)   # the root's at once; the others found its post
+    finally:
+        g.close()

@@ -76,7 +76,8 @@ from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hel
                                      direct_release, direct_stage, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_allreduce,
-                                    flags_allreduce_end, flags_fit, flags_post)
+                                    flags_allreduce_end, flags_fit, flags_post,
+                                    flags_slot_free)
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
@@ -452,14 +453,15 @@ cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
     """Begin an allreduce of ``buf`` in place through the flag area without waiting (an
     async call on the caller's thread): 1 when every peer had posted it already and it has
     ended, 0 when it is posted and ``allreduce_end`` must finish it before the next
-    collective, -2 when the flags path does not apply (nothing was done: run
+    collective, -2 when the flags path does not apply or the post would wait for its slot
+    (nothing was done: run
     ``allreduce``)."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef Flags* fl = flags_fit(t, b.nbytes)
     cdef OpDesc d
     cdef int rc
-    if fl == NULL or t.solo or t.size < 2:
+    if fl == NULL or t.solo or t.size < 2 or not flags_slot_free(fl):
         return -2
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
     with nogil:

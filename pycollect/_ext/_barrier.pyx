@@ -10,7 +10,7 @@ and waits for all the others' instead.
 
 from pycollect._ext._algo cimport wrap
 from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_barrier, flags_barrier_end,
-                                    flags_fit, flags_post)
+                                    flags_fit, flags_post, flags_slot_free)
 from pycollect._ext._transport cimport *
 
 
@@ -49,11 +49,12 @@ cpdef int barrier_begin(Transport t, unsigned int seq, double timeout) except? -
     """Begin a barrier through the flag area without waiting (an async call on the caller's
     thread): 1 when every peer had posted it already and it has ended, 0 when it is posted
     and ``barrier_end`` must finish it before the next collective, -2 when the flags path
-    does not apply (nothing was done: run ``barrier``)."""
+    does not apply or the post would wait for its slot (nothing was done: run
+    ``barrier``)."""
     cdef OpDesc d
     cdef Flags* fl = flags_fit(t, 0)
     cdef int rc
-    if fl == NULL or t.solo or t.size < 2:
+    if fl == NULL or t.solo or t.size < 2 or not flags_slot_free(fl):
         return -2
     fill_desc(&d, seq, COLL_BARRIER, 0, 0, ALGO_FLAGS, 0, 0)
     with nogil:

@@ -41,7 +41,8 @@ from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DirectHello, direct_offer, direct_read, direct_view,
                                      direct_write)
-from pycollect._ext._flags cimport Flags, flags_broadcast, flags_fit
+from pycollect._ext._flags cimport (Flags, flags_broadcast, flags_broadcast_end, flags_fit,
+                                    flags_post, flags_root_posted, flags_slot_free)
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
 
@@ -219,3 +220,49 @@ cpdef int broadcast(Transport t, object buf, int root, int algo, unsigned int se
     if rc < 0:
         raise_error(t)
     return algo
+
+
+cpdef int broadcast_begin(Transport t, object buf, int root, unsigned int seq,
+                          double timeout) except? -1:
+    """Begin a broadcast of ``buf`` through the flag area without waiting (an async call on
+    the caller's thread): 1 when it has ended (the root, once posted; another rank whose
+    root had posted already), 0 when it is posted and ``broadcast_end`` must finish it
+    before the next collective, -2 when the flags path does not apply or the post would
+    wait for its slot (nothing was done: run ``broadcast``)."""
+    cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
+    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef bint mine = t.rank == root
+    cdef OpDesc d
+    cdef int rc
+    if fl == NULL or t.solo or t.size < 2 or b.nbytes == 0 or not flags_slot_free(fl):
+        return -2
+    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_FLAGS, root, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = flags_post(t, fl, b.ptr if mine else NULL, b.nbytes if mine else 0)
+        if rc == 0 and flags_root_posted(fl, root):
+            rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
+            if rc == 0:
+                rc = 1
+    if rc < 0:
+        raise_error(t)
+    return rc
+
+
+cpdef int broadcast_end(Transport t, object buf, int root, unsigned int seq,
+                        double timeout) except? -1:
+    """Finish the broadcast ``broadcast_begin`` posted (its deadline counts from now); the
+    algorithm's code."""
+    cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
+    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef OpDesc d
+    cdef int rc
+    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_FLAGS, root, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
+    if rc < 0:
+        raise_error(t)
+    return ALGO_FLAGS

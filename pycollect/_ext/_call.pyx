@@ -64,6 +64,7 @@ from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end
 from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
+from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport ALGO_FLAGS, Transport
 
@@ -282,6 +283,8 @@ cdef class Queued:
         if self.begun:
             if kind == K_ALLREDUCE:
                 return allreduce_end(self.t, self.buf, self.op, seq, self.timeout)
+            if kind == K_BROADCAST:
+                return broadcast_end(self.t, self.buf, self.root, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
         try:
             if kind == K_ALLREDUCE:
@@ -306,7 +309,8 @@ cdef class Queued:
     def ends_at_once(self):
         """A begun flags collective whose every peer has posted: running it waits for
         nobody (``Runner.run_if_ready``)."""
-        return self.begun and _posts_complete(self.t)
+        return self.begun and _posts_complete(self.t,
+                                              self.root if self.kind == K_BROADCAST else -1)
 
 
 cdef class CallPath:
@@ -750,8 +754,9 @@ cdef class CallPath:
         recorder's entry are the Python path's (``Context._submit``)."""
         cdef Queued q
         cdef Ring rec = self._recorder
-        if kind == K_BARRIER or (kind == K_ALLREDUCE and code == ALGO_FLAGS):
-            work = self.begin_flags(kind, buf, op, timeout, result)
+        if kind == K_BARRIER or (code == ALGO_FLAGS and (kind == K_ALLREDUCE
+                                                         or kind == K_BROADCAST)):
+            work = self.begin_flags(kind, buf, op, root, timeout, result)
             if work is not None:
                 return work
         q = self.queued(kind, buf, recv, code, op, root, timeout)
@@ -785,12 +790,13 @@ cdef class CallPath:
         q.entry = -1
         return q
 
-    cdef object begin_flags(self, int kind, object buf, int op, double timeout,
+    cdef object begin_flags(self, int kind, object buf, int op, int root, double timeout,
                             object result):
-        """An async allreduce or barrier through the flag area begun on the calling thread
-        when the context's runner has nothing queued, in flight or running
+        """An async allreduce, broadcast or barrier through the flag area begun on the
+        calling thread when the context's runner has nothing queued, in flight or running
         (``Runner.claim``), as MPI's Iallreduce begins: this rank posts now, and where every
-        peer had posted already the operation ends here; else its end waits at the head of
+        peer it waits for had posted already (a broadcast's root waits for nobody) the
+        operation ends here; else its end waits at the head of
         the runner's queue (``Runner.begun_collective``) for its wait, a poll that finds
         every post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or
         None where the call is queued as usual (the runner has work, the flags path does
@@ -816,6 +822,8 @@ cdef class CallPath:
             try:
                 if kind == K_ALLREDUCE:
                     state = allreduce_begin(t, buf, op, seq, timeout)
+                elif kind == K_BROADCAST:
+                    state = broadcast_begin(t, buf, root, seq, timeout)
                 else:
                     state = barrier_begin(t, seq, timeout)
             except BaseException as exc:    # handed to the Work, raised by its wait
@@ -834,7 +842,7 @@ cdef class CallPath:
                                 None if buf is None
                                 else <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
                                 NONE if buf is None else cnp.PyArray_SIZE(<cnp.ndarray>buf),
-                                NONE, None, True, seq)
+                                root if kind == K_BROADCAST else NONE, None, True, seq)
             if exception is not None:
                 self.failed(exception, entry)
         except BaseException:
@@ -851,7 +859,7 @@ cdef class CallPath:
                 if entry >= 0:
                     rec.end(entry, work.algorithm, None)
             return work
-        q = self.queued(kind, buf, None, ALGO_FLAGS, op, 0, timeout)
+        q = self.queued(kind, buf, None, ALGO_FLAGS, op, root, timeout)
         q.entry = entry
         q.begun = True
         q.seq = seq

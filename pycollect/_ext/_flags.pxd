@@ -53,10 +53,14 @@ cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
                          int root) noexcept nogil
 cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
                          int op) noexcept nogil
-# An allreduce or barrier begun without waiting (an async call on the caller's thread),
+# An allreduce, barrier or broadcast begun without waiting (an async call on the caller's thread),
 # and its end, run before the next flags operation.
 cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil
 cdef bint flags_all_posted(Flags* f) noexcept nogil
+cdef bint flags_root_posted(Flags* f, int root) noexcept nogil
+cdef bint flags_slot_free(Flags* f) noexcept nogil
+cdef int flags_broadcast_end(Transport t, Flags* f, char* buf, size_t nbytes,
+                             int root) noexcept nogil
 cdef int flags_barrier_end(Transport t, Flags* f) noexcept nogil
 cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
                              int op) noexcept nogil

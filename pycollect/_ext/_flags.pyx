@@ -377,10 +377,12 @@ cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_
 
 
 cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
-    """Post this rank's next operation of those that wait for every rank (allreduce,
-    barrier: ``src`` NULL), without waiting: ``flags_allreduce_end`` or
-    ``flags_barrier_end`` finishes it, on this thread or another, before the next flags
-    operation begins (an async call begun on the caller's thread)."""
+    """Post this rank's next operation without waiting for the peers (``src``: an
+    allreduce's contribution or a broadcast root's data; NULL for a barrier and a
+    broadcast's other ranks): ``flags_allreduce_end``, ``flags_barrier_end`` or
+    ``flags_broadcast_end`` finishes it, on this thread or another, before the next flags
+    operation begins (an async call begun on the caller's thread, where
+    ``flags_slot_free`` says the post will not wait either)."""
     return _enter_post(t, f, src, nbytes)
 
 
@@ -390,11 +392,27 @@ cdef bint flags_all_posted(Flags* f) noexcept nogil:
     return _first_missing(f, f.ops, 0, f.n - 1) > f.n - 1
 
 
-def posts_complete(Transport t):
-    """Whether every peer has posted the flags operation this rank posted last, so that its
-    end (``flags_allreduce_end``, ``flags_barrier_end``) waits for nobody."""
+cdef bint flags_root_posted(Flags* f, int root) noexcept nogil:
+    """The root has posted the broadcast this rank posted last: its end waits for
+    nobody."""
+    return root == f.me or _entered(f, root, f.ops)
+
+
+cdef bint flags_slot_free(Flags* f) noexcept nogil:
+    """This rank's next post would not wait for its slot (step 1): every peer has entered
+    the operation that frees it.  Only after a broadcast's root ran ahead may it not."""
+    cdef uint64_t k = f.ops
+    return k + 2 <= FLAGS_DEPTH or _first_missing(f, k + 2 - FLAGS_DEPTH, 0, f.n - 1) > f.n - 1
+
+
+def posts_complete(Transport t, int root=-1):
+    """Whether every peer (``root`` >= 0: the root) has posted the flags operation this
+    rank posted last, so that its end (``flags_allreduce_end``, ``flags_barrier_end``,
+    ``flags_broadcast_end``) waits for nobody."""
     cdef Flags* f = flags_fit(t, 0)
-    return f != NULL and flags_all_posted(f)
+    if f == NULL:
+        return False
+    return flags_all_posted(f) if root < 0 else flags_root_posted(f, root)
 
 
 cdef int flags_barrier(Transport t, Flags* f) noexcept nogil:
@@ -411,9 +429,19 @@ cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
                          int root) noexcept nogil:
     """The root copies ``buf`` into its slot and returns; the others copy it out once the
     root has posted."""
+    if _enter_post(t, f, buf if t.rank == root else NULL, nbytes if t.rank == root else 0) < 0:
+        return -1
+    return flags_broadcast_end(t, f, buf, nbytes, root)
+
+
+cdef int flags_broadcast_end(Transport t, Flags* f, char* buf, size_t nbytes,
+                             int root) noexcept nogil:
+    """The rest of a broadcast that ``flags_post`` began (the root's post carried
+    ``buf``, the others' nothing): the root is done; the others wait for the root's post
+    and copy it out."""
     if t.rank == root:
-        return _enter(t, f, buf, nbytes, WAIT_NONE)
-    if _enter(t, f, NULL, 0, root) < 0:
+        return 0
+    if _enter_wait(t, f, root) < 0:
         return -1
     memcpy(buf, _data(f, root, f.ops - 1, nbytes), nbytes)
     return 0
