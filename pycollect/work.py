@@ -472,20 +472,16 @@ class Runner:
     def begun_collective(self, op, work, ready):
         """End a claim under which the calling thread posted the collective ``op`` (an
         allreduce, broadcast or barrier through the shared-memory flags, begun without
-        waiting) whose peers have not all posted yet: its end goes first in the queue, for the next driver:
-        the wait that follows, a poll that finds every peer's post there (``ready()`` says
-        so: ``poll``), or the runner at its next look (not woken now, as for a
-        queued operation)."""
+        waiting) whose peers have not all posted yet: its end goes first in the queue, for
+        the next driver: the wait that follows, a poll that finds the peers' posts there
+        (``ready()`` says so: ``poll``), or the runner at its next look (not woken now, as
+        for a queued operation)."""
         work._runner = self
         with self._mutex:
             self._queue.appendleft((op, work))
             self._begun = (work, ready)
-            self._busy = False
-            if self._runner_waits:
-                # The runner found the claim and waits for its end: back to its doorbell.
-                self._runner_waits = False
-                self._handed = False
-                self._cond.notify()
+        # As a thread that goes on to the next itself: nothing is handed to the runner.
+        self._done_running(True)
         self._bell.queue()
 
     def poll(self, work, first):

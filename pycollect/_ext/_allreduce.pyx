@@ -454,8 +454,7 @@ cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
     async call on the caller's thread): 1 when every peer had posted it already and it has
     ended, 0 when it is posted and ``allreduce_end`` must finish it before the next
     collective, -2 when the flags path does not apply or the post would wait for its slot
-    (nothing was done: run
-    ``allreduce``)."""
+    (nothing was done: run ``allreduce``)."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef Flags* fl = flags_fit(t, b.nbytes)

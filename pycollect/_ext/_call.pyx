@@ -147,6 +147,18 @@ cdef inline bint _rooted(int kind) noexcept:
             or kind == K_GATHERV or kind == K_SCATTERV)
 
 
+cdef Py_ssize_t _note(Ring rec, int kind, object described, int root, object peers,
+                      bint started=False, Py_ssize_t seq=NONE) except -1:
+    """A flight-recorder entry for a call of ``kind``: the dtype and element count of the
+    array ``described`` (None: no buffer), the root of a rooted kind, the ``peers`` of a
+    send or receive; queued, or ``started`` as collective ``seq``.  Its id."""
+    return rec.add(_COLLECTIVES[kind],
+                   None if described is None
+                   else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
+                   NONE if described is None else cnp.PyArray_SIZE(<cnp.ndarray>described),
+                   root if _rooted(kind) else NONE, peers, started, seq)
+
+
 cdef inline int _code(object algo):
     """An entry point's answer as a code (-1: it names no algorithm)."""
     return <int>algo if type(algo) is int else -1
@@ -275,7 +287,7 @@ cdef class Queued:
     cdef Py_ssize_t seg
     cdef object buf
     cdef object recv
-    cdef bint begun             # a flags allreduce or barrier posted as number ``seq``
+    cdef bint begun             # a flags allreduce, broadcast or barrier posted as number ``seq``
     cdef unsigned int seq       # (CallPath.begin_flags): running it ends it
 
     def __call__(self, unsigned int seq):
@@ -307,8 +319,8 @@ cdef class Queued:
         return self.ctx.run_queued(self)
 
     def ends_at_once(self):
-        """A begun flags collective whose every peer has posted: running it waits for
-        nobody (``Runner.run_if_ready``)."""
+        """A begun flags collective whose peers have posted what it waits for: running it
+        waits for nobody (``Runner.poll``)."""
         return self.begun and _posts_complete(self.t,
                                               self.root if self.kind == K_BROADCAST else -1)
 
@@ -583,12 +595,8 @@ cdef class CallPath:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
             if rec is not None:
-                sent = rec.add(_COLLECTIVES[K_SEND],
-                               <object>cnp.PyArray_DESCR(<cnp.ndarray>sendbuf),
-                               cnp.PyArray_SIZE(<cnp.ndarray>sendbuf), NONE, [dst], True, NONE)
-                got = rec.add(_COLLECTIVES[K_RECV],
-                              <object>cnp.PyArray_DESCR(<cnp.ndarray>recvbuf),
-                              cnp.PyArray_SIZE(<cnp.ndarray>recvbuf), NONE, [src], True, NONE)
+                sent = _note(rec, K_SEND, sendbuf, NONE, [dst], True)
+                got = _note(rec, K_RECV, recvbuf, NONE, [src], True)
             self._busy = True
             try:
                 result = _p2p_sendrecv(t, self._mailbox, sendbuf, dst, sendtag, recvbuf, src,
@@ -639,9 +647,7 @@ cdef class CallPath:
                 runner.unclaim()
                 return None
             if rec is not None:
-                entry = rec.add(_COLLECTIVES[K_RECV if is_recv else K_SEND],
-                                <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
-                                cnp.PyArray_SIZE(<cnp.ndarray>buf), NONE, [peer], True, NONE)
+                entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
             self._busy = True
             try:
                 batch, index, ended, got = _p2p_start(t, self._mailbox, timeout, is_recv, buf,
@@ -761,13 +767,7 @@ cdef class CallPath:
                 return work
         q = self.queued(kind, buf, recv, code, op, root, timeout)
         if rec is not None:
-            described = buf if kind <= K_REDUCE else recv
-            q.entry = rec.add(_COLLECTIVES[kind],
-                              None if described is None
-                              else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
-                              NONE if described is None
-                              else cnp.PyArray_SIZE(<cnp.ndarray>described),
-                              root if _rooted(kind) else NONE, None)
+            q.entry = _note(rec, kind, buf if kind <= K_REDUCE else recv, root, None)
         work = _Work(self.what(kind), result)
         runner = self._started_runner() if self._runner is None else self._runner
         runner.submit(q, work)
@@ -838,11 +838,7 @@ cdef class CallPath:
                 return None
             self._seq = seq         # numbered, as run numbers a collective that ran
             if rec is not None:
-                entry = rec.add(_COLLECTIVES[kind],
-                                None if buf is None
-                                else <object>cnp.PyArray_DESCR(<cnp.ndarray>buf),
-                                NONE if buf is None else cnp.PyArray_SIZE(<cnp.ndarray>buf),
-                                root if kind == K_BROADCAST else NONE, None, True, seq)
+                entry = _note(rec, kind, buf, root, None, True, seq)
             if exception is not None:
                 self.failed(exception, entry)
         except BaseException:
@@ -969,14 +965,9 @@ cdef class CallPath:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
             seq = self._seq + 1
-            if rec is not None:
-                entry = rec.add(_COLLECTIVES[kind],
-                                None if described is None
-                                else <object>cnp.PyArray_DESCR(<cnp.ndarray>described),
-                                NONE if described is None
-                                else cnp.PyArray_SIZE(<cnp.ndarray>described),
-                                root if _rooted(kind) else NONE, [root] if p2p else None,
-                                True, NONE if p2p else seq)     # the lock is held: started
+            if rec is not None:     # the lock is held: started
+                entry = _note(rec, kind, described, root, [root] if p2p else None, True,
+                              NONE if p2p else seq)
             self._busy = True
             try:
                 if kind == K_ALLREDUCE:

@@ -38,11 +38,12 @@ operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
    contribution, in rank order, into its output (so all ranks get the same
    bits); broadcast copies the root's; barrier reads nothing.
 
-An async allreduce or barrier begun on the caller's thread (``flags_post``:
-steps 1 to 3) is ended later, by whichever thread drives it next, with
-``flags_allreduce_end`` or ``flags_barrier_end`` (steps 4 to 6), before the
-rank's next flags operation; ``flags_all_posted`` says when that end would
-wait for nobody.
+An async allreduce, broadcast or barrier begun on the caller's thread
+(``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
+next, with ``flags_allreduce_end``, ``flags_broadcast_end`` or
+``flags_barrier_end`` (steps 4 to 6), before the rank's next flags operation;
+``flags_all_posted`` and ``flags_root_posted`` say when that end would wait
+for nobody.
 
 No trailing barrier is needed and slots never need a "read by all" count: a
 rank posts k + 1 only after it has finished operation k - 1, and nobody
@@ -341,8 +342,13 @@ cdef enum:
     WAIT_ALL = -1               # allreduce, barrier
 
 
-cdef int _enter_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
-    """Steps 1 to 3 for this rank's next operation (``src``: its contribution, if any)."""
+cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
+    """Steps 1 to 3 for this rank's next operation (``src``: an allreduce's contribution or
+    a broadcast root's data; NULL for a barrier and a broadcast's other ranks), without
+    waiting for the peers.  An async call begun on the caller's thread (where
+    ``flags_slot_free`` says step 1 will not wait either) stops here; ``flags_allreduce_end``,
+    ``flags_barrier_end`` or ``flags_broadcast_end`` finishes it, on this thread or
+    another, before the next flags operation begins."""
     cdef uint64_t k = f.ops, free_at
     if t.failed:
         return -1
@@ -371,19 +377,9 @@ cdef int _enter_wait(Transport t, Flags* f, int wait_for) noexcept nogil:
 cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_for) noexcept nogil:
     """Steps 1 to 5 for this rank's next operation (``src``: its contribution, if any;
     ``wait_for``: WAIT_ALL, WAIT_NONE, or the one rank to wait for)."""
-    if _enter_post(t, f, src, nbytes) < 0:
+    if flags_post(t, f, src, nbytes) < 0:
         return -1
     return _enter_wait(t, f, wait_for)
-
-
-cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil:
-    """Post this rank's next operation without waiting for the peers (``src``: an
-    allreduce's contribution or a broadcast root's data; NULL for a barrier and a
-    broadcast's other ranks): ``flags_allreduce_end``, ``flags_barrier_end`` or
-    ``flags_broadcast_end`` finishes it, on this thread or another, before the next flags
-    operation begins (an async call begun on the caller's thread, where
-    ``flags_slot_free`` says the post will not wait either)."""
-    return _enter_post(t, f, src, nbytes)
 
 
 cdef bint flags_all_posted(Flags* f) noexcept nogil:
@@ -429,7 +425,7 @@ cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
                          int root) noexcept nogil:
     """The root copies ``buf`` into its slot and returns; the others copy it out once the
     root has posted."""
-    if _enter_post(t, f, buf if t.rank == root else NULL, nbytes if t.rank == root else 0) < 0:
+    if flags_post(t, f, buf if t.rank == root else NULL, nbytes if t.rank == root else 0) < 0:
         return -1
     return flags_broadcast_end(t, f, buf, nbytes, root)
 
@@ -451,7 +447,7 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
                          int op) noexcept nogil:
     """Every rank copies ``buf`` into its slot; once all have posted each reduces every
     slot, rank 0's first, into ``buf`` (AVG sums: the caller divides)."""
-    if _enter_post(t, f, buf, n * es) < 0:
+    if flags_post(t, f, buf, n * es) < 0:
         return -1
     return flags_allreduce_end(t, f, buf, n, es, dtype, op)
 

@@ -32,24 +32,29 @@ def boot_id():
         return ""
 
 
+def _affinity():
+    """The CPUs this process may run on, or None where the system does not say."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
 def cores():
     """How many CPUs this process may run on (its affinity, where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    cpus = _affinity()
+    return len(cpus) if cpus is not None else os.cpu_count() or 1
 
 
 def cpu_list():
     """The CPUs this process may run on in the kernel's list format ("0-3,8"; what a rank
     publishes at rendezvous, a few bytes on any machine), or None where the system does
     not say."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
+    cpus = _affinity()
+    if cpus is None:
         return None
     runs = []
-    for cpu in cpus:
+    for cpu in sorted(cpus):
         if runs and runs[-1][1] == cpu - 1:
             runs[-1][1] = cpu
         else:
@@ -97,9 +102,8 @@ def core_sets(allowed=None, sysfs=SYSFS_CPU):
     CPU counts as a core of its own.
     """
     if allowed is None:
-        try:
-            allowed = os.sched_getaffinity(0)
-        except (AttributeError, OSError):
+        allowed = _affinity()
+        if allowed is None:
             allowed = range(os.cpu_count() or 1)
     allowed = set(allowed)
     found = set()
