@@ -32,6 +32,7 @@ pycollect/context.py and ``run`` here are the same steps.
 """
 
 cimport numpy as cnp
+from libc.stdint cimport int64_t
 
 cdef extern from "<semaphore.h>" nogil:
     ctypedef struct sem_t:
@@ -147,8 +148,8 @@ cdef inline bint _rooted(int kind) noexcept:
             or kind == K_GATHERV or kind == K_SCATTERV)
 
 
-cdef Py_ssize_t _note(Ring rec, int kind, object described, int root, object peers,
-                      bint started=False, Py_ssize_t seq=NONE) except -1:
+cdef Py_ssize_t _note(Ring rec, int kind, object described, int64_t root, object peers,
+                      bint started=False, int64_t seq=NONE) except -1:
     """A flight-recorder entry for a call of ``kind``: the dtype and element count of the
     array ``described`` (None: no buffer), the root of a rooted kind, the ``peers`` of a
     send or receive; queued, or ``started`` as collective ``seq``.  Its id."""
