@@ -404,8 +404,8 @@ class Runner:
         self._posting = []      # ... taken off the queue, not yet posted to it
         self._parked = False    # ... begun on a caller's thread (claim), with a doorbell
                                 # token for whoever drives it next
-        self._begun = None      # (work, ready) of the collective at the head that a
-                                # caller's thread posted (begun_collective), not yet taken
+        self._begun = 0         # collectives at the head of the queue that callers'
+                                # threads posted (begun_collective), not yet taken
         self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
         self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
@@ -449,9 +449,23 @@ class Runner:
             self._busy = True
             return True
 
-    def unclaim(self):
-        """End a claim under which nothing was left in flight."""
-        self._done_running(False)
+    def claim_post(self):
+        """``claim`` for a collective that the calling thread posts without waiting
+        (``begun_collective``): it may also while the queue holds nothing but the ends of
+        collectives posted that way, behind which the new one's end then goes.  The
+        caller ends the claim with ``begun_collective`` or ``unclaim(hurry=False)``."""
+        with self._mutex:
+            if (self._busy or len(self._queue) != self._begun or self._batch is not None
+                    or self._stopping):
+                return False
+            self._busy = True
+            return True
+
+    def unclaim(self, hurry=True):
+        """End a claim under which nothing was left in flight; ``hurry``: wake the runner
+        for what is queued (nothing, after ``claim``; the ends of posted collectives may
+        be, after ``claim_post``, and they wait for their next driver as before)."""
+        self._done_running(not hurry)
 
     def begun(self, op, description, batch, index):
         """End a claim under which the calling thread began the send or receive ``op`` (a
@@ -469,35 +483,45 @@ class Runner:
         self._done_running(False, park=True)
         return work
 
-    def begun_collective(self, op, work, ready):
-        """End a claim under which the calling thread posted the collective ``op`` (an
-        allreduce, broadcast or barrier through the shared-memory flags, begun without
-        waiting) whose peers have not all posted yet: its end goes first in the queue, for
-        the next driver: the wait that follows, a poll that finds the peers' posts there
-        (``ready()`` says so: ``poll``), or the runner at its next look (not woken now, as
-        for a queued operation)."""
+    def begun_collective(self, op, work):
+        """End a claim (``claim_post``) under which the calling thread posted the
+        collective ``op`` (an allreduce, broadcast or barrier through the shared-memory
+        flags, begun without waiting) that has not ended: its end goes into the queue behind
+        the ends of those posted before it, ahead of anything else, for the next driver: the wait that follows,
+        a poll that finds the peers' posts there (``op.ends_at_once()`` says so: ``poll``),
+        or the runner at its next look (not woken now, as for a queued operation)."""
         work._runner = self
         with self._mutex:
-            self._queue.appendleft((op, work))
-            self._begun = (work, ready)
+            # Behind the ends posted before it, ahead of whatever another thread queued
+            # since the claim (numbered when it runs: after this one).
+            self._queue.insert(self._begun, (op, work))
+            self._begun += 1
         # As a thread that goes on to the next itself: nothing is handed to the runner.
         self._done_running(True)
         self._bell.queue()
 
     def poll(self, work, first):
         """``is_completed``'s look at ``work``, pending.  Where a caller's thread posted its
-        collective (``begun_collective``), run it here once nothing runs and every peer has
-        posted too, so that it waits for nobody, as MPI's Test completes a request whose
-        peers are there; the runner is left to its next look.  Anything else: wake the
-        runner for it on the first look (``first``)."""
-        with self._mutex:
-            begun = self._begun
-            mine = begun is not None and begun[0] is work
-            ready = (mine and not self._busy and bool(self._queue)
-                     and self._queue[0][1] is work and begun[1]())
-        if ready:
-            self.run_until(work)
-        elif first and not mine:
+        collective (``begun_collective``), end it here, and the posted ones before it, one
+        by one while nothing runs and the one at the head waits for nobody (every peer has
+        posted it), as MPI's Test completes a request whose peers are there; the runner is
+        left to its next look.  Anything else: wake the runner for it on the first look
+        (``first``)."""
+        posted = False
+        while True:
+            with self._mutex:
+                n = self._begun
+                if not n:
+                    break
+                head = self._queue[0]
+                posted = head[1] is work or any(self._queue[i][1] is work
+                                                for i in range(1, n))
+                if not posted or self._busy or not head[0].ends_at_once():
+                    break
+            self._run_while_not(head[1]._end)
+            if work._end.done:
+                return
+        if first and not posted:
             self._bell.hurry()
 
     def hurry(self):
@@ -541,8 +565,8 @@ class Runner:
         if self._batch is not None or isinstance(self._queue[0][0], P2P):
             return None
         self._bell.take()
-        if self._begun is not None and self._queue[0][1] is self._begun[0]:
-            self._begun = None
+        if self._begun:
+            self._begun -= 1        # the head is the oldest posted collective's end
         return self._queue[0]
 
     def _run_next(self, head, until):

@@ -364,9 +364,9 @@ def test_a_begun_call_fails_as_a_blocking_one_would(end):
 
 def test_an_async_broadcast_posts_when_made_and_a_root_running_ahead_never_blocks():
     """An async broadcast through the flags posts in the call: the root's has ended when it
-    returns, the others' end where the root had posted.  A root that runs ahead of the
-    flag area's slots (8) gets async calls that return at once all the same (those that
-    would wait for a slot queue), and every rank gets every value."""
+    returns, the others' end where the root had posted.  A root that runs further ahead
+    than the flag area lets it (4 operations) gets async calls that return at once all the
+    same (those that would wait for a slot queue), and every rank gets every value."""
     g = ThreadGroup(3, timeout=30)
     try:
         def body(ctx):
@@ -393,5 +393,205 @@ def test_an_async_broadcast_posts_when_made_and_a_root_running_ahead_never_block
             assert algos == {"flags"} and ops == 13, (rank, out)
             assert slowest < 0.25, (rank, slowest)      # the others came 0.5 s later
             assert ended, (rank, out)   # the root's at once; the others found its post
+    finally:
+        g.close()
+
+
+OUTSTANDING = 4     # _flags.OUTSTANDING: async calls a rank may have posted and not ended
+
+
+def test_the_flag_area_says_how_many_calls_may_be_posted_at_once():
+    from pycollect._ext import _flags
+    assert _flags.OUTSTANDING == OUTSTANDING
+
+
+def test_several_async_calls_post_when_made_and_end_in_order():
+    """Async allreduces, broadcasts and barriers made in a row each post in the call, up to
+    OUTSTANDING of them, as MPI's nonblocking collectives begin: a peer can end them all
+    while this rank does something else.  One more call queues until the first has ended;
+    they end in their order, with the right values, on every rank.  (The runner may take
+    the first end between two calls of a slow thread, and then the calls behind it queue:
+    of three tries, one must post every call.)"""
+    size = 3
+    g = ThreadGroup(size, timeout=30)
+    try:
+        def body(ctx):
+            tries = []
+            for attempt in range(3):
+                ctx.barrier()
+                before = _posted(ctx)
+                if ctx.rank == 2:
+                    time.sleep(0.2)         # nobody's first call can end before it comes
+                a = np.full(3, ctx.rank + 1.0, np.float32)
+                b = np.full(2, 7.0 + attempt if ctx.rank == 1 else 0.0)
+                c = np.full(5, 10.0 * ctx.rank)
+                works = [ctx.allreduce(a, async_op=True),
+                         ctx.broadcast(b, root=1, async_op=True),
+                         ctx.barrier(async_op=True),
+                         ctx.allreduce(c, op=pc.MAX, async_op=True)]
+                posted = _posted(ctx) - before
+                works.append(ctx.allreduce(np.ones(1), async_op=True))  # one more: queues
+                outstanding = ctx._transport.flag_area.outstanding
+                values = [w.wait(timeout=20) for w in works]
+                tries.append((posted, outstanding,
+                              [None if v is None else v.tolist() for v in values],
+                              [w.algorithm for w in works], _posted(ctx) - before))
+            return tries
+
+        for rank, tries in enumerate(g.run(body, timeout=120)):
+            for attempt, (posted, outstanding, values, algos, total) in enumerate(tries):
+                assert outstanding <= OUTSTANDING, (rank, tries)
+                assert values == [[6.0] * 3, [7.0 + attempt] * 2, None, [20.0] * 5,
+                                  [3.0]], (rank, tries)
+                assert algos == ["flags"] * 5 and total == 5, (rank, tries)
+            if rank != 2:           # rank 2 came last: its calls could end as they were made
+                assert max(t[0] for t in tries) == OUTSTANDING, (rank, tries)
+    finally:
+        g.close()
+
+
+def test_posted_calls_keep_their_place_before_a_blocking_call_and_a_queued_one():
+    """A blocking collective and an async one on the message path, made behind several
+    posted calls, run after them on every rank, whoever comes late."""
+    size = 3
+    g = ThreadGroup(size, timeout=30)
+    try:
+        def body(ctx):
+            out = []
+            for late in range(size):
+                if ctx.rank == late:
+                    time.sleep(0.1)
+                posted = [ctx.allreduce(np.full(2, float(i + ctx.rank)), async_op=True)
+                          for i in range(3)]
+                ring = ctx.allreduce(np.full(300, 1.0), algorithm="ring", async_op=True)
+                blocking = ctx.allreduce(np.full(2, 100.0))
+                out.append(([w.wait(timeout=20).tolist() for w in posted],
+                            ring.wait(timeout=20)[0], blocking.tolist()))
+            return out
+
+        expected = [([[3.0 + 3 * i] * 2 for i in range(3)], 3.0, [300.0] * 2)] * size
+        assert g.run(body, timeout=60) == [expected] * size
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("end", ["mismatch", "abort"])
+def test_several_posted_calls_fail_as_blocking_ones_would(end):
+    """Three posted calls: where the second disagrees with the peer's, the first ends with
+    its value and the second with MismatchError; after abort() from another thread every
+    wait fails; none hangs."""
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                if end == "abort":
+                    time.sleep(1.5)
+                    return None
+                first = ctx.allreduce(np.ones(8))
+                with pytest.raises(pc.MismatchError):
+                    ctx.allreduce(np.ones(9))
+                return first.tolist()
+            works = [ctx.allreduce(np.ones(8), async_op=True) for _ in range(3)]
+            if end == "abort":
+                threading.Timer(0.3, ctx.abort).start()
+            started, outcomes = time.monotonic(), []
+            for w in works:
+                try:
+                    outcomes.append(w.wait(timeout=10).tolist())
+                except pc.Error as exc:
+                    outcomes.append(type(exc))
+            return outcomes, time.monotonic() - started
+
+        res = g.outcomes(body, timeout=60)
+        outcomes, took = res[0]
+        assert took < 5, res
+        if end == "mismatch":
+            assert outcomes[0] == [2.0] * 8 and outcomes[1] is pc.MismatchError, res
+            assert issubclass(outcomes[2], pc.Error), res
+            assert res[1] == [2.0] * 8, res
+        else:
+            assert all(o is pc.Aborted for o in outcomes), res
+    finally:
+        g.close()
+
+
+def test_posted_calls_mixed_with_roots_running_ahead_never_read_a_reused_slot():
+    """A seeded mix of async and blocking allreduces, broadcasts from every root and
+    barriers, each rank waiting for its handles at its own moments (up to 6 pending, so
+    some calls post and some queue) and now and then slow: every value arrives intact.
+    Messages of up to the area's largest, so slots and post lines are both reused."""
+    size = 3
+    g = ThreadGroup(size, timeout=60)
+    try:
+        def body(ctx):
+            plan = np.random.default_rng(18)            # the same calls on every rank
+            mine = np.random.default_rng(100 + ctx.rank)  # this rank's own pace
+            pending, bad = [], []
+
+            def settle(keep):
+                while len(pending) > keep:
+                    i, work, check = pending.pop(0)
+                    if not check(work.wait(timeout=30)):
+                        bad.append(i)
+
+            for i in range(400):
+                kind = plan.integers(4)
+                n = int(plan.choice([1, 3, 40, MAX_BYTES // 8]))
+                root = int(plan.integers(size))
+                if mine.random() < 0.02:
+                    time.sleep(0.002)
+                if kind == 0 or kind == 3:
+                    buf = np.full(n, i + ctx.rank, np.float64)
+                    want = size * i + size * (size - 1) / 2
+
+                    def check(v, want=want):
+                        return v is not None and bool(np.all(v == want))
+                    if kind == 3:
+                        settle(0)
+                        if not check(ctx.allreduce(buf)):
+                            bad.append(i)
+                        continue
+                    work = ctx.allreduce(buf, async_op=True)
+                elif kind == 1:
+                    buf = np.full(n, i * 10.0 + root) if ctx.rank == root else np.zeros(n)
+
+                    def check(v, want=i * 10.0 + root):
+                        return v is not None and bool(np.all(v == want))
+                    work = ctx.broadcast(buf, root=root, async_op=True)
+                else:
+                    def check(v):
+                        return v is None
+                    work = ctx.barrier(async_op=True)
+                pending.append((i, work, check))
+                settle(int(mine.integers(7)))
+            settle(0)
+            return bad
+
+        assert g.run(body, timeout=240) == [[]] * size
+    finally:
+        g.close()
+
+
+def test_a_root_running_ahead_never_overwrites_a_broadcast_posted_and_not_yet_read():
+    """The others post OUTSTANDING async broadcasts and read none of them for a while; the
+    root runs ahead with 16 more: it must not reuse the slot of a broadcast a rank has
+    posted and not ended (a slot is free only once every peer has entered the operation
+    OUTSTANDING - 1 past the one that freed it)."""
+    size = 3
+    g = ThreadGroup(size, timeout=30)
+    try:
+        def body(ctx):
+            count = OUTSTANDING + 16
+            bufs = [np.full(3, 1.0 + i) if ctx.rank == 0 else np.zeros(3) for i in range(count)]
+            if ctx.rank == 0:
+                time.sleep(0.1)     # the others post first, so theirs cannot end at once
+                works = [ctx.broadcast(b, root=0, async_op=True) for b in bufs]
+            else:
+                works = [ctx.broadcast(b, root=0, async_op=True) for b in bufs[:OUTSTANDING]]
+                time.sleep(0.4)     # the root posts what it may meanwhile
+                works += [ctx.broadcast(b, root=0, async_op=True) for b in bufs[OUTSTANDING:]]
+            return [w.wait(timeout=20)[0] for w in works]
+
+        assert g.run(body) == [[1.0 + i for i in range(OUTSTANDING + 16)]] * size
     finally:
         g.close()

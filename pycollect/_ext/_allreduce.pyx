@@ -75,8 +75,8 @@ from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
                                      direct_release, direct_stage, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
-from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_allreduce,
-                                    flags_allreduce_end, flags_fit, flags_post,
+from pycollect._ext._flags cimport (Flags, flags_allreduce, flags_allreduce_end,
+                                    flags_ends_at_once, flags_fit, flags_post,
                                     flags_slot_free)
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._transport cimport *
@@ -467,7 +467,7 @@ cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
         rc = t.begin(&d, timeout)
         if rc == 0:
             rc = flags_post(t, fl, b.ptr, b.nbytes)
-        if rc == 0 and flags_all_posted(fl):
+        if rc == 0 and flags_ends_at_once(fl, -1):
             rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
             if rc == 0:
                 rc = 1

@@ -9,8 +9,8 @@ and waits for all the others' instead.
 """
 
 from pycollect._ext._algo cimport wrap
-from pycollect._ext._flags cimport (Flags, flags_all_posted, flags_barrier, flags_barrier_end,
-                                    flags_fit, flags_post, flags_slot_free)
+from pycollect._ext._flags cimport (Flags, flags_barrier, flags_barrier_end,
+                                    flags_ends_at_once, flags_fit, flags_post, flags_slot_free)
 from pycollect._ext._transport cimport *
 
 
@@ -61,7 +61,7 @@ cpdef int barrier_begin(Transport t, unsigned int seq, double timeout) except? -
         rc = t.begin(&d, timeout)
         if rc == 0:
             rc = flags_post(t, fl, NULL, 0)
-        if rc == 0 and flags_all_posted(fl):
+        if rc == 0 and flags_ends_at_once(fl, -1):
             rc = flags_barrier_end(t, fl)
             if rc == 0:
                 rc = 1

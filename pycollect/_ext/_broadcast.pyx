@@ -41,8 +41,8 @@ from pycollect._ext._algo cimport segment_count, segment_length, wrap
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DirectHello, direct_offer, direct_read, direct_view,
                                      direct_write)
-from pycollect._ext._flags cimport (Flags, flags_broadcast, flags_broadcast_end, flags_fit,
-                                    flags_post, flags_root_posted, flags_slot_free)
+from pycollect._ext._flags cimport (Flags, flags_broadcast, flags_broadcast_end,
+                                    flags_ends_at_once, flags_fit, flags_post, flags_slot_free)
 from pycollect._ext._transport cimport *
 from libc.stdint cimport uint64_t
 
@@ -241,7 +241,7 @@ cpdef int broadcast_begin(Transport t, object buf, int root, unsigned int seq,
         rc = t.begin(&d, timeout)
         if rc == 0:
             rc = flags_post(t, fl, b.ptr if mine else NULL, b.nbytes if mine else 0)
-        if rc == 0 and flags_root_posted(fl, root):
+        if rc == 0 and flags_ends_at_once(fl, root):
             rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
             if rc == 0:
                 rc = 1

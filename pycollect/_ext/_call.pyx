@@ -795,13 +795,15 @@ cdef class CallPath:
                             object result):
         """An async allreduce, broadcast or barrier through the flag area begun on the
         calling thread when the context's runner has nothing queued, in flight or running
-        (``Runner.claim``), as MPI's Iallreduce begins: this rank posts now, and where every
-        peer it waits for had posted already (a broadcast's root waits for nobody) the
-        operation ends here; else its end waits at the head of
-        the runner's queue (``Runner.begun_collective``) for its wait, a poll that finds
-        every post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or
-        None where the call is queued as usual (the runner has work, the flags path does
-        not apply, or the arguments are refused)."""
+        but the ends of collectives posted this way (``Runner.claim_post``), as MPI's
+        Iallreduce begins: this rank posts now (up to FLAGS_OUTSTANDING posted and not
+        ended), and where no earlier one waits for its end and every peer it waits for had
+        posted already (a broadcast's root waits for nobody) the operation ends here; else
+        its end waits in the runner's queue behind those (``Runner.begun_collective``) for
+        its wait, a poll that finds every post there (``Queued.ends_at_once``), or the
+        runner's next look.  Its Work, or None where the call is queued as usual (the
+        runner has other work, the flags path does not apply, too many are posted, or the
+        arguments are refused)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
@@ -810,13 +812,13 @@ cdef class CallPath:
         cdef int state = -2
         cdef Queued q
         runner = self._started_runner() if self._runner is None else self._runner
-        if not runner.claim():
+        if not runner.claim_post():
             return None
         exception = None
         lock.take()
         try:
             if self._closed or self._failure is not None:
-                runner.unclaim()
+                runner.unclaim(False)
                 return None
             seq = self._seq + 1
             self._busy = True
@@ -829,13 +831,13 @@ cdef class CallPath:
                     state = barrier_begin(t, seq, timeout)
             except BaseException as exc:    # handed to the Work, raised by its wait
                 if isinstance(exc, InvalidArgument) and not t.is_failed:
-                    runner.unclaim()        # refused before the wire: queued as usual
+                    runner.unclaim(False)        # refused before the wire: queued as usual
                     return None
                 exception = exc
             finally:
                 self._busy = False
             if state == -2 and exception is None:
-                runner.unclaim()
+                runner.unclaim(False)
                 return None
             self._seq = seq         # numbered, as run numbers a collective that ran
             if rec is not None:
@@ -843,13 +845,13 @@ cdef class CallPath:
             if exception is not None:
                 self.failed(exception, entry)
         except BaseException:
-            runner.unclaim()
+            runner.unclaim(False)
             raise
         finally:
             lock.give()
         what = self.what(kind)
         if state == 1 or exception is not None:
-            runner.unclaim()
+            runner.unclaim(False)
             work = _Work.ended(what, result, exception)
             if exception is None:
                 work.algorithm = _name_of(ALGO_FLAGS)
@@ -861,7 +863,7 @@ cdef class CallPath:
         q.begun = True
         q.seq = seq
         work = _Work(what, result)
-        runner.begun_collective(q, work, q.ends_at_once)
+        runner.begun_collective(q, work)
         return work
 
     cdef str what(self, int kind):

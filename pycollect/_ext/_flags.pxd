@@ -10,6 +10,7 @@ cdef enum:
     FLAGS_MAX_BYTES = 16384     # the data area of a slot: the largest message of the path
     FLAGS_DEPTH = 8             # data slots per rank: how far a broadcast's root may run ahead
     FLAGS_INLINE_BYTES = 32     # a message this small travels in the post line itself
+    FLAGS_OUTSTANDING = 4       # operations a rank may have posted and not yet ended
 
 cdef struct AreaHeader:
     uint32_t failed             # 1 + the first rank whose flags operation failed; 0: none
@@ -36,7 +37,8 @@ cdef struct Flags:
     char* data                  # per rank, FLAGS_DEPTH slots (operation k in k % depth)
     int me
     int n
-    uint64_t ops                # flags operations this rank has run
+    uint64_t ops                # flags operations this rank has posted
+    uint64_t ended              # ... and ended (ends run in order: the next is this one)
     uint64_t checked            # operations below this one: every peer's descriptor checked
     int64_t spin_ns
     int yield_spin
@@ -56,9 +58,8 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
 # An allreduce, barrier or broadcast begun without waiting (an async call on the caller's thread),
 # and its end, run before the next flags operation.
 cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil
-cdef bint flags_all_posted(Flags* f) noexcept nogil
-cdef bint flags_root_posted(Flags* f, int root) noexcept nogil
 cdef bint flags_slot_free(Flags* f) noexcept nogil
+cdef bint flags_ends_at_once(Flags* f, int root) noexcept nogil
 cdef int flags_broadcast_end(Transport t, Flags* f, char* buf, size_t nbytes,
                              int root) noexcept nogil
 cdef int flags_barrier_end(Transport t, Flags* f) noexcept nogil

@@ -12,12 +12,13 @@ on a small message finds flag, descriptor and data in the one line that
 the wait brought into its cache.
 
 Every collective of the path is one synchronisation point.  For the k-th flags
-operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
+operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH, M =
+FLAGS_OUTSTANDING), rank r
 
 1. makes sure its slot k % D is free: every peer has entered operation
-   k - D + 1 (so it has finished reading operation k - D, the slot's last
-   use).  Only a broadcast's root, which does not wait for the others, ever
-   waits here;
+   k - D + M (a rank has at most M operations posted and not ended, so it
+   has finished reading operation k - D, the slot's last use).  Only a
+   broadcast's root, which does not wait for the others, ever waits here;
 2. writes its descriptor into its post line k % D and its descriptor line
    k % 2D, and the data it contributes into the post line (up to
    FLAGS_INLINE_BYTES) or its data slot k % D;
@@ -29,11 +30,13 @@ operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
    is due (all operations up to k after a full wait; the root's, at once,
    where only the root was waited for) must equal its own, else
    MismatchError, worded as on the message path.  Operation k's is read
-   from the post line; checks left over (a root that returned at once) are
-   done in step 1 of a later operation, at the latest D - 1 operations on,
-   from the peers' descriptor lines, which still hold them (a line is
-   written again 2D operations later, only after this rank has posted D + 1
-   more times; a post line may already hold a later operation by then);
+   from the post line where k is the rank's last post; checks left over (a
+   root that returned at once) are done in step 1 of a later operation, at
+   the latest D - M operations on, and any check of an operation with later
+   posts is read from the peers' descriptor lines, which still hold them (a
+   line is written again 2D operations later, only after this rank has
+   posted D + M more times; a post line may already hold a later operation
+   by then);
 6. reads what it needs from the peers' posts: allreduce reduces every rank's
    contribution, in rank order, into its output (so all ranks get the same
    bits); broadcast copies the root's; barrier reads nothing.
@@ -41,13 +44,16 @@ operation (k counted alike on every rank, from 0; D = FLAGS_DEPTH), rank r
 An async allreduce, broadcast or barrier begun on the caller's thread
 (``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
 next, with ``flags_allreduce_end``, ``flags_broadcast_end`` or
-``flags_barrier_end`` (steps 4 to 6), before the rank's next flags operation;
-``flags_all_posted`` and ``flags_root_posted`` say when that end would wait
-for nobody.
+``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
+not ended (``flags_slot_free`` says whether one more may), and they end in the
+order of their posts (``Flags.ended``: the next to end), each before any
+operation that runs without being posted this way; ``flags_ends_at_once``
+says when the last one posted may end at once, ``posts_complete`` when the
+next to end would wait for nobody.
 
 No trailing barrier is needed and slots never need a "read by all" count: a
-rank posts k + 1 only after it has finished operation k - 1, and nobody
-writes a slot for operation k + D before every peer has entered k + 1.  A
+rank with operation j not ended has posted at most j + M - 1, and nobody
+writes a slot for operation j + D before every peer has entered j + M.  A
 post line's flag only grows (k + 1, then k + 1 + D...), so "peer p has
 entered operation j" is "p's post line j % D holds at least j + 1".
 
@@ -93,6 +99,7 @@ cdef enum:
     RELAY_NS = 200000000        # how long a failure seen in the area waits for its report
 
 MAX_BYTES = FLAGS_MAX_BYTES
+OUTSTANDING = FLAGS_OUTSTANDING
 
 
 def area_bytes(int nlocal):
@@ -121,14 +128,20 @@ cdef class FlagArea:
         self.f.me = me
         self.f.n = n
         self.f.ops = 0
+        self.f.ended = 0
         self.f.checked = 0
         self.f.spin_ns = <int64_t>(spin_us * 1000.0)
         self.f.yield_spin = yield_spin
 
     @property
     def operations(self):
-        """How many collectives this rank has run through the area."""
+        """How many collectives this rank has posted to the area."""
         return self.f.ops
+
+    @property
+    def outstanding(self):
+        """How many of them this rank has posted and not ended (at most FLAGS_OUTSTANDING)."""
+        return self.f.ops - self.f.ended
 
     @property
     def max_bytes(self):
@@ -348,12 +361,13 @@ cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexc
     waiting for the peers.  An async call begun on the caller's thread (where
     ``flags_slot_free`` says step 1 will not wait either) stops here; ``flags_allreduce_end``,
     ``flags_barrier_end`` or ``flags_broadcast_end`` finishes it, on this thread or
-    another, before the next flags operation begins."""
+    another, in the order of the posts (up to FLAGS_OUTSTANDING may be posted and not
+    ended)."""
     cdef uint64_t k = f.ops, free_at
     if t.failed:
         return -1
-    if k + 2 > FLAGS_DEPTH:
-        free_at = k + 2 - FLAGS_DEPTH
+    free_at = _free_at(k)
+    if free_at:
         if _wait(t, f, free_at, 0, f.n - 1) < 0 or _check_upto(t, f, free_at) < 0:
             return _fail(f)
     f.ops = k + 1
@@ -361,16 +375,28 @@ cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexc
     return 0
 
 
+cdef inline uint64_t _free_at(uint64_t k) noexcept nogil:
+    """Step 1 for operation ``k``: every peer must have entered operation ``_free_at(k) -
+    1`` (0: nothing to wait for).  A peer that has entered operation k - D + M (D =
+    FLAGS_DEPTH, M = FLAGS_OUTSTANDING) has ended operation k - D, the last to use slot
+    k % D: it has at most M operations posted and not ended."""
+    if k + 1 + FLAGS_OUTSTANDING > FLAGS_DEPTH:
+        return k + 1 + FLAGS_OUTSTANDING - FLAGS_DEPTH
+    return 0
+
+
 cdef int _enter_wait(Transport t, Flags* f, int wait_for) noexcept nogil:
-    """Steps 4 and 5 for the operation this rank posted last (``wait_for``: WAIT_ALL,
-    WAIT_NONE, or the one rank to wait for)."""
-    cdef uint64_t k = f.ops - 1
+    """Steps 4 and 5 for the oldest operation this rank posted and has not ended
+    (``wait_for``: WAIT_ALL, WAIT_NONE, or the one rank to wait for); it has ended on
+    return 0."""
+    cdef uint64_t k = f.ended
     if wait_for == WAIT_ALL:
         if _wait(t, f, k + 1, 0, f.n - 1) < 0 or _check_upto(t, f, k + 1) < 0:
             return _fail(f)
     elif wait_for >= 0:
         if _wait(t, f, k + 1, wait_for, wait_for) < 0 or _check(t, f, wait_for, k) < 0:
             return _fail(f)
+    f.ended = k + 1
     return 0
 
 
@@ -383,27 +409,37 @@ cdef int _enter(Transport t, Flags* f, const char* src, size_t nbytes, int wait_
 
 
 cdef bint flags_all_posted(Flags* f) noexcept nogil:
-    """Every peer has posted the operation this rank posted last: its end waits for
-    nobody."""
-    return _first_missing(f, f.ops, 0, f.n - 1) > f.n - 1
+    """Every peer has posted the oldest operation this rank has posted and not ended: its
+    end waits for nobody."""
+    return _first_missing(f, f.ended + 1, 0, f.n - 1) > f.n - 1
 
 
 cdef bint flags_root_posted(Flags* f, int root) noexcept nogil:
-    """The root has posted the broadcast this rank posted last: its end waits for
-    nobody."""
-    return root == f.me or _entered(f, root, f.ops)
+    """The root has posted the broadcast this rank ends next: its end waits for nobody."""
+    return root == f.me or _entered(f, root, f.ended + 1)
 
 
 cdef bint flags_slot_free(Flags* f) noexcept nogil:
-    """This rank's next post would not wait for its slot (step 1): every peer has entered
-    the operation that frees it.  Only after a broadcast's root ran ahead may it not."""
-    cdef uint64_t k = f.ops
-    return k + 2 <= FLAGS_DEPTH or _first_missing(f, k + 2 - FLAGS_DEPTH, 0, f.n - 1) > f.n - 1
+    """This rank may post its next operation at once: fewer than FLAGS_OUTSTANDING of its
+    operations are posted and not ended, and step 1 would not wait (every peer has entered
+    the operation that frees the slot; only after a broadcast's root ran ahead may one
+    not have)."""
+    cdef uint64_t free_at = _free_at(f.ops)
+    return f.ops - f.ended < FLAGS_OUTSTANDING and (
+        free_at == 0 or _first_missing(f, free_at, 0, f.n - 1) > f.n - 1)
+
+
+cdef bint flags_ends_at_once(Flags* f, int root) noexcept nogil:
+    """The operation this rank posted last may end now, waiting for nobody: no earlier one
+    waits for its end, and every peer it waits for has posted it (``root`` >= 0: a
+    broadcast's root; -1: every peer)."""
+    return f.ended + 1 == f.ops and (flags_all_posted(f) if root < 0
+                                     else flags_root_posted(f, root))
 
 
 def posts_complete(Transport t, int root=-1):
     """Whether every peer (``root`` >= 0: the root) has posted the flags operation this
-    rank posted last, so that its end (``flags_allreduce_end``, ``flags_barrier_end``,
+    rank ends next (the oldest it posted and has not ended), so that its end (``flags_allreduce_end``, ``flags_barrier_end``,
     ``flags_broadcast_end``) waits for nobody."""
     cdef Flags* f = flags_fit(t, 0)
     if f == NULL:
@@ -436,10 +472,10 @@ cdef int flags_broadcast_end(Transport t, Flags* f, char* buf, size_t nbytes,
     ``buf``, the others' nothing): the root is done; the others wait for the root's post
     and copy it out."""
     if t.rank == root:
-        return 0
+        return _enter_wait(t, f, WAIT_NONE)
     if _enter_wait(t, f, root) < 0:
         return -1
-    memcpy(buf, _data(f, root, f.ops - 1, nbytes), nbytes)
+    memcpy(buf, _data(f, root, f.ended - 1, nbytes), nbytes)
     return 0
 
 
@@ -460,7 +496,7 @@ cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t 
     cdef int p
     if _enter_wait(t, f, WAIT_ALL) < 0:
         return -1
-    k = f.ops - 1
+    k = f.ended - 1
     reduce_into(buf, _data(f, 0, k, n * es), _data(f, 1, k, n * es), n, dtype, op)
     for p in range(2, f.n):
         reduce_into(buf, buf, _data(f, p, k, n * es), n, dtype, op)
