@@ -261,6 +261,36 @@ def test_a_rank_killed_while_the_others_wait_on_flags(tmp_path, monkeypatch, spi
                 bound_s=0.9 if spin_us == "1000000" else 5, min_s=-1)
 
 
+_ASYNC_VICTIM = r"""
+import os, signal, sys, time
+import numpy as np
+import pycollect as pc
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=3, store=store, timeout=30, transport="shm")
+ctx.barrier()
+try:
+    for i in range(100000):
+        if rank == 2 and i == 100:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        bufs = [np.full(16, 3 * i + j + rank, np.float32) for j in range(3)]
+        works = [ctx.allreduce(b, async_op=True) for b in bufs]
+        for j, w in enumerate(works):
+            assert np.all(w.wait() == 3 * (3 * i + j) + 3), (i, j)
+except pc.PeerError as exc:
+    assert ctx._transport.flag_area.operations >= 300
+    print("rank %d %s after %.2f s: %s" % (rank, type(exc).__name__, time.monotonic() - t0, exc))
+    sys.exit(0)
+sys.exit("rank %d finished without an error" % rank)
+"""
+
+
+def test_a_rank_killed_while_the_others_have_several_calls_posted(tmp_path):
+    """Three async allreduces posted at a time: when a peer dies, the first wait that needs
+    it fails with PeerError naming it, well within the deadline."""
+    run_victims(tmp_path, _ASYNC_VICTIM, bound_s=5, min_s=-1)
+
+
 def test_a_stopped_rank_is_named_in_the_timeout(tmp_path):
     run_victims(tmp_path, _VICTIM % {"timeout": 3, "signal": "SIGSTOP"}, stopped=True,
                 bound_s=20, min_s=2.5)
