@@ -486,18 +486,24 @@ class Runner:
     def begun_collective(self, op, work):
         """End a claim (``claim_post``) under which the calling thread posted the
         collective ``op`` (an allreduce, broadcast or barrier through the shared-memory
-        flags, begun without waiting) that has not ended: its end goes into the queue behind
-        the ends of those posted before it, ahead of anything else, for the next driver: the wait that follows,
-        a poll that finds the peers' posts there (``op.ends_at_once()`` says so: ``poll``),
-        or the runner at its next look (not woken now, as for a queued operation)."""
+        flags, begun without waiting) that has not ended: its end goes into the queue
+        behind the ends of those posted before it, ahead of anything else, for the next
+        driver: the wait that follows, a poll that finds the peers' posts there
+        (``op.ends_at_once()`` says so: ``poll``), or the runner at its next look (not
+        woken now, as for a queued operation)."""
         work._runner = self
         with self._mutex:
             # Behind the ends posted before it, ahead of whatever another thread queued
             # since the claim (numbered when it runs: after this one).
             self._queue.insert(self._begun, (op, work))
             self._begun += 1
-        # As a thread that goes on to the next itself: nothing is handed to the runner.
-        self._done_running(True)
+            # The claim ends as _done_running(goes_on=True) ends it, in the same hold of
+            # the mutex: a runner that waits for it is told, and nothing is handed to it.
+            self._busy = False
+            if self._runner_waits:
+                self._runner_waits = False
+                self._handed = False
+                self._cond.notify()
         self._bell.queue()
 
     def poll(self, work, first):
