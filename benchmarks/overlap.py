@@ -25,7 +25,7 @@ import time
 from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
-OUTSTANDING = (1, 4)
+OUTSTANDING = (1, 4, 8)
 COMPUTE_US = 500
 
 

@@ -395,7 +395,7 @@ def test_a_begun_call_fails_as_a_blocking_one_would(end):
 def test_an_async_broadcast_posts_when_made_and_a_root_running_ahead_never_blocks():
     """An async broadcast through the flags posts in the call: the root's has ended when it
     returns, the others' end where the root had posted.  A root that runs further ahead
-    than the flag area lets it (4 operations) gets async calls that return at once all the
+    than the flag area lets it (8 operations) gets async calls that return at once all the
     same (those that would wait for a slot queue), and every rank gets every value."""
     g = ThreadGroup(3, timeout=30)
     try:
@@ -427,7 +427,7 @@ def test_an_async_broadcast_posts_when_made_and_a_root_running_ahead_never_block
         g.close()
 
 
-OUTSTANDING = 4     # _flags.OUTSTANDING: async calls a rank may have posted and not ended
+OUTSTANDING = 8     # _flags.OUTSTANDING: async calls a rank may have posted and not ended
 
 
 def test_the_flag_area_says_how_many_calls_may_be_posted_at_once():
@@ -452,28 +452,42 @@ def test_several_async_calls_post_when_made_and_end_in_order():
                 before = _posted(ctx)
                 if ctx.rank == 2:
                     time.sleep(0.2)         # nobody's first call can end before it comes
-                a = np.full(3, ctx.rank + 1.0, np.float32)
-                b = np.full(2, 7.0 + attempt if ctx.rank == 1 else 0.0)
-                c = np.full(5, 10.0 * ctx.rank)
-                works = [ctx.allreduce(a, async_op=True),
-                         ctx.broadcast(b, root=1, async_op=True),
-                         ctx.barrier(async_op=True),
-                         ctx.allreduce(c, op=pc.MAX, async_op=True)]
+                calls, expected = [], []
+                for i in range(OUTSTANDING):        # the four kinds in turn
+                    kind = i % 4
+                    if kind == 0:
+                        calls.append(lambda i=i: ctx.allreduce(
+                            np.full(3, ctx.rank + i, np.float32), async_op=True))
+                        expected.append([3.0 * i + 3] * 3)
+                    elif kind == 1:
+                        calls.append(lambda i=i: ctx.broadcast(
+                            np.full(2, 7.0 + i + attempt if ctx.rank == 1 else 0.0), root=1,
+                            async_op=True))
+                        expected.append([7.0 + i + attempt] * 2)
+                    elif kind == 2:
+                        calls.append(lambda: ctx.barrier(async_op=True))
+                        expected.append(None)
+                    else:
+                        calls.append(lambda i=i: ctx.allreduce(
+                            np.full(5, 10.0 * ctx.rank + i), op=pc.MAX, async_op=True))
+                        expected.append([20.0 + i] * 5)
+                works = [call() for call in calls]
                 posted = _posted(ctx) - before
                 works.append(ctx.allreduce(np.ones(1), async_op=True))  # one more: queues
+                expected.append([3.0])
                 outstanding = ctx._transport.flag_area.outstanding
                 values = [w.wait(timeout=20) for w in works]
-                tries.append((posted, outstanding,
+                tries.append((posted, outstanding, expected,
                               [None if v is None else v.tolist() for v in values],
                               [w.algorithm for w in works], _posted(ctx) - before))
             return tries
 
         for rank, tries in enumerate(g.run(body, timeout=120)):
-            for attempt, (posted, outstanding, values, algos, total) in enumerate(tries):
+            for posted, outstanding, expected, values, algos, total in tries:
                 assert outstanding <= OUTSTANDING, (rank, tries)
-                assert values == [[6.0] * 3, [7.0 + attempt] * 2, None, [20.0] * 5,
-                                  [3.0]], (rank, tries)
-                assert algos == ["flags"] * 5 and total == 5, (rank, tries)
+                assert values == expected, (rank, tries)
+                assert algos == ["flags"] * (OUTSTANDING + 1), (rank, tries)
+                assert total == OUTSTANDING + 1, (rank, tries)
             if rank != 2:           # rank 2 came last: its calls could end as they were made
                 assert max(t[0] for t in tries) == OUTSTANDING, (rank, tries)
     finally:

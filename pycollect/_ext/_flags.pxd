@@ -8,9 +8,9 @@ from pycollect._ext._transport cimport OpDesc, Transport
 
 cdef enum:
     FLAGS_MAX_BYTES = 16384     # the data area of a slot: the largest message of the path
-    FLAGS_DEPTH = 8             # data slots per rank: how far a broadcast's root may run ahead
+    FLAGS_DEPTH = 16            # data slots per rank: how far a broadcast's root may run ahead
     FLAGS_INLINE_BYTES = 32     # a message this small travels in the post line itself
-    FLAGS_OUTSTANDING = 4       # operations a rank may have posted and not yet ended
+    FLAGS_OUTSTANDING = 8       # operations a rank may have posted and not yet ended
 
 cdef struct AreaHeader:
     uint32_t failed             # 1 + the first rank whose flags operation failed; 0: none
