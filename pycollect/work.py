@@ -449,14 +449,15 @@ class Runner:
             self._busy = True
             return True
 
-    def claim_post(self):
-        """``claim`` for a collective that the calling thread posts without waiting
+    def claim_post(self, limit):
+        """``claim`` for a collective that the calling thread begins without waiting
         (``begun_collective``): it may also while the queue holds nothing but the ends of
-        collectives posted that way, behind which the new one's end then goes.  The
-        caller ends the claim with ``begun_collective`` or ``unclaim(hurry=False)``."""
+        fewer than ``limit`` collectives begun that way, behind which the new one's end
+        then goes.  The caller ends the claim with ``begun_collective`` or
+        ``unclaim(hurry=False)``."""
         with self._mutex:
-            if (self._busy or len(self._queue) != self._begun or self._batch is not None
-                    or self._stopping):
+            if (self._busy or len(self._queue) != self._begun or self._begun >= limit
+                    or self._batch is not None or self._stopping):
                 return False
             self._busy = True
             return True
@@ -508,12 +509,13 @@ class Runner:
 
     def poll(self, work, first):
         """``is_completed``'s look at ``work``, pending.  Where a caller's thread posted its
-        collective (``begun_collective``), end it here, and the posted ones before it, one
-        by one while nothing runs and the one at the head waits for nobody (every peer has
-        posted it), as MPI's Test completes a request whose peers are there; the runner is
-        left to its next look.  Anything else: wake the runner for it on the first look
-        (``first``)."""
-        posted = False
+        collective to the flag area (``begun_collective``), end it here, and the posted ones
+        before it, one by one while nothing runs and the one at the head waits for nobody
+        (every peer has posted it), as MPI's Test completes a request whose peers are
+        there; the runner is left to its next look.  Anything else (queued, or begun as an
+        exchange, whose end only its receive can tell ready): wake the runner for it on the
+        first look (``first``)."""
+        posted = ready = False
         while True:
             with self._mutex:
                 n = self._begun
@@ -522,13 +524,16 @@ class Runner:
                 head = self._queue[0]
                 posted = head[1] is work or any(self._queue[i][1] is work
                                                 for i in range(1, n))
-                if not posted or self._busy or not head[0].ends_at_once():
+                if not posted or self._busy:
+                    break
+                ready = head[0].ends_at_once()
+                if not ready:
                     break
             self._run_while_not(head[1]._end)
             if work._end.done:
                 return
-        if first and not posted:
-            self._bell.hurry()
+        if first and (not posted or ready is None):
+            self._bell.hurry()      # queued, or begun as an exchange: the runner ends it
 
     def hurry(self):
         """A thread that waits with a timeout, so does not run the queue itself (a

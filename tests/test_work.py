@@ -182,8 +182,9 @@ def test_a_wait_with_a_timeout_has_the_runner_run_the_queue_now(fresh_pair, how)
         runner = ctx._runner
         real, runner._bell = runner._bell, _Watched(runner._bell, log)
         try:
-            # Not through the flags: an async call there is begun on this thread.
-            work = ctx.allreduce(buf, algorithm="recursive_doubling", async_op=True)
+            # Not through the flags nor a 2-rank exchange: an async call there is begun on
+            # this thread.
+            work = ctx.allreduce(buf, algorithm="ring", async_op=True)
             seen = _ran_on(work)
             if how == "wait":
                 value = work.wait(timeout=20)
@@ -209,9 +210,8 @@ def test_the_first_poll_of_a_pending_operation_wakes_the_runner_once(fresh_pair)
         real, runner._bell = runner._bell, _Watched(runner._bell, log)
         try:
             # Queued (not through the flags, where the call itself posts and a poll ends
-            # it: test_flags.py).
-            work = ctx.allreduce(np.full(2, ctx.rank + 1.0), algorithm="recursive_doubling",
-                                 async_op=True)
+            # it: test_flags.py, nor a 2-rank exchange, which the call begins).
+            work = ctx.allreduce(np.full(2, ctx.rank + 1.0), algorithm="ring", async_op=True)
             seen = _ran_on(work)
             polls = 0
             deadline = time.monotonic() + 20
@@ -290,8 +290,8 @@ def test_a_failed_collective_run_by_its_waiter_raises_there_and_the_next_runs(pa
 
 def test_a_wait_with_a_timeout_leaves_the_collective_to_the_runner(pair):
     def body(ctx):
-        # Queued (through the flags, the call itself posts and may end: test_flags.py).
-        work = ctx.allreduce(np.ones(2), algorithm="recursive_doubling", async_op=True)
+        # Queued (through the flags, or as a 2-rank exchange, the call itself begins it).
+        work = ctx.allreduce(np.ones(2), algorithm="ring", async_op=True)
         seen = _ran_on(work)
         result = work.wait(timeout=20)
         deadline = time.monotonic() + 5

@@ -1,6 +1,9 @@
 # Helpers shared by the algorithm families: how a buffer of n elements splits
-# into one chunk per rank and each chunk into segments.
+# into one chunk per rank and each chunk into segments; the two halves of a
+# 2-rank exchange begun by an async call.
 from libc.stddef cimport size_t
+
+from pycollect._ext._transport cimport Transport
 
 cdef inline size_t chunk_offset(size_t n, int parts, int c) noexcept nogil:
     """Element offset of chunk c when n elements split into ``parts`` near-equal chunks."""
@@ -19,3 +22,16 @@ cdef inline size_t segment_length(size_t length, size_t seg, size_t g) noexcept 
 
 cdef inline int wrap(int x, int size) noexcept nogil:
     return ((x % size) + size) % size
+
+cdef inline int exchange_post(Transport t, const void* buf, size_t nbytes) noexcept nogil:
+    """The first half of a 2-rank exchange begun by an async call (after ``t.begin``): send
+    ``buf`` to the peer through the stream, pushed as far as the channel takes it now
+    (``post_send_async``), without waiting.  0, or -1 after set_error."""
+    return -1 if t.post_send_async(1 - t.rank, buf, nbytes) < 0 else 0
+
+cdef inline int exchange_finish(Transport t, void* into, size_t nbytes) noexcept nogil:
+    """The second half (after ``t.begin`` again, which finishes what is left of the send):
+    receive the peer's message into ``into``.  0, or -1 after set_error."""
+    if t.post_recv(1 - t.rank, into, nbytes) < 0:
+        return -1
+    return t.wait_all()

@@ -3,7 +3,7 @@ from pycollect._ext._transport cimport Transport
 
 cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq, double timeout,
                     size_t segment_bytes, int base=*) except? -1
-cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
+cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned int seq,
                           double timeout) except? -1
-cpdef int allreduce_end(Transport t, object buf, int op, unsigned int seq,
+cpdef int allreduce_end(Transport t, object buf, int op, int algo, unsigned int seq,
                         double timeout) except? -1

@@ -68,7 +68,7 @@ buffer (_flags.pyx).  Where the transport has no flag area, or the buffer does
 not fit, ``flags`` runs recursive doubling.
 """
 
-from pycollect._ext._algo cimport chunk_length, chunk_offset
+from pycollect._ext._algo cimport chunk_length, chunk_offset, exchange_finish, exchange_post
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
@@ -448,50 +448,88 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
     return algo
 
 
-cpdef int allreduce_begin(Transport t, object buf, int op, unsigned int seq,
+cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned int seq,
                           double timeout) except? -1:
-    """Begin an allreduce of ``buf`` in place through the flag area without waiting (an
-    async call on the caller's thread): 1 when every peer had posted it already and it has
-    ended, 0 when it is posted and ``allreduce_end`` must finish it before the next
-    collective, -2 when the flags path does not apply or the post would wait for its slot
-    (nothing was done: run ``allreduce``)."""
+    """Begin an allreduce of ``buf`` in place without waiting (an async call on the caller's
+    thread), as ``allreduce`` would run it with ``algo``: through the flag area, posting
+    this rank's contribution; or, at 2 ranks, recursive doubling (asked for, or flags where
+    no area serves, which runs it), whose one exchange starts with this rank's send of
+    ``buf``.  1 when it has ended; 0 when it is posted to the flag area and 2 when it is
+    begun as an exchange, and ``allreduce_end`` (with ALGO_FLAGS or ALGO_RECURSIVE_DOUBLING)
+    must finish it before the next collective; -2 when neither applies or the post would
+    wait for its slot (nothing was done: run ``allreduce``)."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
-    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
     cdef int rc
-    if fl == NULL or t.solo or t.size < 2 or not flags_slot_free(fl):
+    if t.solo or t.size < 2:
         return -2
-    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
-    with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0:
-            rc = flags_post(t, fl, b.ptr, b.nbytes)
-        if rc == 0 and flags_ends_at_once(fl, -1):
-            rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+    if fl != NULL:
+        if not flags_slot_free(fl):
+            return -2
+        fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
+        with nogil:
+            rc = t.begin(&d, timeout)
             if rc == 0:
-                rc = 1
+                rc = flags_post(t, fl, b.ptr, b.nbytes)
+            if rc == 0 and flags_ends_at_once(fl, -1):
+                rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+                if rc == 0:
+                    rc = 1
+    elif _exchanges(t, algo, b.count):
+        fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_RECURSIVE_DOUBLING, 0, b.count)
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0:
+                rc = exchange_post(t, b.ptr, b.nbytes)
+            if rc == 0:
+                rc = 2
+    else:
+        return -2
     if rc < 0:
         raise_error(t)
     return rc
 
 
-cpdef int allreduce_end(Transport t, object buf, int op, unsigned int seq,
+cdef inline bint _exchanges(Transport t, int algo, size_t count):
+    """``allreduce`` runs ``algo`` as one exchange of the buffer with the peer: recursive
+    doubling (or flags without a flag area) at 2 ranks, on a buffer that is not empty."""
+    return (t.size == 2 and count > 0 and (algo == ALGO_RECURSIVE_DOUBLING
+                                           or algo == ALGO_FLAGS and t.flag_area is None))
+
+
+cpdef int allreduce_end(Transport t, object buf, int op, int algo, unsigned int seq,
                         double timeout) except? -1:
-    """Finish the allreduce ``allreduce_begin`` posted (its deadline counts from now); the
-    algorithm's code."""
+    """Finish the allreduce ``allreduce_begin`` began, ``algo`` saying how (ALGO_FLAGS: it
+    posted to the flag area; else it began an exchange), its deadline counting from now:
+    wait for every flag and reduce, or receive the peer's buffer and reduce it with this
+    one, lower rank first; the algorithm's code."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
-    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
     cdef int rc
-    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_FLAGS, 0, b.count)
+    cdef char* other
+    if fl == NULL:
+        algo = ALGO_RECURSIVE_DOUBLING
+    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
     with nogil:
         rc = t.begin(&d, timeout)
-        if rc == 0:
+        if rc == 0 and fl != NULL:
             rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+        elif rc == 0:
+            other = t.scratch(b.nbytes)
+            rc = -1 if other == NULL else exchange_finish(t, other, b.nbytes)
+            if rc == 0:
+                if t.rank == 0:
+                    reduce_into(b.ptr, b.ptr, other, b.count, b.dtype, op)
+                else:
+                    reduce_into(b.ptr, other, b.ptr, b.count, b.dtype, op)
+                if op == OP_AVG:
+                    divide_by(b.ptr, b.count, b.dtype, t.size)
     if rc < 0:
         raise_error(t)
-    return ALGO_FLAGS
+    return algo
 
 
 cdef int _end_flags(Transport t, Flags* fl, char* buf, size_t n, size_t es, int dtype,

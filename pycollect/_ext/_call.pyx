@@ -67,14 +67,15 @@ from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._record cimport NONE, Ring
-from pycollect._ext._transport cimport ALGO_FLAGS, Transport
+from pycollect._ext._transport cimport (ALGO_DISSEMINATION, ALGO_FLAGS, ALGO_RECURSIVE_DOUBLING,
+                                        Transport)
 
 import numpy as np
 
 from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
 from pycollect._ext._allgather import allgather as _allgather
 from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
-from pycollect._ext._flags import posts_complete as _posts_complete
+from pycollect._ext._flags import OUTSTANDING as _OUTSTANDING, posts_complete as _posts_complete
 from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
@@ -288,14 +289,15 @@ cdef class Queued:
     cdef Py_ssize_t seg
     cdef object buf
     cdef object recv
-    cdef bint begun             # a flags allreduce, broadcast or barrier posted as number ``seq``
-    cdef unsigned int seq       # (CallPath.begin_flags): running it ends it
+    cdef bint begun             # an allreduce, broadcast or barrier begun as number ``seq``
+    cdef unsigned int seq       # (CallPath.begin_posted): running it ends it; ``code`` says
+                                # how it began (ALGO_FLAGS: posted to the flag area)
 
     def __call__(self, unsigned int seq):
         cdef int kind = self.kind
         if self.begun:
             if kind == K_ALLREDUCE:
-                return allreduce_end(self.t, self.buf, self.op, seq, self.timeout)
+                return allreduce_end(self.t, self.buf, self.op, self.code, seq, self.timeout)
             if kind == K_BROADCAST:
                 return broadcast_end(self.t, self.buf, self.root, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
@@ -320,10 +322,14 @@ cdef class Queued:
         return self.ctx.run_queued(self)
 
     def ends_at_once(self):
-        """A begun flags collective whose peers have posted what it waits for: running it
-        waits for nobody (``Runner.poll``)."""
-        return self.begun and _posts_complete(self.t,
-                                              self.root if self.kind == K_BROADCAST else -1)
+        """A begun collective whose peers have posted what it waits for: running it waits for
+        nobody (``Runner.poll``).  None where that cannot be told without running it: one
+        begun as an exchange with the peer, whose message only its receive finds."""
+        if not self.begun:
+            return False
+        if self.code != ALGO_FLAGS:
+            return None
+        return _posts_complete(self.t, self.root if self.kind == K_BROADCAST else -1)
 
 
 cdef class CallPath:
@@ -761,9 +767,9 @@ cdef class CallPath:
         recorder's entry are the Python path's (``Context._submit``)."""
         cdef Queued q
         cdef Ring rec = self._recorder
-        if kind == K_BARRIER or (code == ALGO_FLAGS and (kind == K_ALLREDUCE
-                                                         or kind == K_BROADCAST)):
-            work = self.begin_flags(kind, buf, op, root, timeout, result)
+        if kind == K_BARRIER or (code == ALGO_FLAGS and kind == K_BROADCAST) or (
+                kind == K_ALLREDUCE and (code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING)):
+            work = self.begin_posted(kind, buf, code, op, root, timeout, result)
             if work is not None:
                 return work
         q = self.queued(kind, buf, recv, code, op, root, timeout)
@@ -791,19 +797,21 @@ cdef class CallPath:
         q.entry = -1
         return q
 
-    cdef object begin_flags(self, int kind, object buf, int op, int root, double timeout,
-                            object result):
-        """An async allreduce, broadcast or barrier through the flag area begun on the
-        calling thread when the context's runner has nothing queued, in flight or running
-        but the ends of collectives posted this way (``Runner.claim_post``), as MPI's
-        Iallreduce begins: this rank posts now (up to FLAGS_OUTSTANDING posted and not
-        ended), and where no earlier one waits for its end and every peer it waits for had
-        posted already (a broadcast's root waits for nobody) the operation ends here; else
-        its end waits in the runner's queue behind those (``Runner.begun_collective``) for
-        its wait, a poll that finds every post there (``Queued.ends_at_once``), or the
-        runner's next look.  Its Work, or None where the call is queued as usual (the
-        runner has other work, the flags path does not apply, too many are posted, or the
-        arguments are refused)."""
+    cdef object begin_posted(self, int kind, object buf, int code, int op, int root,
+                             double timeout, object result):
+        """An async allreduce, broadcast or barrier begun on the calling thread, as MPI's
+        Iallreduce begins, when the context's runner has nothing queued, in flight or running
+        but the ends of calls begun this way (``Runner.claim_post``) and no point-to-point
+        message waits unreceived: through the flag area, this rank posts its part now (up
+        to FLAGS_OUTSTANDING posted and not ended); at 2 ranks without one, an allreduce by
+        recursive doubling (``code``) and a barrier send their one message of the exchange
+        (``allreduce_begin``, ``barrier_begin``).  Where no earlier one waits for its end
+        and every peer it waits for had posted already (a broadcast's root waits for
+        nobody) the operation ends here; else its end waits in the runner's queue behind
+        those (``Runner.begun_collective``) for its wait, a poll that finds every post there
+        (``Queued.ends_at_once``), or the runner's next look.  Its Work, or None where the
+        call is queued as usual (the runner has other work, neither way applies, too many
+        are begun, or the arguments are refused)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
@@ -812,7 +820,7 @@ cdef class CallPath:
         cdef int state = -2
         cdef Queued q
         runner = self._started_runner() if self._runner is None else self._runner
-        if not runner.claim_post():
+        if len(self._mailbox) or not runner.claim_post(_OUTSTANDING):
             return None
         exception = None
         lock.take()
@@ -824,7 +832,7 @@ cdef class CallPath:
             self._busy = True
             try:
                 if kind == K_ALLREDUCE:
-                    state = allreduce_begin(t, buf, op, seq, timeout)
+                    state = allreduce_begin(t, buf, op, code, seq, timeout)
                 elif kind == K_BROADCAST:
                     state = broadcast_begin(t, buf, root, seq, timeout)
                 else:
@@ -858,7 +866,9 @@ cdef class CallPath:
                 if entry >= 0:
                     rec.end(entry, work.algorithm, None)
             return work
-        q = self.queued(kind, buf, None, ALGO_FLAGS, op, root, timeout)
+        q = self.queued(kind, buf, None, ALGO_FLAGS if state == 0 else
+                        ALGO_DISSEMINATION if kind == K_BARRIER else ALGO_RECURSIVE_DOUBLING,
+                        op, root, timeout)
         q.entry = entry
         q.begun = True
         q.seq = seq
@@ -876,7 +886,7 @@ cdef class CallPath:
         """Run ``q`` under the context lock as collective number seq + 1, as ``run`` runs
         a blocking call, its recorder entry made when it was queued; the algorithm's name.
         Where the context is closed or failed, or point-to-point messages wait unreceived,
-        ``Context._execute`` runs it and words the error.  A begun ``q`` (``begin_flags``)
+        ``Context._execute`` runs it and words the error.  A begun ``q`` (``begin_posted``)
         was numbered, and its entry started, when it was posted: running it ends it."""
         cdef Ring rec = self._recorder
         cdef CallLock lock = self._lock

@@ -439,8 +439,9 @@ cdef bint flags_ends_at_once(Flags* f, int root) noexcept nogil:
 
 def posts_complete(Transport t, int root=-1):
     """Whether every peer (``root`` >= 0: the root) has posted the flags operation this
-    rank ends next (the oldest it posted and has not ended), so that its end (``flags_allreduce_end``, ``flags_barrier_end``,
-    ``flags_broadcast_end``) waits for nobody."""
+    rank ends next (the oldest it posted and has not ended), so that its end
+    (``flags_allreduce_end``, ``flags_barrier_end``, ``flags_broadcast_end``) waits for
+    nobody."""
     cdef Flags* f = flags_fit(t, 0)
     if f == NULL:
         return False

@@ -1,0 +1,152 @@
+"""Async allreduces and barriers of 2 ranks on the message path (TCP, or shared memory
+without a flag area) begun in the call: the one exchange of recursive doubling or
+dissemination starts with this rank's send (pycollect/_ext/_algo.pxd, ``exchange_post``),
+and the end receives and reduces (``allreduce_end``, ``barrier_end``)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+from jobs import last_json, run_script
+
+
+@pytest.fixture(scope="module", params=["tcp", "shm-subgroup"])
+def pair(request):
+    """Two ranks whose allreduce of a small buffer runs recursive doubling and whose barrier
+    runs dissemination: over TCP, or a sub-group of a shared-memory job (no flag area)."""
+    if request.param == "tcp":
+        g = ThreadGroup(2, transport="tcp", timeout=30)
+        yield g, g.contexts
+    else:
+        g = ThreadGroup(3, timeout=30)
+        subs = g.run(lambda ctx: ctx.split(0 if ctx.rank < 2 else 1))
+        yield g, subs[:2]
+    g.close()
+
+
+def _on(pair_, body):
+    """Run ``body(ctx)`` on the pair's two contexts (the third rank of a sub-group job
+    idles)."""
+    g, contexts = pair_
+    return g.run(lambda ctx: body(contexts[ctx.rank]) if ctx.rank < 2 else None)[:2]
+
+
+def test_the_calls_begin_the_exchange_and_end_in_order(pair):
+    """Async allreduces (several dtypes, ops, in place), barriers and a blocking call in
+    between, each rank late in turn: every value right, each allreduce named
+    recursive_doubling and each barrier dissemination, as the blocking calls run them."""
+    def body(ctx):
+        assert ctx._transport.flag_area is None
+        out = []
+        for late in (0, 1, None):
+            if ctx.rank == late:
+                time.sleep(0.1)
+            a = np.arange(5, dtype=np.float32) + ctx.rank
+            b = np.full(3, 2 + ctx.rank, np.int64)
+            c = np.full(4, ctx.rank + 1.0)
+            works = [ctx.allreduce(a, async_op=True),
+                     ctx.barrier(async_op=True),
+                     ctx.allreduce(b, op=pc.PRODUCT, async_op=True),
+                     ctx.allreduce(c, op=pc.AVG, async_op=True)]
+            blocking = ctx.allreduce(np.full(2, 10.0 * (ctx.rank + 1)))
+            values = [w.wait(timeout=20) for w in works]
+            out.append(([None if v is None else v.tolist() for v in values],
+                        [w.algorithm for w in works], blocking.tolist()))
+        return out
+
+    expected = ([[1.0, 3.0, 5.0, 7.0, 9.0], None, [6] * 3, [1.5] * 4],
+                ["recursive_doubling", "dissemination", "recursive_doubling",
+                 "recursive_doubling"], [30.0, 30.0])
+    assert _on(pair, body) == [[expected] * 3] * 2
+
+
+def test_a_begun_exchange_meets_a_blocking_call_and_a_queued_one(pair):
+    """One rank's async allreduce meets the peer's blocking one (the same messages); a poll
+    ends a begun one (it wakes the runner, which receives); nine in a row (more than may be
+    begun at once) all end right."""
+    def body(ctx):
+        buf = np.full(3, ctx.rank + 1.0)
+        if ctx.rank == 0:
+            first = ctx.allreduce(buf, async_op=True).wait(timeout=20).tolist()
+        else:
+            first = ctx.allreduce(buf).tolist()
+        polled = ctx.allreduce(np.full(2, 5.0), async_op=True)
+        deadline = time.monotonic() + 20
+        while not polled.is_completed() and time.monotonic() < deadline:
+            pass
+        many = [ctx.allreduce(np.full(2, float(i)), async_op=True) for i in range(9)]
+        return first, polled.wait().tolist(), [w.wait(timeout=20)[0] for w in many]
+
+    assert _on(pair, body) == [([3.0] * 3, [10.0] * 2, [2.0 * i for i in range(9)])] * 2
+
+
+@pytest.mark.parametrize("end", ["mismatch", "abort"])
+def test_a_begun_exchange_fails_as_a_blocking_one_would(end):
+    """The peer's disagreement (its count differs) is a MismatchError on the waiting rank;
+    abort() from another thread fails the begun call at once; nothing hangs."""
+    g = ThreadGroup(2, transport="tcp", timeout=30)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                if end == "abort":
+                    time.sleep(1.5)
+                    return None
+                with pytest.raises(pc.MismatchError):
+                    ctx.allreduce(np.ones(9))
+                return "mismatch seen"
+            work = ctx.allreduce(np.ones(8), async_op=True)
+            if end == "abort":
+                threading.Timer(0.3, ctx.abort).start()
+            started = time.monotonic()
+            with pytest.raises(pc.Error) as caught:
+                work.wait(timeout=10)
+            return type(caught.value), time.monotonic() - started
+
+        res = g.outcomes(body, timeout=60)
+        kind, took = res[0]
+        assert kind is (pc.MismatchError if end == "mismatch" else pc.Aborted), res
+        assert took < 5, res
+    finally:
+        g.close()
+
+
+_COMPUTE = r"""
+import json, sys, time
+import numpy as np
+import pycollect as pc
+rank, store = int(sys.argv[1]), sys.argv[2]
+ctx = pc.init(rank=rank, size=2, store=store, timeout=60, transport="tcp")
+ctx.barrier()
+# This rank's runner thread cannot take the GIL while the main thread computes in Python:
+# what the peer waits for must have left in the calls themselves.
+sys.setswitchinterval(30)
+bufs = [np.full(4, rank + 1.0 + i) for i in range(4)]
+works = [ctx.allreduce(b, async_op=True) for b in bufs] + [ctx.barrier(async_op=True)]
+if rank == 0:
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        pass
+    waited = None
+else:
+    t0 = time.monotonic()
+    pc.wait_all(works)
+    waited = time.monotonic() - t0
+values = [w.wait()[0] for w in works[:4]]
+sys.setswitchinterval(0.005)
+ctx.close()
+print(json.dumps({"waited": waited, "values": values}))
+"""
+
+
+def test_the_peer_ends_begun_exchanges_while_this_rank_computes(tmp_path):
+    """Rank 0 makes four async allreduces and an async barrier over TCP, then computes for
+    3 s in Python with its runner kept off the GIL; rank 1's wait for its own ends long
+    before (each of rank 0's calls sent its message), with the right values."""
+    procs = run_script(tmp_path, _COMPUTE, size=2)
+    results = last_json(procs, (0, 1), timeout=60)
+    assert results[1]["waited"] < 1.5, results
+    assert results[0]["values"] == results[1]["values"] == [3.0, 5.0, 7.0, 9.0], results
