@@ -160,6 +160,27 @@ def _fresh_pair(pki):
                                           **_tls(pki, r)))
 
 
+def test_async_calls_of_two_ranks_begin_their_exchange_over_tls(pki):
+    """At 2 ranks an async allreduce and barrier send their message in the call
+    (tests/test_posted_exchange.py checks that they do); over TLS too, every value
+    arrives, beside a blocking call."""
+    contexts = _fresh_pair(pki)
+    try:
+        def job(r):
+            ctx = contexts[r]
+            works = [ctx.allreduce(np.full(300, r + 1.0 + i), async_op=True) for i in range(5)]
+            works.append(ctx.barrier(async_op=True))
+            blocking = ctx.allreduce(np.full(3, 10.0))
+            return ([w.wait(timeout=20)[0] for w in works[:5]], works[0].algorithm,
+                    works[5].wait(timeout=20), blocking.tolist())
+
+        assert run_ranks(2, job) == [([3.0 + 2 * i for i in range(5)], "recursive_doubling",
+                                      None, [20.0] * 3)] * 2
+    finally:
+        for ctx in contexts:
+            ctx.close()
+
+
 def test_disagreeing_ranks_fail_over_tls(pki):
     """The abort frame crosses TLS: both ranks name the disagreement, at once."""
     contexts = _fresh_pair(pki)
