@@ -1,7 +1,8 @@
-"""Async allreduces and barriers of 2 ranks on the message path (TCP, or shared memory
-without a flag area) begun in the call: the one exchange of recursive doubling or
-dissemination starts with this rank's send (pycollect/_ext/_algo.pxd, ``exchange_post``),
-and the end receives and reduces (``allreduce_end``, ``barrier_end``)."""
+"""Async calls on the message path (TCP, or shared memory without a flag area) begun in the
+call: at 2 ranks the one exchange of recursive doubling (allreduce) or dissemination
+(barrier) starts with this rank's send (pycollect/_ext/_algo.pxd, ``exchange_post``) and
+the end receives and reduces (``allreduce_end``, ``barrier_end``); at any size a binomial
+broadcast's root sends to its children (``broadcast_begin``)."""
 
 import threading
 import time
@@ -84,6 +85,34 @@ def test_a_begun_exchange_meets_a_blocking_call_and_a_queued_one(pair):
     assert _on(pair, body) == [([3.0] * 3, [10.0] * 2, [2.0 * i for i in range(9)])] * 2
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_a_broadcast_root_begins_its_sends(size):
+    """An async binomial broadcast's root sends to its children in the call (any group
+    size over TCP); the others queue theirs as before.  Roots in turn, small and larger
+    buffers, allreduces between, a blocking broadcast on some ranks: every value right."""
+    g = ThreadGroup(size, transport="tcp", timeout=30)
+    try:
+        def body(ctx):
+            out = []
+            for i in range(2 * size):
+                root = i % size
+                n = 3 if i % 2 else 5000
+                buf = np.full(n, 100.0 * i + root) if ctx.rank == root else np.zeros(n)
+                if ctx.rank == (i + 1) % size:
+                    ctx.broadcast(buf, root=root, algorithm="binomial")
+                    got, algo = buf, "binomial"
+                else:
+                    w = ctx.broadcast(buf, root=root, algorithm="binomial", async_op=True)
+                    got, algo = w.wait(timeout=20), w.algorithm
+                total = ctx.allreduce(np.ones(2), async_op=True).wait(timeout=20)
+                out.append((bool(np.all(got == 100.0 * i + root)), algo, total.tolist()))
+            return out
+
+        assert g.run(body) == [[(True, "binomial", [float(size)] * 2)] * (2 * size)] * size
+    finally:
+        g.close()
+
+
 @pytest.mark.parametrize("end", ["mismatch", "abort"])
 def test_a_begun_exchange_fails_as_a_blocking_one_would(end):
     """The peer's disagreement (its count differs) is a MismatchError on the waiting rank;
@@ -125,7 +154,9 @@ ctx.barrier()
 # what the peer waits for must have left in the calls themselves.
 sys.setswitchinterval(30)
 bufs = [np.full(4, rank + 1.0 + i) for i in range(4)]
-works = [ctx.allreduce(b, async_op=True) for b in bufs] + [ctx.barrier(async_op=True)]
+data = np.full(6, 42.0) if rank == 0 else np.zeros(6)
+works = [ctx.allreduce(b, async_op=True) for b in bufs] + [ctx.barrier(async_op=True),
+                                                           ctx.broadcast(data, 0, async_op=True)]
 if rank == 0:
     end = time.monotonic() + 3.0
     while time.monotonic() < end:
@@ -135,18 +166,22 @@ else:
     t0 = time.monotonic()
     pc.wait_all(works)
     waited = time.monotonic() - t0
-values = [w.wait()[0] for w in works[:4]]
+values = [w.wait()[0] for w in works[:4]] + [works[5].wait()[0]]
+algorithms = [w.algorithm for w in works]
 sys.setswitchinterval(0.005)
 ctx.close()
-print(json.dumps({"waited": waited, "values": values}))
+print(json.dumps({"waited": waited, "values": values, "algorithms": algorithms}))
 """
 
 
 def test_the_peer_ends_begun_exchanges_while_this_rank_computes(tmp_path):
-    """Rank 0 makes four async allreduces and an async barrier over TCP, then computes for
-    3 s in Python with its runner kept off the GIL; rank 1's wait for its own ends long
-    before (each of rank 0's calls sent its message), with the right values."""
+    """Rank 0 makes four async allreduces, an async barrier and an async broadcast from
+    itself over TCP, then computes for 3 s in Python with its runner kept off the GIL;
+    rank 1's wait for its own ends long before (each of rank 0's calls sent its message),
+    with the right values."""
     procs = run_script(tmp_path, _COMPUTE, size=2)
     results = last_json(procs, (0, 1), timeout=60)
     assert results[1]["waited"] < 1.5, results
-    assert results[0]["values"] == results[1]["values"] == [3.0, 5.0, 7.0, 9.0], results
+    assert results[0]["values"] == results[1]["values"] == [3.0, 5.0, 7.0, 9.0, 42.0], results
+    assert results[0]["algorithms"] == ["recursive_doubling"] * 4 + ["dissemination",
+                                                                     "binomial"], results

@@ -222,47 +222,83 @@ cpdef int broadcast(Transport t, object buf, int root, int algo, unsigned int se
     return algo
 
 
-cpdef int broadcast_begin(Transport t, object buf, int root, unsigned int seq,
+cpdef int broadcast_begin(Transport t, object buf, int root, int algo, unsigned int seq,
                           double timeout) except? -1:
-    """Begin a broadcast of ``buf`` through the flag area without waiting (an async call on
-    the caller's thread): 1 when it has ended (the root, once posted; another rank whose
-    root had posted already), 0 when it is posted and ``broadcast_end`` must finish it
-    before the next collective, -2 when the flags path does not apply or the post would
-    wait for its slot (nothing was done: run ``broadcast``)."""
+    """Begin a broadcast of ``buf`` without waiting (an async call on the caller's thread),
+    as ``broadcast`` would run it with ``algo``: through the flag area, posting (the root its
+    data, the others nothing); or, on the root of a binomial broadcast (asked for, or flags
+    where no area serves, which runs it), by sending ``buf`` to each of its children now,
+    as far as the channels take it (it receives nothing).  1 when it has ended (the root
+    through the flags, once posted; another rank whose root had posted already); 0 when it
+    is posted to the flag area and 2 when the root's sends are begun, and ``broadcast_end``
+    (with ALGO_FLAGS or ALGO_BINOMIAL) must finish it before the next collective; -2 when
+    neither applies (a binomial broadcast's other ranks receive first: queued as usual) or
+    the post would wait for its slot (nothing was done: run ``broadcast``)."""
     cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
-    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef bint mine = t.rank == root
     cdef OpDesc d
     cdef int rc
-    if fl == NULL or t.solo or t.size < 2 or b.nbytes == 0 or not flags_slot_free(fl):
+    if t.solo or t.size < 2 or b.nbytes == 0:
         return -2
-    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_FLAGS, root, b.count)
-    with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0:
-            rc = flags_post(t, fl, b.ptr if mine else NULL, b.nbytes if mine else 0)
-        if rc == 0 and flags_ends_at_once(fl, root):
-            rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
+    if fl != NULL:
+        if not flags_slot_free(fl):
+            return -2
+        fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_FLAGS, root, b.count)
+        with nogil:
+            rc = t.begin(&d, timeout)
             if rc == 0:
-                rc = 1
+                rc = flags_post(t, fl, b.ptr if mine else NULL, b.nbytes if mine else 0)
+            if rc == 0 and flags_ends_at_once(fl, root):
+                rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
+                if rc == 0:
+                    rc = 1
+    elif mine and (algo == ALGO_BINOMIAL or algo == ALGO_FLAGS and t.flag_area is None):
+        fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_BINOMIAL, root, b.count)
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0:
+                rc = _root_sends(t, b.ptr, b.nbytes, root)
+            if rc == 0:
+                rc = 2
+    else:
+        return -2
     if rc < 0:
         raise_error(t)
     return rc
 
 
-cpdef int broadcast_end(Transport t, object buf, int root, unsigned int seq,
+cdef int _root_sends(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
+    """A binomial broadcast's root, begun by an async call: its sends to its children, in
+    the blocking call's order, each pushed as far as its channel takes it now."""
+    cdef int P = t.size, mask = 1
+    while mask < P:
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:
+        if t.post_send_async(wrap(mask + root, P), buf, nbytes) < 0:
+            return -1
+        mask >>= 1
+    return 0
+
+
+cpdef int broadcast_end(Transport t, object buf, int root, int algo, unsigned int seq,
                         double timeout) except? -1:
-    """Finish the broadcast ``broadcast_begin`` posted (its deadline counts from now); the
+    """Finish the broadcast ``broadcast_begin`` began, ``algo`` saying how (ALGO_FLAGS: it
+    posted to the flag area; else the root began its sends), its deadline counting from
+    now: wait for the root's post and copy it out, or finish the root's sends; the
     algorithm's code."""
     cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
-    cdef Flags* fl = flags_fit(t, b.nbytes)
+    cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
     cdef int rc
-    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, ALGO_FLAGS, root, b.count)
+    if fl == NULL:
+        algo = ALGO_BINOMIAL
+    fill_desc(&d, seq, COLL_BROADCAST, b.dtype, 0, algo, root, b.count)
     with nogil:
-        rc = t.begin(&d, timeout)
-        if rc == 0:
+        rc = t.begin(&d, timeout)       # the root's sends: what is left goes now
+        if rc == 0 and fl != NULL:
             rc = flags_broadcast_end(t, fl, b.ptr, b.nbytes, root)
     if rc < 0:
         raise_error(t)
-    return ALGO_FLAGS
+    return algo

@@ -67,8 +67,8 @@ from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._record cimport NONE, Ring
-from pycollect._ext._transport cimport (ALGO_DISSEMINATION, ALGO_FLAGS, ALGO_RECURSIVE_DOUBLING,
-                                        Transport)
+from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
+                                        ALGO_RECURSIVE_DOUBLING, Transport)
 
 import numpy as np
 
@@ -271,6 +271,15 @@ cdef object _run_other(int kind, Transport t, object buf, object recv, int code,
     return _alltoall(t, buf, counts, recv, recvcounts, seq, timeout)  # alltoall(v)
 
 
+cdef inline int _sent_by(int kind) noexcept:
+    """The algorithm of a collective of ``kind`` begun with its sends (not through the flag
+    area): ``_allreduce.allreduce_begin``, ``_broadcast.broadcast_begin`` (a root),
+    ``_barrier.barrier_begin``."""
+    if kind == K_ALLREDUCE:
+        return ALGO_RECURSIVE_DOUBLING
+    return ALGO_BINOMIAL if kind == K_BROADCAST else ALGO_DISSEMINATION
+
+
 cdef class Queued:
     """A compiled call made with ``async_op=True``, checked and planned when it was made:
     the context's runner, or a thread that waits for it, runs it as ``op(seq)``, as it runs
@@ -299,7 +308,7 @@ cdef class Queued:
             if kind == K_ALLREDUCE:
                 return allreduce_end(self.t, self.buf, self.op, self.code, seq, self.timeout)
             if kind == K_BROADCAST:
-                return broadcast_end(self.t, self.buf, self.root, seq, self.timeout)
+                return broadcast_end(self.t, self.buf, self.root, self.code, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
         try:
             if kind == K_ALLREDUCE:
@@ -767,8 +776,10 @@ cdef class CallPath:
         recorder's entry are the Python path's (``Context._submit``)."""
         cdef Queued q
         cdef Ring rec = self._recorder
-        if kind == K_BARRIER or (code == ALGO_FLAGS and kind == K_BROADCAST) or (
-                kind == K_ALLREDUCE and (code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING)):
+        if kind == K_BARRIER or (kind == K_ALLREDUCE and (
+                code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING)) or (
+                kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
+                                         and root == self._rank)):
             work = self.begin_posted(kind, buf, code, op, root, timeout, result)
             if work is not None:
                 return work
@@ -805,7 +816,8 @@ cdef class CallPath:
         message waits unreceived: through the flag area, this rank posts its part now (up
         to FLAGS_OUTSTANDING posted and not ended); at 2 ranks without one, an allreduce by
         recursive doubling (``code``) and a barrier send their one message of the exchange
-        (``allreduce_begin``, ``barrier_begin``).  Where no earlier one waits for its end
+        (``allreduce_begin``, ``barrier_begin``), and the root of a binomial broadcast sends
+        to its children at any size (``broadcast_begin``).  Where no earlier one waits for its end
         and every peer it waits for had posted already (a broadcast's root waits for
         nobody) the operation ends here; else its end waits in the runner's queue behind
         those (``Runner.begun_collective``) for its wait, a poll that finds every post there
@@ -834,7 +846,7 @@ cdef class CallPath:
                 if kind == K_ALLREDUCE:
                     state = allreduce_begin(t, buf, op, code, seq, timeout)
                 elif kind == K_BROADCAST:
-                    state = broadcast_begin(t, buf, root, seq, timeout)
+                    state = broadcast_begin(t, buf, root, code, seq, timeout)
                 else:
                     state = barrier_begin(t, seq, timeout)
             except BaseException as exc:    # handed to the Work, raised by its wait
@@ -866,9 +878,8 @@ cdef class CallPath:
                 if entry >= 0:
                     rec.end(entry, work.algorithm, None)
             return work
-        q = self.queued(kind, buf, None, ALGO_FLAGS if state == 0 else
-                        ALGO_DISSEMINATION if kind == K_BARRIER else ALGO_RECURSIVE_DOUBLING,
-                        op, root, timeout)
+        q = self.queued(kind, buf, None, ALGO_FLAGS if state == 0 else _sent_by(kind), op,
+                        root, timeout)
         q.entry = entry
         q.begun = True
         q.seq = seq
