@@ -13,7 +13,9 @@ figure is per allreduce); besides them, ``isend+irecv+wait_all``, an exchange of
 buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, peer, 3,
 async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([Isend,
 Irecv])``), and the same exchange blocking, ``sendrecv`` (``ctx.sendrecv(buf, peer, other,
-peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other, peer, 3)``).  The figure is the median
+peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other, peer, 3)``), and an async broadcast
+from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
+``Ibcast(buf, 0).Wait()``).  The figure is the median
 over batches of 100 calls
 (one clock read per batch), per call.  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
@@ -31,7 +33,7 @@ from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
-        "sendrecv")
+        "sendrecv", "broadcast async+wait")
 BATCH = 100
 
 
@@ -54,7 +56,8 @@ def _endpoint(peer):
                     "isend+irecv+wait_all": lambda: pc.wait_all(
                         [ctx.send(buf, peer, 3, async_op=True),
                          ctx.recv(other, peer, 3, async_op=True)]),
-                    "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3)}
+                    "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
+                    "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait()}
         return ways, ctx.rank, ctx.close
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -68,7 +71,8 @@ def _endpoint(peer):
                     [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)]),
                 "isend+irecv+wait_all": lambda: MPI.Request.Waitall(
                     [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)]),
-                "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3)}
+                "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
+                "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait()}
     return ways, comm.rank, lambda: None
 
 
@@ -105,8 +109,9 @@ def worker(peer, counts, iters, out):
 
 def _tabulate(args, counts, runs, missing):
     keys = ["%s %s" % (c, w) for c in counts for w in WAYS]
-    report("2 ranks, allreduce of float32 (SUM, in place) and an exchange by async send and "
-           "receive, and by sendrecv, µs a call (median over %d rounds "
+    report("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and "
+           "receive, and by sendrecv, and an async broadcast from rank 0, µs a call (median "
+           "over %d rounds "
            "of each run's median batch; fastest batch in brackets)" % args.rounds,
            "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
            args.json, {"rounds": args.rounds, "iters": args.iters})

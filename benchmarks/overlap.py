@@ -4,10 +4,10 @@ mpi4py's nonblocking collectives, 2 ranks.
     python benchmarks/overlap.py                      # every peer found, 3 rounds
     python benchmarks/overlap.py --peers pycollect-shm,mpi-shm --counts 1,1024 --json out.json
 
-Per element count and per K in (1, 4): both ranks meet at a barrier, then make K async
-float32 allreduces (SUM, in place) each; rank 1 then computes for COMPUTE_US
-microseconds (a Python loop: it makes no call of the library and holds the GIL) before it
-waits for its K, while rank 0 waits for its K at once.  The figure is rank 0's wait: where
+Per element count and per K in OUTSTANDING: both ranks meet at a barrier, then make K async
+float32 allreduces (SUM, in place) each, or K async broadcasts from rank 1; rank 1 then
+computes for COMPUTE_US microseconds (a Python loop: it makes no call of the library and
+holds the GIL) before it waits for its K, while rank 0 waits for its K at once.  The figure is rank 0's wait: where
 rank 1's calls posted everything rank 0 needs when they were made, it is a few
 microseconds; where some of rank 1's part waits for rank 1's next call into the library
 (or for a thread that the computing one keeps from the GIL), it is about COMPUTE_US.
@@ -26,22 +26,28 @@ from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 OUTSTANDING = (1, 4, 8)
+COLLECTIVES = ("allreduces", "broadcasts from rank 1")
 COMPUTE_US = 500
 
 
 def _endpoint(peer):
-    """(barrier(), start(buf, k): k async allreduces of ``buf``, wait_all(handles), this
-    process's rank, a closer)."""
+    """(barrier(), {collective: start(buf, k): k async calls on ``buf``}, wait_all(handles),
+    this process's rank, a closer)."""
     if peer.startswith("pycollect-"):
         import pycollect as pc
         ctx = pc.init(transport=peer.split("-", 1)[1], timeout=60)
-        return (ctx.barrier, lambda buf, k: [ctx.allreduce(buf, async_op=True)
-                                             for _ in range(k)],
+        return (ctx.barrier,
+                {"allreduces": lambda buf, k: [ctx.allreduce(buf, async_op=True)
+                                               for _ in range(k)],
+                 "broadcasts from rank 1": lambda buf, k: [
+                     ctx.broadcast(buf, 1, async_op=True) for _ in range(k)]},
                 pc.wait_all, ctx.rank, ctx.close)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    return (comm.Barrier, lambda buf, k: [comm.Iallreduce(MPI.IN_PLACE, buf)
-                                          for _ in range(k)],
+    return (comm.Barrier,
+            {"allreduces": lambda buf, k: [comm.Iallreduce(MPI.IN_PLACE, buf)
+                                           for _ in range(k)],
+             "broadcasts from rank 1": lambda buf, k: [comm.Ibcast(buf, 1) for _ in range(k)]},
             MPI.Request.Waitall, comm.rank, lambda: None)
 
 
@@ -55,42 +61,44 @@ def _compute(us):
 def worker(peer, counts, iters, out):
     import json
     import numpy as np
-    barrier, start, wait_all, rank, close = _endpoint(peer)
+    barrier, starts, wait_all, rank, close = _endpoint(peer)
     clock = time.perf_counter_ns
     result = {}
     for count in counts:
         buf = np.ones(count, np.float32)
-        for k in OUTSTANDING:
-            waits = []
-            for i in range(iters + 10):             # the first 10 warm up
-                barrier()
-                handles = start(buf, k)
-                if rank == 1:
-                    _compute(COMPUTE_US)
+        for what in COLLECTIVES:
+            for k in OUTSTANDING:
+                waits = []
+                for i in range(iters + 10):             # the first 10 warm up
+                    barrier()
+                    handles = starts[what](buf, k)
+                    if rank == 1:
+                        _compute(COMPUTE_US)
+                        wait_all(handles)
+                        continue
+                    t0 = clock()
                     wait_all(handles)
-                    continue
-                t0 = clock()
-                wait_all(handles)
-                if i >= 10:
-                    waits.append((clock() - t0) / 1e9)
-            result["%s %s" % (count, _way(k))] = (
-                None if rank else {"median": statistics.median(waits), "best": min(waits)})
+                    if i >= 10:
+                        waits.append((clock() - t0) / 1e9)
+                result["%s %s" % (count, _way(what, k))] = (
+                    None if rank else {"median": statistics.median(waits),
+                                       "best": min(waits)})
     close()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
 
 
-def _way(k):
-    return "%d async, rank 0's wait while rank 1 computes" % k
+def _way(what, k):
+    return "%d async %s, rank 0's wait while rank 1 computes" % (k, what)
 
 
 def _tabulate(args, counts, runs, missing):
-    keys = ["%s %s" % (c, _way(k)) for c in counts for k in OUTSTANDING]
-    report("2 ranks, K async allreduces of float32 (SUM, in place) on each; rank 1 computes "
-           "%d µs in Python before it waits, rank 0 waits at once: rank 0's wait, µs "
-           "(median over %d rounds of each run's median; fastest in brackets)"
-           % (COMPUTE_US, args.rounds),
+    keys = ["%s %s" % (c, _way(w, k)) for c in counts for w in COLLECTIVES for k in OUTSTANDING]
+    report("2 ranks, K async allreduces of float32 (SUM, in place), or K async broadcasts from "
+           "rank 1, on each; rank 1 computes %d µs in Python before it waits, rank 0 waits at "
+           "once: rank 0's wait, µs (median over %d rounds of each run's median; fastest in "
+           "brackets)" % (COMPUTE_US, args.rounds),
            "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
            args.json, {"rounds": args.rounds, "iters": args.iters,
                        "compute_us": COMPUTE_US})
