@@ -817,13 +817,13 @@ cdef class CallPath:
         to FLAGS_OUTSTANDING posted and not ended); at 2 ranks without one, an allreduce by
         recursive doubling (``code``) and a barrier send their one message of the exchange
         (``allreduce_begin``, ``barrier_begin``), and the root of a binomial broadcast sends
-        to its children at any size (``broadcast_begin``).  Where no earlier one waits for its end
-        and every peer it waits for had posted already (a broadcast's root waits for
-        nobody) the operation ends here; else its end waits in the runner's queue behind
-        those (``Runner.begun_collective``) for its wait, a poll that finds every post there
-        (``Queued.ends_at_once``), or the runner's next look.  Its Work, or None where the
-        call is queued as usual (the runner has other work, neither way applies, too many
-        are begun, or the arguments are refused)."""
+        to its children at any size (``broadcast_begin``).  Where no earlier one waits for
+        its end and every peer it waits for had posted already (a broadcast's root waits
+        for nobody) the operation ends here; else its end waits in the runner's queue
+        behind those (``Runner.begun_collective``) for its wait, a poll that finds every
+        post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or None
+        where the call is queued as usual (the runner has other work, neither way applies,
+        too many are begun, or the arguments are refused)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
@@ -851,7 +851,7 @@ cdef class CallPath:
                     state = barrier_begin(t, seq, timeout)
             except BaseException as exc:    # handed to the Work, raised by its wait
                 if isinstance(exc, InvalidArgument) and not t.is_failed:
-                    runner.unclaim(False)        # refused before the wire: queued as usual
+                    runner.unclaim(False)   # refused before the wire: queued as usual
                     return None
                 exception = exc
             finally:
