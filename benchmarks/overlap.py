@@ -7,10 +7,11 @@ mpi4py's nonblocking collectives, 2 ranks.
 Per element count and per K in OUTSTANDING: both ranks meet at a barrier, then make K async
 float32 allreduces (SUM, in place) each, or K async broadcasts from rank 1; rank 1 then
 computes for COMPUTE_US microseconds (a Python loop: it makes no call of the library and
-holds the GIL) before it waits for its K, while rank 0 waits for its K at once.  The figure is rank 0's wait: where
-rank 1's calls posted everything rank 0 needs when they were made, it is a few
-microseconds; where some of rank 1's part waits for rank 1's next call into the library
-(or for a thread that the computing one keeps from the GIL), it is about COMPUTE_US.
+holds the GIL) before it waits for its K, while rank 0 waits for its K at once.  The
+figure is rank 0's wait: where rank 1's calls sent everything rank 0 needs when they were
+made, it is a few microseconds; where some of rank 1's part waits for rank 1's next call
+into the library (or for a thread that the computing one keeps from the GIL), it is about
+COMPUTE_US.
 The median over iterations, per round; the table has each peer's median over rounds (the
 fastest iteration in brackets) and its ratio to MPI on the same transport.  Peers:
 ``pycollect-shm``, ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm``,
