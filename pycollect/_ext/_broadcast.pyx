@@ -62,13 +62,24 @@ cdef int binomial_broadcast(Transport t, char* buf, size_t nbytes, int root) noe
                 return -1
             break
         mask <<= 1
-    mask >>= 1
+    if _send_down(t, buf, nbytes, root, v, mask >> 1, 0) < 0:
+        return -1
+    return t.wait_all()
+
+
+cdef inline int _send_down(Transport t, char* buf, size_t nbytes, int root, int v, int mask,
+                           bint eager) noexcept nogil:
+    """Binomial broadcast: relative rank ``v``'s sends to its children v + mask, v + mask/2,
+    ... (those below the group's size), largest subtree first; ``eager``: each pushed as far
+    as its channel takes it now (``post_send_async``, an async root's)."""
+    cdef int P = t.size
     while mask > 0:
         if v + mask < P:
-            if t.post_send(wrap(v + mask + root, P), buf, nbytes) < 0:
+            if (t.post_send_async(wrap(v + mask + root, P), buf, nbytes) if eager
+                    else t.post_send(wrap(v + mask + root, P), buf, nbytes)) < 0:
                 return -1
         mask >>= 1
-    return t.wait_all()
+    return 0
 
 
 cdef int pipelined_broadcast(Transport t, char* buf, size_t nbytes, int root,
@@ -271,15 +282,10 @@ cpdef int broadcast_begin(Transport t, object buf, int root, int algo, unsigned 
 cdef int _root_sends(Transport t, char* buf, size_t nbytes, int root) noexcept nogil:
     """A binomial broadcast's root, begun by an async call: its sends to its children, in
     the blocking call's order, each pushed as far as its channel takes it now."""
-    cdef int P = t.size, mask = 1
-    while mask < P:
+    cdef int mask = 1
+    while mask < t.size:
         mask <<= 1
-    mask >>= 1
-    while mask > 0:
-        if t.post_send_async(wrap(mask + root, P), buf, nbytes) < 0:
-            return -1
-        mask >>= 1
-    return 0
+    return _send_down(t, buf, nbytes, root, 0, mask >> 1, 1)
 
 
 cpdef int broadcast_end(Transport t, object buf, int root, int algo, unsigned int seq,
