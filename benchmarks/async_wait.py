@@ -12,8 +12,11 @@ handle polled until it has ended: ``is_completed()``; ``Test()``) and ``4 async+
 figure is per allreduce); besides them, ``isend+irecv+wait_all``, an exchange of the
 buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, peer, 3,
 async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([Isend,
-Irecv])``), and the same exchange blocking, ``sendrecv`` (``ctx.sendrecv(buf, peer, other,
-peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other, peer, 3)``), and an async broadcast
+Irecv])``), the same exchange with the receive posted first and a blocking send
+(``irecv+send+wait``: ``w = ctx.recv(other, peer, 3, async_op=True); ctx.send(buf, peer,
+3); w.wait()``; ``Irecv``, ``Send``, ``Wait``), the same exchange blocking, ``sendrecv``
+(``ctx.sendrecv(buf, peer, other, peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other,
+peer, 3)``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
 ``Ibcast(buf, 0).Wait()``).  The figure is the median
 over batches of 100 calls
@@ -33,14 +36,14 @@ from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
-        "sendrecv", "broadcast async+wait")
+        "irecv+send+wait", "sendrecv", "broadcast async+wait")
 BATCH = 100
 
 
 def _endpoint(peer):
     """(ways(buf): {way: a call making one allreduce of ``buf`` that way ("4 ...": four of
-    them; "isend+irecv+wait_all" and "sendrecv": an exchange of ``buf``)}, this process's rank, a
-    closer)."""
+    them; "isend+irecv+wait_all", "irecv+send+wait" and "sendrecv": an exchange of ``buf``)},
+    this process's rank, a closer)."""
     import numpy as np
     if peer.startswith("pycollect-"):
         import pycollect as pc
@@ -56,6 +59,8 @@ def _endpoint(peer):
                     "isend+irecv+wait_all": lambda: pc.wait_all(
                         [ctx.send(buf, peer, 3, async_op=True),
                          ctx.recv(other, peer, 3, async_op=True)]),
+                    "irecv+send+wait": lambda: _prepost(
+                        ctx.recv(other, peer, 3, async_op=True), lambda: ctx.send(buf, peer, 3)),
                     "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
                     "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait()}
         return ways, ctx.rank, ctx.close
@@ -71,9 +76,17 @@ def _endpoint(peer):
                     [comm.Iallreduce(MPI.IN_PLACE, buf) for _ in range(4)]),
                 "isend+irecv+wait_all": lambda: MPI.Request.Waitall(
                     [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)]),
+                "irecv+send+wait": lambda: _prepost(comm.Irecv(other, peer, 3),
+                                                    lambda: comm.Send(buf, peer, 3), "Wait"),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
                 "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait()}
     return ways, comm.rank, lambda: None
+
+
+def _prepost(receive, send, wait="wait"):
+    """A receive posted first (its handle ``receive``), then ``send()``, then the wait."""
+    send()
+    getattr(receive, wait)()
 
 
 def _poll(ended):

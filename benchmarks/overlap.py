@@ -12,6 +12,10 @@ figure is rank 0's wait: where rank 1's calls sent everything rank 0 needs when 
 made, it is a few microseconds; where some of rank 1's part waits for rank 1's next call
 into the library (or for a thread that the computing one keeps from the GIL), it is about
 COMPUTE_US.
+Besides them, a blocking send beside an async receive (MPI's ``Irecv``, ``Send``,
+``Wait``): rank 0 posts a receive from rank 1 and sends rank 1 one buffer, while rank 1
+computes COMPUTE_US before it receives that buffer and sends its own; the figure is rank
+0's send, which the channel takes at once, so that it need not wait for rank 1 at all.
 The median over iterations, per round; the table has each peer's median over rounds (the
 fastest iteration in brackets) and its ratio to MPI on the same transport.  Peers:
 ``pycollect-shm``, ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm``,
@@ -29,11 +33,12 @@ PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 OUTSTANDING = (1, 4, 8)
 COLLECTIVES = ("allreduces", "broadcasts from rank 1")
 COMPUTE_US = 500
+SEND_WAY = "async receive, then a blocking send: rank 0's send while rank 1 computes"
 
 
 def _endpoint(peer):
     """(barrier(), {collective: start(buf, k): k async calls on ``buf``}, wait_all(handles),
-    this process's rank, a closer)."""
+    (irecv(buf, src), send(buf, dst), recv(buf, src)), this process's rank, a closer)."""
     if peer.startswith("pycollect-"):
         import pycollect as pc
         ctx = pc.init(transport=peer.split("-", 1)[1], timeout=60)
@@ -42,14 +47,20 @@ def _endpoint(peer):
                                                for _ in range(k)],
                  "broadcasts from rank 1": lambda buf, k: [
                      ctx.broadcast(buf, 1, async_op=True) for _ in range(k)]},
-                pc.wait_all, ctx.rank, ctx.close)
+                pc.wait_all,
+                (lambda buf, src: ctx.recv(buf, src, 4, async_op=True),
+                 lambda buf, dst: ctx.send(buf, dst, 4), lambda buf, src: ctx.recv(buf, src, 4)),
+                ctx.rank, ctx.close)
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     return (comm.Barrier,
             {"allreduces": lambda buf, k: [comm.Iallreduce(MPI.IN_PLACE, buf)
                                            for _ in range(k)],
              "broadcasts from rank 1": lambda buf, k: [comm.Ibcast(buf, 1) for _ in range(k)]},
-            MPI.Request.Waitall, comm.rank, lambda: None)
+            MPI.Request.Waitall,
+            (lambda buf, src: comm.Irecv(buf, src, 4), lambda buf, dst: comm.Send(buf, dst, 4),
+             lambda buf, src: comm.Recv(buf, src, 4)),
+            comm.rank, lambda: None)
 
 
 def _compute(us):
@@ -62,7 +73,7 @@ def _compute(us):
 def worker(peer, counts, iters, out):
     import json
     import numpy as np
-    barrier, starts, wait_all, rank, close = _endpoint(peer)
+    barrier, starts, wait_all, (irecv, send, recv), rank, close = _endpoint(peer)
     clock = time.perf_counter_ns
     result = {}
     for count in counts:
@@ -84,6 +95,22 @@ def worker(peer, counts, iters, out):
                 result["%s %s" % (count, _way(what, k))] = (
                     None if rank else {"median": statistics.median(waits),
                                        "best": min(waits)})
+        sends, other = [], np.empty_like(buf)
+        for i in range(iters + 10):
+            barrier()
+            if rank == 1:
+                _compute(COMPUTE_US)
+                recv(other, 0)
+                send(buf, 0)
+                continue
+            handle = irecv(other, 1)
+            t0 = clock()
+            send(buf, 1)
+            if i >= 10:
+                sends.append((clock() - t0) / 1e9)
+            wait_all([handle])
+        result["%s %s" % (count, SEND_WAY)] = (
+            None if rank else {"median": statistics.median(sends), "best": min(sends)})
     close()
     if rank == 0:
         with open(out, "w") as f:
@@ -95,10 +122,12 @@ def _way(what, k):
 
 
 def _tabulate(args, counts, runs, missing):
-    keys = ["%s %s" % (c, _way(w, k)) for c in counts for w in COLLECTIVES for k in OUTSTANDING]
+    keys = ["%s %s" % (c, way) for c in counts
+            for way in [_way(w, k) for w in COLLECTIVES for k in OUTSTANDING] + [SEND_WAY]]
     report("2 ranks, K async allreduces of float32 (SUM, in place), or K async broadcasts from "
            "rank 1, on each; rank 1 computes %d µs in Python before it waits, rank 0 waits at "
-           "once: rank 0's wait, µs (median over %d rounds of each run's median; fastest in "
+           "once: rank 0's wait, µs; and rank 0's blocking send beside an async receive while "
+           "rank 1 computes (median over %d rounds of each run's median; fastest in "
            "brackets)" % (COMPUTE_US, args.rounds),
            "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
            args.json, {"rounds": args.rounds, "iters": args.iters,

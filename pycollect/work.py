@@ -16,10 +16,6 @@ __all__ = ["Completion", "Work", "Later", "P2P", "Status", "wait_seconds", "wait
 # How long a batch of sends and receives progresses before the runner looks
 # for more of them in its queue.
 BATCH_SLICE_S = 0.002
-# How long a waiter whose operation has ended goes on driving the batch when the rest
-# keeps it in flight (their waits usually follow at once: an exchange's receive after its
-# send) before it hands the rest to the runner.
-WAITER_GRACE_S = 0.0002
 
 
 def wait_seconds(timeout, what):
@@ -484,6 +480,25 @@ class Runner:
         self._done_running(False, park=True)
         return work
 
+    def join(self, op, description):
+        """Run the send or receive ``op`` (a ``P2P``) of a caller that waits for it, in the
+        batch in flight, on the calling thread, when nothing is queued or running: it is
+        posted to the batch, which this thread drives (completing whatever else of it
+        ends meanwhile) until ``op`` has ended, and what is left in flight stays parked for
+        the next driver.  Its handle, ended (its wait returns the result or raises the
+        error); or None, having done nothing, where the batch may not be joined now (the
+        caller queues ``op``)."""
+        with self._mutex:
+            if self._busy or self._queue or self._batch is None or self._stopping:
+                return None
+            self._in_batch += 1
+            head = self._take_next()        # None: the batch (busy now; unparked)
+        work = Work(description, op.result)
+        work._runner = self
+        self._posting.append((op, work))
+        self._run_next(head, work._end)
+        return work
+
     def begun_collective(self, op, work):
         """End a claim (``claim_post``) under which the calling thread posted the
         collective ``op`` (an allreduce, broadcast or barrier through the shared-memory
@@ -589,7 +604,11 @@ class Runner:
             else:
                 self._run_batch(until)
         finally:
-            self._done_running(until is None or not until.done)
+            leaves = until is not None and until.done
+            # A waiter leaves what its batch still has in flight parked, as ``begun`` does:
+            # for the wait that usually follows at once (an exchange's receive after its
+            # send), else for the runner at its next look.
+            self._done_running(not leaves, park=leaves and self._batch is not None)
 
     def _run_head(self, head):
         """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
@@ -678,23 +697,21 @@ class Runner:
         """Drive the batch of sends and receives (made for the head's when none is in
         flight): post those at the head of the queue, and those queued meanwhile, and
         complete each as it ends, until nothing is left in flight and the head is no send
-        or receive; or, for a waiter (``until``: the end it waits for), until that has come
-        and the rest has stayed in flight for WAITER_GRACE_S more, leaving it to the next
-        driver."""
+        or receive; or, for a waiter (``until``: the end it waits for), until that has
+        come, leaving the rest to the next driver."""
         def drive(seq):
             if self._batch is None:
                 with self._mutex:
                     new_batch = self._queue[0][0].new_batch
                 self._batch = new_batch()
             batch, running, posting = self._batch, self._batch_ops, self._posting
-            slice_s, grace_end = BATCH_SLICE_S, None
             while True:
                 posting.extend(self._take_p2p())
                 while posting:
                     op, work = posting[0]
                     running[op.post(batch)] = posting.pop(0)
                 ended = []
-                for i in batch.progress(slice_s):
+                for i in batch.progress(BATCH_SLICE_S):
                     op, work = running.pop(i)
                     op.finish(batch, i)
                     ended.append(work)
@@ -706,14 +723,8 @@ class Runner:
                         self._batch = None
                 for work in ended:
                     work.complete(None, None)
-                if idle:
+                if idle or until is not None and until.done:
                     return None
-                if until is not None and until.done:
-                    now = time.monotonic()
-                    if grace_end is None:
-                        grace_end, slice_s = now + WAITER_GRACE_S, WAITER_GRACE_S
-                    elif now >= grace_end:
-                        return None
 
         try:
             self._execute((drive, 0, None, None))

@@ -11,6 +11,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
+from pycollect._ext import _p2p
 
 
 @pytest.fixture(params=["auto", "tcp"])
@@ -119,6 +120,98 @@ def test_async_receives_begun_past_other_heads_mid_message_and_from_the_mailbox(
     got = trio.run(body)[1]
     assert got[0] is True       # tag 2 was here behind tag 1: read at once
     assert got[1:] == ([2.0, 2.0], [1.0, 1.0], (0, 1, 2), (0, 2, 2), (0, 3, 1 << 21), 3.0, 3.0)
+
+
+@pytest.fixture(params=["auto", "tcp"])
+def pair(request):
+    g = ThreadGroup(2, timeout=30, transport=request.param)
+    yield g
+    g.close()
+
+
+@pytest.mark.parametrize("size", [3, 1 << 21], ids=["ended-at-once", "in-flight"])
+def test_a_batch_reports_its_sends_without_waiting_for_its_receives_messages(pair, size):
+    """A batch whose receive waits for a message that comes late reports a send beside it
+    as soon as the send has ended: one the channel took at once, or a large one (16 MiB)
+    in flight until the peer reads it a second later.  It used to wait for the receive's
+    message for the whole of ``progress``'s time, here 20 s."""
+    sent = threading.Event()
+
+    def body(ctx):
+        data = np.full(size, 5.0)
+        if ctx.rank == 1:
+            if size > 3:
+                time.sleep(1.0)         # the large send stays in flight meanwhile
+            got = np.zeros(size)
+            ctx.recv(got, 0, tag=8)
+            sent.wait(15)               # only once rank 0 saw its send end
+            ctx.send(np.full(3, 7.0), 0, tag=7)
+            return float(got[0]), float(got[-1])
+        batch = _p2p.Batch(ctx._transport, _p2p.Mailbox(), 30.0)
+        late = np.zeros(3)
+        r = batch.add_recv(late, 1, 7)
+        s = batch.add_send(data, 1, 8)
+        start, done = time.monotonic(), []
+        while s not in done and time.monotonic() - start < 15:
+            done += batch.progress(20.0)
+        took = time.monotonic() - start
+        first = (s in done, r in done, took < 10)
+        sent.set()
+        while r not in done and time.monotonic() - start < 30:
+            done += batch.progress(1.0)
+        return first, r in done, late.tolist(), batch.result(r)
+
+    results = pair.run(body)
+    assert results[0] == ((True, False, True), True, [7.0] * 3, (1, 3, 7))
+    assert results[1] == (5.0, 5.0)
+
+
+def test_blocking_calls_beside_an_async_receive_join_its_batch(pair, monkeypatch):
+    """MPI's Irecv, Send, Recv, Wait: the blocking send and receive made while an async
+    receive waits for its message join that receive's batch in compiled code (the Python
+    path, patched to fail here, is not taken), each returns once it has ended, and the
+    async receive gets its message after them; a buffer the join refuses goes to the Python
+    path, which says why, and leaves the waiting receive alone."""
+    go = threading.Event()
+
+    def no_python_path(self, *args, **kwargs):
+        raise AssertionError("the Python path was taken")
+
+    def body(ctx):
+        if ctx.rank == 1:
+            got = np.zeros(4)
+            ctx.recv(got, 0, tag=8)
+            ctx.send(got * 2, 0, tag=9)
+            go.wait(15)
+            ctx.send(np.full(2, 7.0), 0, tag=7)
+            return got.tolist()
+        early = np.zeros(2)
+        w = ctx.recv(early, 1, tag=7, async_op=True)
+        with monkeypatch.context() as m:
+            m.setattr(type(ctx), "_send_any", no_python_path)
+            m.setattr(type(ctx), "_recv_any", no_python_path)
+            ctx.send(np.arange(4.0), 1, tag=8)
+            back = np.zeros(4)
+            src = ctx.recv(back, 1, tag=9)
+        pending = w.is_completed()
+        readonly = np.zeros(4)
+        readonly.flags.writeable = False
+        with pytest.raises(pc.InvalidArgument, match="read-only"):
+            ctx.recv(readonly, 1, tag=9)
+        go.set()
+        st = w.wait(15)
+        ctx.barrier()
+        return src, back.tolist(), pending, (st.source, st.tag, st.count), early.tolist()
+
+    def other(ctx):
+        out = body(ctx)
+        if ctx.rank == 1:
+            ctx.barrier()
+        return out
+
+    results = pair.run(other)
+    assert results[0] == (1, [0.0, 2.0, 4.0, 6.0], False, (1, 7, 2), [7.0, 7.0])
+    assert results[1] == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_probe_and_iprobe_describe_without_receiving(trio):

@@ -66,6 +66,7 @@ from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
+from pycollect._ext._buffer cimport as_buffer
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
                                         ALGO_RECURSIVE_DOUBLING, Transport)
@@ -549,8 +550,15 @@ cdef class CallPath:
             if work is not None:
                 return work
         if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
-                or not _is_tag(tag, False) or not self.ready()
-                or self.run(K_SEND, buf, None, 0, tag, dst, seconds) is _TAKE_SLOW):
+                or not _is_tag(tag, False)):
+            return self._send_any(buf, dst, tag, async_op, timeout)
+        if self.ready():
+            got = self.run(K_SEND, buf, None, 0, tag, dst, seconds)
+        elif self.ready_async():
+            got = self.join_p2p(False, buf, dst, tag, seconds)
+        else:
+            got = _TAKE_SLOW
+        if got is _TAKE_SLOW:
             return self._send_any(buf, dst, tag, async_op, timeout)
         return None
 
@@ -570,10 +578,15 @@ cdef class CallPath:
                 return work
         if (type(buf) is np.ndarray and not async_op and status is None and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
-                and _is_tag(tag, True) and self.ready()):
-            got = self.run(K_RECV, buf, None, 0, tag, src, seconds)
-            if got is not _TAKE_SLOW:
-                return (<tuple>got)[0]
+                and _is_tag(tag, True)):
+            if self.ready():
+                got = self.run(K_RECV, buf, None, 0, tag, src, seconds)
+                if got is not _TAKE_SLOW:
+                    return (<tuple>got)[0]
+            elif self.ready_async():
+                got = self.join_p2p(True, buf, src, tag, seconds)
+                if got is not _TAKE_SLOW:
+                    return got.source
         return self._recv_any(buf, src, tag, async_op, status=status, timeout=timeout)
 
     def sendrecv(self, sendbuf, dst, recvbuf, src=_ANY_SOURCE, sendtag=0, recvtag=_ANY_TAG, *,
@@ -703,6 +716,41 @@ cdef class CallPath:
             else:
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
         return work
+
+    cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout):
+        """A blocking send or receive of an array made while the context's runner holds a
+        batch of sends and receives in flight and nothing else (an async receive begun
+        earlier waits for its message: MPI's Irecv, Send, Wait): it joins that batch and
+        drives it on this thread until it has ended (``Runner.join``), without the Python
+        path's checks and queue.  A receive's Status, a send's None; or _TAKE_SLOW, with
+        nothing done, where the Python path takes it (the runner has more than that batch,
+        or the buffer is refused: the Python path says why)."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t entry = -1
+        runner = self._runner
+        if runner is None:
+            return _TAKE_SLOW
+        try:
+            as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
+        except InvalidArgument:
+            return _TAKE_SLOW
+        op = _P2P(is_recv, buf, peer, tag, self._new_batch, _Later() if is_recv else None,
+                  timeout)
+        work = runner.join(op, self.what(K_RECV if is_recv else K_SEND))
+        if work is None:
+            return _TAKE_SLOW
+        if rec is not None:
+            entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
+        try:
+            result = work.wait()
+        except BaseException as exc:
+            if entry >= 0:
+                rec.end(entry, None, exc)
+                self._failed_trace(exc)
+            raise
+        if entry >= 0:
+            rec.end(entry, None, None)
+        return result
 
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a

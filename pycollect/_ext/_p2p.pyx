@@ -37,6 +37,13 @@ ANY_TAG = -1
 cdef enum:
     NOT_POSTED = -1     # a receive's request before its message is matched
     FROM_MAILBOX = -3   # a receive served from the mailbox
+    # How long Batch.progress moves requests in flight before it looks again at the
+    # heads that its other receives wait for.
+    IN_FLIGHT_LOOK_NS = 200000
+    # Batch._moving's answers.
+    _IDLE = 0
+    _IN_FLIGHT = 1
+    _ENDED = 2
 
 
 cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept nogil:
@@ -537,6 +544,17 @@ cdef class Batch:
         return _receive_failed(self.t, self.box, &d, self.peers[i], self.tags[i],
                                self.timeout)
 
+    cdef int _moving(self) except -1:
+        """_ENDED where an open operation has ended (not reported yet), else _IN_FLIGHT
+        where one has a posted request (a send, a matched receive's body), else _IDLE."""
+        cdef int moving = _IDLE
+        for i in self.open_ops:
+            if self._ended(i):
+                return _ENDED
+            if <int>self.reqs[i] >= 0:
+                moving = _IN_FLIGHT
+        return moving
+
     cdef bint _ended(self, int i) except -1:
         """Operation ``i`` has ended: served from the mailbox, or its request is done."""
         cdef int req = self.reqs[i]
@@ -545,12 +563,28 @@ cdef class Batch:
     def progress(self, double seconds):
         """Move every request for up to ``seconds``; return the indices of the operations
         that completed since the last call.  Raises the transport's error (which fails
-        them all)."""
+        them all).
+
+        An operation that has ended, or a request in flight (a send, a matched
+        receive's body), does not wait for the heads that other receives wait for: the
+        heads already here are matched, then the requests move until they end (not at
+        all where one has ended already) or, while receives still wait,
+        IN_FLIGHT_LOOK_NS at most, after which the caller's next call looks at the heads
+        again.  (A receive waiting for a message that came late held a blocking send
+        beside it for the whole of ``seconds``.)"""
         cdef int rc = 0
-        cdef int64_t until = pc_now_ns() + <int64_t>(seconds * 1e9)
-        if self.waiting:
+        cdef int64_t now = pc_now_ns()
+        cdef int64_t until = now + <int64_t>(seconds * 1e9)
+        cdef int moving = self._moving()
+        if moving == _ENDED:
+            until = now         # what has ended is reported without waiting
+        if self.waiting and moving == _IDLE:
             self._match(until)
         else:
+            if self.waiting:
+                self._match(now)
+                if self.waiting and until - now > IN_FLIGHT_LOOK_NS:
+                    until = now + IN_FLIGHT_LOOK_NS
             with nogil:
                 rc = self.t.progress_until(until)
             if rc < 0:
