@@ -12,6 +12,7 @@ import pytest
 import pycollect as pc
 from group import ThreadGroup
 from pycollect._ext import _p2p
+from pycollect.work import Runner
 
 
 @pytest.fixture(params=["auto", "tcp"])
@@ -212,6 +213,72 @@ def test_blocking_calls_beside_an_async_receive_join_its_batch(pair, monkeypatch
     results = pair.run(other)
     assert results[0] == (1, [0.0, 2.0, 4.0, 6.0], False, (1, 7, 2), [7.0, 7.0])
     assert results[1] == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_seeded_mix_of_async_and_blocking_sends_and_receives(pair, seed, monkeypatch):
+    """400 messages between two ranks, in one order both ranks walk: the sender sends each
+    async or blocking; the receiver receives it blocking, or posts an async receive that it
+    waits for, polls or finds ended some steps later (so blocking calls meet batches in
+    flight and join them, waits leave batches parked, receives begin with their message
+    here or not).  Every message arrives whole, with its status, and nothing is left."""
+    n = 400
+    plan = np.random.default_rng(seed)
+    senders = plan.integers(0, 2, n)
+    sizes = plan.integers(0, 65, n)
+    blocking = plan.random(n) < 0.5
+    waits_after = plan.integers(0, 12, n)
+    joined = []
+    join = Runner.join
+
+    def counted(self, op, description):
+        work = join(self, op, description)
+        joined.append(work is not None)
+        return work
+
+    monkeypatch.setattr(Runner, "join", counted)
+
+    def body(ctx):
+        me, other = ctx.rank, 1 - ctx.rank
+        pending, bad = {}, []          # message index -> (handle, buffer)
+        sends = []
+
+        def finish(i):
+            work, buf = pending.pop(i)
+            st = work.wait(20)
+            if (st.source, st.tag, st.count) != (other, i, sizes[i]) or \
+                    not np.array_equal(buf, np.full(sizes[i], float(i), np.float32)):
+                bad.append(i)
+
+        for i in range(n):
+            for j in [j for j in pending if j + waits_after[j] <= i]:
+                finish(j)
+            if senders[i] == me:
+                data = np.full(sizes[i], float(i), np.float32)
+                if blocking[i]:
+                    ctx.send(data, other, tag=i)
+                else:
+                    sends.append(ctx.send(data, other, tag=i, async_op=True))
+            elif blocking[i]:
+                buf = np.zeros(sizes[i], np.float32)
+                st = pc.Status()
+                ctx.recv(buf, other, tag=i, status=st) if i % 3 == 0 else ctx.recv(buf, other, i)
+                if not np.array_equal(buf, np.full(sizes[i], float(i), np.float32)) or \
+                        (i % 3 == 0 and (st.source, st.tag, st.count) != (other, i, sizes[i])):
+                    bad.append(i)
+            else:
+                buf = np.zeros(sizes[i], np.float32)
+                pending[i] = (ctx.recv(buf, other, tag=i, async_op=True), buf)
+                if i % 5 == 0:
+                    pending[i][0].is_completed()
+        for j in list(pending):
+            finish(j)
+        pc.wait_all(sends, timeout=20)
+        ctx.barrier()
+        return bad, all(w.is_completed() for w in sends)
+
+    assert pair.run(body) == [([], True), ([], True)]
+    assert sum(joined) >= 10        # blocking calls met batches in flight and joined them
 
 
 def test_probe_and_iprobe_describe_without_receiving(trio):
