@@ -394,6 +394,10 @@ class Runner:
         self._execute = execute
         self._queue = collections.deque()
         self._in_batch = 0      # operations taken off the queue by the running batch
+        # Operations queued or in the batch (len(_queue) + _in_batch), kept as one number
+        # that the compiled call path reads before each blocking call: a plain attribute,
+        # changed only under _mutex, where pending() was a method call.
+        self.backlog = 0
         self._busy = False      # an operation or batch is running, on some thread
         self._batch = None      # the batch of sends and receives in flight, between drivers
         self._batch_ops = {}    # ... its operations: batch index -> (op, work)
@@ -413,7 +417,7 @@ class Runner:
 
     def pending(self):
         """The number of operations queued or running."""
-        return len(self._queue) + self._in_batch
+        return self.backlog
 
     def submit(self, op, work):
         with self._mutex:
@@ -421,6 +425,7 @@ class Runner:
                 raise Error("the context is closed")
             work._runner = self
             self._queue.append((op, work))
+            self.backlog += 1
         self._bell.queue()
 
     def stop(self, timeout):
@@ -477,6 +482,7 @@ class Runner:
             self._batch = batch
             self._batch_ops[index] = (op, work)
             self._in_batch += 1
+            self.backlog += 1
         self._done_running(False, park=True)
         return work
 
@@ -492,6 +498,7 @@ class Runner:
             if self._busy or self._queue or self._batch is None or self._stopping:
                 return None
             self._in_batch += 1
+            self.backlog += 1
             head = self._take_next()        # None: the batch (busy now; unparked)
         work = Work(description, op.result)
         work._runner = self
@@ -512,6 +519,7 @@ class Runner:
             # Behind the ends posted before it, ahead of whatever another thread queued
             # since the claim (numbered when it runs: after this one).
             self._queue.insert(self._begun, (op, work))
+            self.backlog += 1
             self._begun += 1
             # The claim ends as _done_running(goes_on=True) ends it, in the same hold of
             # the mutex: a runner that waits for it is told, and nothing is handed to it.
@@ -621,6 +629,7 @@ class Runner:
             exception = exc
         with self._mutex:
             self._queue.popleft()
+            self.backlog -= 1
         work.complete(algorithm, exception)
 
     def _done_running(self, goes_on, park=False):
@@ -717,6 +726,7 @@ class Runner:
                     ended.append(work)
                 with self._mutex:
                     self._in_batch -= len(ended)
+                    self.backlog -= len(ended)
                     idle = not running and (
                         not self._queue or not isinstance(self._queue[0][0], P2P))
                     if idle:
@@ -735,9 +745,11 @@ class Runner:
             with self._mutex:
                 self._batch = None
                 self._in_batch -= len(failed)
+                self.backlog -= len(failed)
                 if not failed and self._queue:
                     # The batch could not start: its first operation gets the error.
                     failed.append(self._queue.popleft()[1])
+                    self.backlog -= 1
                     self._bell.take()
             for work in failed:
                 work.complete(None, exc)

@@ -22,7 +22,7 @@ describes the next matching message without receiving it.
 from libc.stdint cimport int64_t, uint32_t
 from libc.string cimport memcpy
 
-from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._buffer cimport as_buffer
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import MismatchError, Timeout
@@ -55,8 +55,6 @@ cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept n
 cdef class Mailbox:
     """Point-to-point messages read off the wire that no receive has taken yet, in arrival
     order: each (source, tag, dtype code, payload bytes)."""
-
-    cdef list mail
 
     def __init__(self):
         self.mail = []
@@ -128,7 +126,7 @@ cdef raise_timeout(Transport t, Mailbox box, int src, int tag, double timeout):
         "; received meanwhile, and not matched: " + waiting if waiting else ""))
 
 
-def send(Transport t, object buf, int dst, int tag, double timeout):
+cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1:
     """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
     cdef Buffer b = as_buffer(buf, "send", "buf", False)
     cdef OpDesc d
@@ -191,7 +189,7 @@ cdef int _receive_failed(Transport t, Mailbox box, const OpDesc* asked, int src,
     return -1
 
 
-def recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
+cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
     """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
     rank, element count, tag)."""
     cdef Buffer b = as_buffer(buf, "recv", "buf", True)
@@ -412,17 +410,7 @@ cdef class Batch:
     operations that completed since the last call.
     """
 
-    cdef Transport t
-    cdef Mailbox box
-    cdef double timeout
-    cdef list bufs          # Buffer of each operation
-    cdef list peers         # destination, or source (the sender once matched)
-    cdef list tags          # the tag asked for, then the message's
-    cdef list reqs          # the transport request; NOT_POSTED, or FROM_MAILBOX
-    cdef list counts        # a receive's element count, once known from the mailbox
-    cdef list is_recv
-    cdef list waiting       # receives not matched yet, in the order they were added
-    cdef set open_ops       # operations not reported complete yet
+    # Its fields: _p2p.pxd.
 
     def __init__(self, Transport t, Mailbox box, double timeout):
         cdef OpDesc d
