@@ -500,7 +500,7 @@ cdef class Engine(Transport):
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
         """probe, giving up with -2 (no error) once ``until_ns`` passes, when not 0."""
         cdef int n, k, rc
-        cdef int64_t now, spin_end = pc_now_ns() + self.spin_ns
+        cdef int64_t now, spin_end = 0      # read from the clock once a look finds nothing
         cdef uint64_t drained
         self._look_again(peer)
         while True:
@@ -508,6 +508,8 @@ cdef class Engine(Transport):
             if rc != -2:
                 return rc
             now = pc_now_ns()
+            if spin_end == 0:
+                spin_end = now + self.spin_ns
             if now >= deadline_of(self):
                 return self.set_error(ERR_TIMEOUT, peer, "", 0,
                                       "waiting for a message" if peer >= 0 else
@@ -1526,7 +1528,7 @@ cdef class Engine(Transport):
         cdef Pair* pr
         if self.failed:
             return -1
-        spin_end = pc_now_ns() + self.spin_ns
+        spin_end = 0        # read from the clock once a pass leaves something to do
         while True:
             if pc_atomic_load(&self.abort_flag):
                 return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
@@ -1550,7 +1552,7 @@ cdef class Engine(Transport):
                 return self._timeout()
             if until_ns and now >= until_ns:
                 return 1
-            if progressed:
+            if progressed or spin_end == 0:
                 spin_end = now + self.spin_ns
                 continue
             if now < spin_end:
