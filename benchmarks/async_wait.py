@@ -14,7 +14,8 @@ buffer with the peer by async send and receive (``pc.wait_all([ctx.send(buf, pee
 async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([Isend,
 Irecv])``), the same exchange with the receive posted first and a blocking send
 (``irecv+send+wait``: ``w = ctx.recv(other, peer, 3, async_op=True); ctx.send(buf, peer,
-3); w.wait()``; ``Irecv``, ``Send``, ``Wait``), the same exchange blocking, ``sendrecv``
+3); w.wait()``; ``Irecv``, ``Send``, ``Wait``) and with an async send
+(``irecv+isend+wait_all``; ``Irecv``, ``Isend``, ``Waitall``), the same exchange blocking, ``sendrecv``
 (``ctx.sendrecv(buf, peer, other, peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other,
 peer, 3)``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
@@ -36,13 +37,14 @@ from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
-        "irecv+send+wait", "sendrecv", "broadcast async+wait")
+        "irecv+send+wait", "irecv+isend+wait_all", "sendrecv", "broadcast async+wait")
 BATCH = 100
 
 
 def _endpoint(peer):
     """(ways(buf): {way: a call making one allreduce of ``buf`` that way ("4 ...": four of
-    them; "isend+irecv+wait_all", "irecv+send+wait" and "sendrecv": an exchange of ``buf``)},
+    them; "isend+irecv+wait_all", "irecv+send+wait", "irecv+isend+wait_all" and "sendrecv":
+    an exchange of ``buf``)},
     this process's rank, a closer)."""
     import numpy as np
     if peer.startswith("pycollect-"):
@@ -61,6 +63,9 @@ def _endpoint(peer):
                          ctx.recv(other, peer, 3, async_op=True)]),
                     "irecv+send+wait": lambda: _prepost(
                         ctx.recv(other, peer, 3, async_op=True), lambda: ctx.send(buf, peer, 3)),
+                    "irecv+isend+wait_all": lambda: _posted_first(
+                        ctx.recv(other, peer, 3, async_op=True),
+                        lambda: ctx.send(buf, peer, 3, async_op=True), pc.wait_all),
                     "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
                     "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait()}
         return ways, ctx.rank, ctx.close
@@ -78,6 +83,9 @@ def _endpoint(peer):
                     [comm.Isend(buf, peer, 3), comm.Irecv(other, peer, 3)]),
                 "irecv+send+wait": lambda: _prepost(comm.Irecv(other, peer, 3),
                                                     lambda: comm.Send(buf, peer, 3), "Wait"),
+                "irecv+isend+wait_all": lambda: _posted_first(
+                    comm.Irecv(other, peer, 3), lambda: comm.Isend(buf, peer, 3),
+                    MPI.Request.Waitall),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
                 "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait()}
     return ways, comm.rank, lambda: None
@@ -87,6 +95,12 @@ def _prepost(receive, send, wait="wait"):
     """A receive posted first (its handle ``receive``), then ``send()``, then the wait."""
     send()
     getattr(receive, wait)()
+
+
+def _posted_first(receive, isend, wait_all):
+    """A receive posted first (its handle ``receive``), then an async send, then both
+    waited for."""
+    wait_all([receive, isend()])
 
 
 def _poll(ended):

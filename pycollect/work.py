@@ -486,24 +486,34 @@ class Runner:
         self._done_running(False, park=True)
         return work
 
-    def join(self, op, description):
-        """Run the send or receive ``op`` (a ``P2P``) of a caller that waits for it, in the
-        batch in flight, on the calling thread, when nothing is queued or running: it is
-        posted to the batch, which this thread drives (completing whatever else of it
-        ends meanwhile) until ``op`` has ended, and what is left in flight stays parked for
-        the next driver.  Its handle, ended (its wait returns the result or raises the
-        error); or None, having done nothing, where the batch may not be joined now (the
-        caller queues ``op``)."""
+    def claim_batch(self):
+        """Let the calling thread add a send or receive to the batch in flight (``join``)
+        when nothing is queued or running: True if it may (the batch is its to drive until
+        ``join`` returns), False otherwise (the caller queues the operation)."""
         with self._mutex:
             if self._busy or self._queue or self._batch is None or self._stopping:
-                return None
+                return False
+            self._take_next()               # the batch: busy now, unparked
+            return True
+
+    def join(self, op, description, wait):
+        """Under ``claim_batch``: post the send or receive ``op`` (a ``P2P``) to the batch in
+        flight and drive the batch on the calling thread (completing whatever of it ends
+        meanwhile): until ``op`` has ended where the caller ``wait``s for it (a blocking
+        call), else for one pass, as an async call begun when nothing was in flight moves
+        once (its send goes out now, not at the next wait); what is left in flight stays
+        parked for the next driver.  Its handle."""
+        try:
+            work = Work(description, op.result)
+            work._runner = self
+        except BaseException:
+            self._done_running(False, park=True)      # the claim ends; the batch as it was
+            raise
+        with self._mutex:
             self._in_batch += 1
             self.backlog += 1
-            head = self._take_next()        # None: the batch (busy now; unparked)
-        work = Work(description, op.result)
-        work._runner = self
         self._posting.append((op, work))
-        self._run_next(head, work._end)
+        self._run_next(None, work._end if wait else _ENDED, BATCH_SLICE_S if wait else 0.0)
         return work
 
     def begun_collective(self, op, work):
@@ -603,14 +613,14 @@ class Runner:
             self._begun -= 1        # the head is the oldest posted collective's end
         return self._queue[0]
 
-    def _run_next(self, head, until):
+    def _run_next(self, head, until, slice_s=BATCH_SLICE_S):
         """Run what ``_take_next`` took, then let the next operation start; ``until``: the
         end a waiter waits for (its ``done``), None on the runner."""
         try:
             if head is not None:
                 self._run_head(head)
             else:
-                self._run_batch(until)
+                self._run_batch(until, slice_s)
         finally:
             leaves = until is not None and until.done
             # A waiter leaves what its batch still has in flight parked, as ``begun`` does:
@@ -702,12 +712,13 @@ class Runner:
             self._in_batch += len(taken)
             return taken
 
-    def _run_batch(self, until):
+    def _run_batch(self, until, slice_s=BATCH_SLICE_S):
         """Drive the batch of sends and receives (made for the head's when none is in
         flight): post those at the head of the queue, and those queued meanwhile, and
         complete each as it ends, until nothing is left in flight and the head is no send
         or receive; or, for a waiter (``until``: the end it waits for), until that has
-        come, leaving the rest to the next driver."""
+        come, leaving the rest to the next driver.  Each look at the batch moves it for
+        ``slice_s`` at most."""
         def drive(seq):
             if self._batch is None:
                 with self._mutex:
@@ -720,7 +731,7 @@ class Runner:
                     op, work = posting[0]
                     running[op.post(batch)] = posting.pop(0)
                 ended = []
-                for i in batch.progress(BATCH_SLICE_S):
+                for i in batch.progress(slice_s):
                     op, work = running.pop(i)
                     op.finish(batch, i)
                     ended.append(work)

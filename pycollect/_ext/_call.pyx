@@ -547,7 +547,9 @@ cdef class CallPath:
         if (async_op and type(buf) is np.ndarray and seconds >= 0 and self.is_peer(dst)
                 and _is_tag(tag, False) and self.ready_async()):
             work = self.begin_p2p(False, buf, dst, tag, seconds, None)
-            if work is not None:
+            if work is None:
+                work = self.join_p2p(False, buf, dst, tag, seconds, True)
+            if work is not None and work is not _TAKE_SLOW:
                 return work
         if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
                 or not _is_tag(tag, False)):
@@ -574,7 +576,9 @@ cdef class CallPath:
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and _is_tag(tag, True) and self.ready_async()):
             work = self.begin_p2p(True, buf, src, tag, seconds, status)
-            if work is not None:
+            if work is None:
+                work = self.join_p2p(True, buf, src, tag, seconds, True, status)
+            if work is not None and work is not _TAKE_SLOW:
                 return work
         if (type(buf) is np.ndarray and not async_op and status is None and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
@@ -717,14 +721,17 @@ cdef class CallPath:
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
         return work
 
-    cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout):
-        """A blocking send or receive of an array made while the context's runner holds a
-        batch of sends and receives in flight and nothing else (an async receive begun
-        earlier waits for its message: MPI's Irecv, Send, Wait): it joins that batch and
-        drives it on this thread until it has ended (``Runner.join``), without the Python
-        path's checks and queue.  A receive's Status, a send's None; or _TAKE_SLOW, with
-        nothing done, where the Python path takes it (the runner has more than that batch,
-        or the buffer is refused: the Python path says why)."""
+    cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
+                         bint async_op=False, object status=None):
+        """A send or receive of an array made while the context's runner holds a batch of
+        sends and receives in flight and nothing else (an async receive begun earlier
+        waits for its message: MPI's Irecv, then Send or Isend): it joins that batch
+        (``Runner.claim_batch``, ``Runner.join``), without the Python path's checks and
+        queue.  A blocking one drives the batch on this thread until it has ended and
+        returns a receive's Status, a send's None; an async one moves the batch once (its
+        send goes out now) and returns its handle.  _TAKE_SLOW, with nothing done, where
+        the Python path takes it (the runner has more than that batch, or the buffer is
+        refused: the Python path says why)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         runner = self._runner
@@ -734,13 +741,17 @@ cdef class CallPath:
             as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
         except InvalidArgument:
             return _TAKE_SLOW
-        op = _P2P(is_recv, buf, peer, tag, self._new_batch, _Later() if is_recv else None,
-                  timeout)
-        work = runner.join(op, self.what(K_RECV if is_recv else K_SEND))
-        if work is None:
+        op = _P2P(is_recv, buf, peer, tag, self._new_batch,
+                  _Later(status) if is_recv else None, timeout)
+        if not runner.claim_batch():
             return _TAKE_SLOW
         if rec is not None:
             entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
+        work = runner.join(op, self.what(K_RECV if is_recv else K_SEND), not async_op)
+        if async_op:
+            if entry >= 0:
+                work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
+            return work
         try:
             result = work.wait()
         except BaseException as exc:
