@@ -11,6 +11,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
+from jobs import last_json, run_script
 from pycollect._ext import _p2p
 from pycollect.work import Runner
 
@@ -282,6 +283,54 @@ def test_a_seeded_mix_of_async_and_blocking_sends_and_receives(pair, seed, monke
     assert pair.run(body) == [([], True, 0), ([], True, 0)]
     # Blocking and async calls met batches in flight and joined them.
     assert sum(joined) >= 10 and len(joined) - sum(joined) >= 10
+
+
+_ISEND_AFTER_IRECV = r"""
+import json, sys, time
+import numpy as np
+import pycollect as pc
+rank, store, transport = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ctx = pc.init(rank=rank, size=2, store=store, timeout=60, transport=transport)
+ctx.barrier()
+if rank == 0:
+    late, data = np.zeros(3), np.full(5, 8.0)
+    received = ctx.recv(late, 1, tag=7, async_op=True)     # rank 1 sends it after tag 8
+    # This rank's runner thread cannot take the GIL while the main thread computes in
+    # Python: the send must leave in the call itself.
+    sys.setswitchinterval(30)
+    sent = ctx.send(data, 1, tag=8, async_op=True)
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        pass
+    sys.setswitchinterval(0.005)
+    st = received.wait()
+    sent.wait()
+    out = {"late": late.tolist(), "status": [st.source, st.tag, st.count]}
+else:
+    got = np.zeros(5)
+    t0 = time.monotonic()
+    ctx.recv(got, 0, tag=8)
+    out = {"waited": time.monotonic() - t0, "got": got.tolist()}
+    ctx.send(np.full(3, 7.0), 0, tag=7)
+ctx.barrier()
+ctx.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_an_async_send_after_a_waiting_async_receive_leaves_in_the_call(tmp_path, transport):
+    """MPI's Irecv, then Isend: rank 0 posts a receive whose message rank 1 sends only after
+    it has what rank 0 sends next, async, before computing 3 s in Python with its runner
+    kept off the GIL.  The send joins the receive's batch and goes out in the call, so that
+    rank 1 has it long before rank 0 computes to the end (it waited for rank 0's next
+    call into the library, or its runner, before)."""
+    procs = run_script(tmp_path, _ISEND_AFTER_IRECV.replace(
+        "sys.argv[3]", repr(transport)), size=2)
+    results = last_json(procs, (0, 1), timeout=60)
+    assert results[1]["waited"] < 1.5, results
+    assert results[1]["got"] == [8.0] * 5, results
+    assert results[0] == {"late": [7.0] * 3, "status": [1, 7, 3]}, results
 
 
 def test_probe_and_iprobe_describe_without_receiving(trio):
