@@ -1012,7 +1012,12 @@ class Context(CallPath):
         entry = None if rec is None else rec.record(
             name, result if described is None else described, root,
             None if peer is None else [peer])
-        if async_op or (self._runner is not None and self._runner.pending()):
+        runner = self._runner
+        # Run here only while holding the runner's claim, where there is a runner: another
+        # thread may be beginning a send or receive (or driving a batch) that a call run
+        # beside it would disturb; then this call queues behind it instead.
+        claimed = not async_op and runner is not None and runner.claim()
+        if async_op or (runner is not None and not claimed):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             work = Work("%s on rank %d" % (name, self._rank), result)
@@ -1023,7 +1028,11 @@ class Context(CallPath):
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
             self._runner.submit(queued if queued is not None else (op, span, sig, entry), work)
             return work if async_op else work.wait()
-        self._execute((op, span, sig, entry))
+        try:
+            self._execute((op, span, sig, entry))
+        finally:
+            if claimed:
+                runner.unclaim()
         return result
 
     def _started_runner(self):

@@ -381,7 +381,7 @@ class Runner:
     queue, in order, up to the operation it waits for (a batch: until that one
     has ended; what the batch still has in flight then goes back to the
     runner).  One operation (or one batch) runs at a time, whichever thread
-    runs it: ``_busy`` says one does, and the next is taken only once the last
+    runs it: ``busy`` says one does, and the next is taken only once the last
     has ended and its handle has been completed.  The thread sleeps on a
     ``Doorbell`` (pycollect/_ext/_doorbell.pyx), which wakes it for an operation
     only when no waiter has taken it for a while, or when a waiter hands it
@@ -398,7 +398,10 @@ class Runner:
         # that the compiled call path reads before each blocking call: a plain attribute,
         # changed only under _mutex, where pending() was a method call.
         self.backlog = 0
-        self._busy = False      # an operation or batch is running, on some thread
+        # An operation or batch is running, on some thread, or a thread holds a claim
+        # (public: the compiled call path looks at it, with backlog, before it runs a
+        # call itself under the context's lock).
+        self.busy = False
         self._batch = None      # the batch of sends and receives in flight, between drivers
         self._batch_ops = {}    # ... its operations: batch index -> (op, work)
         self._posting = []      # ... taken off the queue, not yet posted to it
@@ -406,8 +409,8 @@ class Runner:
                                 # token for whoever drives it next
         self._begun = 0         # collectives at the head of the queue that callers'
                                 # threads posted (begun_collective), not yet taken
-        self._mutex = threading.Lock()      # guards the queue, _busy and _in_batch
-        self._cond = threading.Condition(self._mutex)   # the runner waits here for _busy
+        self._mutex = threading.Lock()      # guards the queue, busy and _in_batch
+        self._cond = threading.Condition(self._mutex)   # the runner waits here for busy
         self._runner_waits = False      # ... and says so, for _done_running to notify
         self._handed = False            # ... which hands it what a waiter left
         self._bell = Doorbell()
@@ -445,9 +448,9 @@ class Runner:
         caller's thread, a small send, or a receive whose message is here, has ended when
         the call returns."""
         with self._mutex:
-            if self._busy or self._queue or self._batch is not None or self._stopping:
+            if self.busy or self._queue or self._batch is not None or self._stopping:
                 return False
-            self._busy = True
+            self.busy = True
             return True
 
     def claim_post(self, limit):
@@ -457,10 +460,10 @@ class Runner:
         then goes.  The caller ends the claim with ``begun_collective`` or
         ``unclaim(hurry=False)``."""
         with self._mutex:
-            if (self._busy or len(self._queue) != self._begun or self._begun >= limit
+            if (self.busy or len(self._queue) != self._begun or self._begun >= limit
                     or self._batch is not None or self._stopping):
                 return False
-            self._busy = True
+            self.busy = True
             return True
 
     def unclaim(self, hurry=True):
@@ -491,7 +494,7 @@ class Runner:
         when nothing is queued or running: True if it may (the batch is its to drive until
         ``join`` returns), False otherwise (the caller queues the operation)."""
         with self._mutex:
-            if self._busy or self._queue or self._batch is None or self._stopping:
+            if self.busy or self._queue or self._batch is None or self._stopping:
                 return False
             self._take_next()               # the batch: busy now, unparked
             return True
@@ -533,7 +536,7 @@ class Runner:
             self._begun += 1
             # The claim ends as _done_running(goes_on=True) ends it, in the same hold of
             # the mutex: a runner that waits for it is told, and nothing is handed to it.
-            self._busy = False
+            self.busy = False
             if self._runner_waits:
                 self._runner_waits = False
                 self._handed = False
@@ -557,7 +560,7 @@ class Runner:
                 head = self._queue[0]
                 posted = head[1] is work or any(self._queue[i][1] is work
                                                 for i in range(1, n))
-                if not posted or self._busy:
+                if not posted or self.busy:
                     break
                 ready = head[0].ends_at_once()
                 if not ready:
@@ -593,8 +596,8 @@ class Runner:
         while not until.done:
             with self._mutex:
                 # Not running and not ended, so still queued or in the batch: a handle is
-                # completed before _busy is cleared.
-                if self._busy or until.done or not (self._queue or self._batch is not None):
+                # completed before busy is cleared.
+                if self.busy or until.done or not (self._queue or self._batch is not None):
                     return
                 head = self._take_next()
             self._run_next(head, until)
@@ -602,7 +605,7 @@ class Runner:
     def _take_next(self):
         """Take what runs next (under the mutex, with nothing running and something queued
         or in flight): the collective at the head, as (op, work), or None for the batch."""
-        self._busy = True
+        self.busy = True
         if self._parked:
             self._parked = False
             self._bell.take()
@@ -629,7 +632,7 @@ class Runner:
             self._done_running(not leaves, park=leaves and self._batch is not None)
 
     def _run_head(self, head):
-        """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``_busy``
+        """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``busy``
         set, by the caller), take it off and complete its handle."""
         op, work = head
         algorithm, exception = None, None
@@ -651,7 +654,7 @@ class Runner:
         batch left in flight goes to the runner at its next look instead, as a queued
         operation would."""
         with self._mutex:
-            self._busy = False
+            self.busy = False
             if not (park or self._runner_waits or self._queue or self._batch is not None):
                 return      # nothing left, nobody to tell (a claim ended: the common case)
             hurry = not goes_on and (self._queue or self._batch is not None)
@@ -677,11 +680,11 @@ class Runner:
         while True:
             if at_once:
                 with self._mutex:
-                    at_once = (self._queue or self._batch is not None) and not self._busy
+                    at_once = (self._queue or self._batch is not None) and not self.busy
             if not at_once:     # else what was queued behind the last operation runs now
                 stopped = self._bell.sleep()
             with self._mutex:
-                if self._busy:
+                if self.busy:
                     # Another thread runs an operation: wait for its end, once.  It hands
                     # over what it leaves (_done_running); else the runner goes back to
                     # the doorbell, which wakes it only for an operation left untaken from

@@ -625,7 +625,7 @@ cdef class CallPath:
         cdef Transport t = self._transport
         lock.take()
         try:
-            if self._closed or self._failure is not None:
+            if self._closed or self._failure is not None or self.runner_engaged():
                 return _TAKE_SLOW
             if rec is not None:
                 sent = _note(rec, K_SEND, sendbuf, NONE, [dst], True)
@@ -995,6 +995,16 @@ cdef class CallPath:
         call that looks there itself (sendrecv)."""
         return self.ready_async() and not (self._runner is not None and self._runner.backlog)
 
+    cdef inline bint runner_engaged(self):
+        """Under the context lock, before a call runs itself: whether the runner has work
+        queued or in flight, or another thread holds it (a claim: an async call being
+        begun, a batch being joined or driven), which took the lock after this call's
+        ``ready`` looked.  Such a call goes to the Python path instead, behind that work:
+        run here, a receive could read into the mailbox the message that a receive just
+        begun waits for, or a send restart the engine under requests still in flight."""
+        runner = self._runner
+        return runner is not None and (runner.busy or runner.backlog)
+
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
         return self.ready_p2p() and not len(self._mailbox)
@@ -1045,7 +1055,7 @@ cdef class CallPath:
         described = buf if kind <= K_REDUCE or p2p else recv
         result = None
         try:
-            if self._closed or self._failure is not None:
+            if self._closed or self._failure is not None or self.runner_engaged():
                 return _TAKE_SLOW
             seq = self._seq + 1
             if rec is not None:     # the lock is held: started
