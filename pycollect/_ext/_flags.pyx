@@ -58,8 +58,8 @@ post line's flag only grows (k + 1, then k + 1 + D...), so "peer p has
 entered operation j" is "p's post line j % D holds at least j + 1".
 
 Waiting spins on the flags with the CPU's pause hint (yielding the core
-between passes where more of the host's ranks may run on this rank's CPUs than
-it has: ``plugins/hosts.oversubscribed``), looks at the pairs
+on every pass instead where more of the host's ranks may run on this rank's CPUs
+than it has: ``plugins/hosts.oversubscribed``), looks at the pairs
 without sleeping every LOOK_NS (an abort frame, a peer's end, a message that
 shows disagreement, abort() from another thread), and after the transport's
 spin time sleeps in ``Transport.watch`` (poll() on the pairs' doorbells and the
@@ -296,6 +296,16 @@ cdef inline int _completed_anyway(Flags* f, uint64_t want, int p, int last) noex
     return 0 if _first_missing(f, want, p, last) > last else -1
 
 
+cdef inline void _spin_once(Flags* f) noexcept nogil:
+    """Between two looks at the flags: the pause hint, or, where this rank shares its
+    CPUs with more ranks than they have, the CPU itself (the peer waited for may need this
+    very core: a pause would only delay it, 4 ranks on 2 cores' barrier p50 3.9 -> 3.4 µs)."""
+    if f.yield_spin:
+        sched_yield()
+    else:
+        pc_pause()
+
+
 cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """Wait until the flags of peers ``first``..``last`` are at least ``want``; 0, or -1
     after set_error."""
@@ -319,7 +329,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             return _failed_elsewhere(t, f, want, p, last)
         spins += 1
         if spins % CLOCK_EVERY:
-            pc_pause()
+            _spin_once(f)
             continue
         now = pc_now_ns()
         if now >= deadline_of(t):
@@ -331,10 +341,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
                 return _completed_anyway(f, want, p, last)
             look_at = now + LOOK_NS
         if now < spin_end:
-            if f.yield_spin:
-                sched_yield()
-            else:
-                pc_pause()
+            _spin_once(f)
             continue
         # Sleep until a peer posts (it rings our bell), a pair or abort() wakes us.
         pc_store_u32_sc(&f.sleep[f.me].sleeping, 1)
