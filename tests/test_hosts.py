@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from pycollect.plugins.hosts import core_sets, cpu_list, oversubscribed, rank_cpus, started_on
+from pycollect.plugins.hosts import (core_sets, cpu_list, cpu_mates, oversubscribed, rank_cpus,
+                                     started_on)
 
 
 def fake_sysfs(tmp_path, siblings, name="core_cpus_list"):
@@ -82,6 +83,17 @@ def test_ranks_share_cores_when_more_of_them_overlap_a_ranks_cpus_than_it_has():
     assert oversubscribed(0, [record("0"), {"hostid": "h", "boot": "k1"}])
 
 
+def test_a_ranks_cpu_mates_are_the_ranks_of_its_kernel_that_may_run_on_its_cpus():
+    two_by_two = [record("0"), record("1")] * 2
+    assert [cpu_mates(r, two_by_two) for r in range(4)] == [{2}, {3}, {0}, {1}]
+    assert cpu_mates(0, [record("0-1")] * 3) == {1, 2}
+    assert cpu_mates(0, [record("0"), record("0", boot="k2"), record("0-3")]) == {2}
+    # Nothing published (or nothing readable), on either side: every rank of the kernel.
+    assert cpu_mates(0, [record("0"), {"hostid": "h", "boot": "k1"}, record("1")]) == {1}
+    assert cpu_mates(0, [{"hostid": "h", "boot": "k1"}, record("5"), record("6")]) == {1, 2}
+    assert cpu_mates(1, [record("bogus"), record("1"), record("2")]) == {0}
+
+
 def test_without_published_cpus_the_rank_count_against_the_cores_decides(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     old = [{"hostid": "h", "boot": "k1"}] * 2
@@ -90,31 +102,49 @@ def test_without_published_cpus_the_rank_count_against_the_cores_decides(monkeyp
     assert oversubscribed(0, [record("bogus")] * 3)
 
 
-@pytest.mark.parametrize("cpus, shared", [(lambda r: {r % 2}, False), (lambda r: {0}, True)])
-def test_bound_ranks_spin_without_yielding_unless_they_share_a_core(tmp_path, cpus, shared):
-    """Two ranks bound to one core each are no oversubscription (each may run on one CPU
-    only); two bound to the same core are: the engine yields while it spins."""
+def _bound_ranks(tmp_path, size, cpus, report):
+    """Run ``size`` ranks over shm, rank r started on CPUs ``cpus(r)``; each prints its rank
+    and the expression ``report`` (of ``ctx``), then takes a barrier.  Their printed words,
+    in rank order."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
     program = tmp_path / "rank.py"
     program.write_text(
         "import pycollect as pc\n"
         "ctx = pc.init(transport='shm')\n"
-        "print(ctx.rank, ctx._transport.yields_spin, ctx._transport.spin_us, flush=True)\n"
+        f"print(ctx.rank, {report}, flush=True)\n"
         "ctx.barrier()\n"
         "ctx.close()\n")
     procs = []
-    for r in range(2):
-        env = dict(os.environ, PYCOLLECT_RANK=str(r), PYCOLLECT_SIZE="2",
+    for r in range(size):
+        env = dict(os.environ, PYCOLLECT_RANK=str(r), PYCOLLECT_SIZE=str(size),
                    PYCOLLECT_STORE=f"file://{tmp_path}/store")
         env.pop("PYCOLLECT_SPIN_US", None)
         with started_on(cpus(r)):
             procs.append(subprocess.Popen([sys.executable, "-P", str(program)], env=env,
                                           stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=60)[0].split() for p in procs]
-    assert [p.returncode for p in procs] == [0, 0]
+    assert [p.returncode for p in procs] == [0] * size
+    return sorted(outs)
+
+
+@pytest.mark.parametrize("cpus, shared", [(lambda r: {r % 2}, False), (lambda r: {0}, True)])
+def test_bound_ranks_spin_without_yielding_unless_they_share_a_core(tmp_path, cpus, shared):
+    """Two ranks bound to one core each are no oversubscription (each may run on one CPU
+    only); two bound to the same core are: the engine yields while it spins."""
+    outs = _bound_ranks(tmp_path, 2, cpus,
+                        "ctx._transport.yields_spin, ctx._transport.spin_us")
     for out in outs:
         assert out[1] == str(shared) and float(out[2]) == (50.0 if shared else 1000.0), outs
+
+
+def test_four_ranks_bound_two_to_a_core_yield_at_once_only_for_their_core_mate(tmp_path):
+    """Ranks 0 and 2 on CPU 0, 1 and 3 on CPU 1: each shares its core, and its flag
+    area's waits give the core up at once only while its core-mate has not posted."""
+    outs = _bound_ranks(tmp_path, 4, lambda r: {r % 2},
+                        "ctx._transport.yields_spin, *ctx._transport.flag_area.mates")
+    assert outs == [["0", "True", "2"], ["1", "True", "3"], ["2", "True", "0"],
+                    ["3", "True", "1"]], outs
 
 
 def test_cpus_that_cannot_be_had_are_named_and_the_caller_keeps_its_own():

@@ -42,10 +42,12 @@ cdef struct Flags:
     uint64_t checked            # operations below this one: every peer's descriptor checked
     int64_t spin_ns
     int yield_spin
+    const unsigned char* mate   # per rank: 1 where it may run on this rank's CPUs
 
 cdef class FlagArea:
     cdef Flags f
     cdef object owner           # keeps the shared mapping alive
+    cdef bytes mates            # Flags.mate's bytes
 
 # The flags path's object of ``t`` for a message of ``nbytes``, or NULL (no area, or too
 # large); called with the GIL, before the nogil call.

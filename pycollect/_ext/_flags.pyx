@@ -57,9 +57,10 @@ writes a slot for operation j + D before every peer has entered j + M.  A
 post line's flag only grows (k + 1, then k + 1 + D...), so "peer p has
 entered operation j" is "p's post line j % D holds at least j + 1".
 
-Waiting spins on the flags with the CPU's pause hint (yielding the core
-on every pass instead where more of the host's ranks may run on this rank's CPUs
-than it has: ``plugins/hosts.oversubscribed``), looks at the pairs
+Waiting spins on the flags with the CPU's pause hint (where more of the
+host's ranks may run on this rank's CPUs than it has, ``plugins/hosts.oversubscribed``,
+it yields the core instead: on every pass while a rank that may run on its CPUs,
+``plugins/hosts.cpu_mates``, has not posted, else every CLOCK_EVERY-th), looks at the pairs
 without sleeping every LOOK_NS (an abort frame, a peer's end, a message that
 shows disagreement, abort() from another thread), and after the transport's
 spin time sleeps in ``Transport.watch`` (poll() on the pairs' doorbells and the
@@ -111,12 +112,22 @@ def area_bytes(int nlocal):
 
 cdef class FlagArea:
     """The flag area at ``address`` (64-byte aligned, ``area_bytes(n)`` long, zeroed when
-    first mapped) in a shared mapping that ``owner`` keeps alive, for rank ``me`` of ``n``."""
+    first mapped) in a shared mapping that ``owner`` keeps alive, for rank ``me`` of ``n``.
+    With ``yield_spin``, a wait gives up the core on every pass while one of the ``mates``
+    (the ranks that may run on this rank's CPUs; default: every peer) has not posted, and
+    on every CLOCK_EVERY-th pass otherwise."""
 
     def __init__(self, owner, size_t address, int me, int n, double spin_us=50.0,
-                 bint yield_spin=False):
+                 bint yield_spin=False, mates=None):
         if n < 2 or not 0 <= me < n or address % 64:
             raise ValueError("FlagArea: inconsistent rank, size or address")
+        marks = bytearray(n)
+        for p in (range(n) if mates is None else mates):
+            if not 0 <= p < n:
+                raise ValueError("FlagArea: mate %r is not a rank of %d" % (p, n))
+            marks[p] = p != me
+        self.mates = bytes(marks)
+        self.f.mate = <const unsigned char*>self.mates
         if sizeof(PostLine) != 64 or sizeof(SleepLine) != 64 or sizeof(DescLine) != 64:
             raise RuntimeError("FlagArea: a line of the area is not one 64-byte cache line")
         self.owner = owner
@@ -142,6 +153,12 @@ cdef class FlagArea:
     def outstanding(self):
         """How many of them this rank has posted and not ended (at most FLAGS_OUTSTANDING)."""
         return self.f.ops - self.f.ended
+
+    @property
+    def mates(self):
+        """The ranks a wait yields the core to at once while they have not posted (with
+        yield_spin): those that may run on this rank's CPUs."""
+        return tuple(p for p in range(self.f.n) if self.f.mate[p])
 
     @property
     def max_bytes(self):
@@ -296,11 +313,22 @@ cdef inline int _completed_anyway(Flags* f, uint64_t want, int p, int last) noex
     return 0 if _first_missing(f, want, p, last) > last else -1
 
 
-cdef inline void _spin_once(Flags* f) noexcept nogil:
-    """Between two looks at the flags: the pause hint, or, where this rank shares its
-    CPUs with more ranks than they have, the CPU itself (the peer waited for may need this
-    very core: a pause would only delay it, 4 ranks on 2 cores' barrier p50 3.9 -> 3.4 µs)."""
-    if f.yield_spin:
+cdef inline bint _mate_missing(Flags* f, uint64_t want, int p, int last) noexcept nogil:
+    """A rank from ``p`` to ``last`` that may run on this rank's CPUs has not entered
+    operation ``want - 1``."""
+    while p <= last:
+        if f.mate[p] and not _entered(f, p, want):
+            return True
+        p += 1
+    return False
+
+
+cdef inline void _spin_once(Flags* f, uint64_t want, int p, int last) noexcept nogil:
+    """Between two looks at the flags, where the clock is not due: the pause hint, or,
+    where this rank shares its CPUs with more ranks than they have and one it waits for
+    may run on them, the CPU itself (a pause would only delay that rank: 4 ranks on 2
+    cores' barrier p50 3.9 -> 3.4 µs)."""
+    if f.yield_spin and _mate_missing(f, want, p, last):
         sched_yield()
     else:
         pc_pause()
@@ -329,7 +357,7 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
             return _failed_elsewhere(t, f, want, p, last)
         spins += 1
         if spins % CLOCK_EVERY:
-            _spin_once(f)
+            _spin_once(f, want, p, last)
             continue
         now = pc_now_ns()
         if now >= deadline_of(t):
@@ -341,7 +369,10 @@ cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexce
                 return _completed_anyway(f, want, p, last)
             look_at = now + LOOK_NS
         if now < spin_end:
-            _spin_once(f)
+            if f.yield_spin:
+                sched_yield()
+            else:
+                pc_pause()
             continue
         # Sleep until a peer posts (it rings our bell), a pair or abort() wakes us.
         pc_store_u32_sc(&f.sleep[f.me].sleeping, 1)

@@ -17,8 +17,8 @@ import socket
 from .. import settings
 from ..errors import InvalidArgument
 
-__all__ = ["boot_id", "check_host_table", "core_sets", "cores", "cpu_list", "host_identity",
-           "machine_identity", "oversubscribed", "rank_cpus", "started_on"]
+__all__ = ["boot_id", "check_host_table", "core_sets", "cores", "cpu_list", "cpu_mates",
+           "host_identity", "machine_identity", "oversubscribed", "rank_cpus", "started_on"]
 
 SYSFS_CPU = "/sys/devices/system/cpu"
 
@@ -68,18 +68,38 @@ def oversubscribed(rank, addrs):
     that a waiting rank should yield the core to them.  Ranks bound to cores of their own
     (``pycollect-run --bind core``) are not, even though each may run on one CPU only; four
     unbound ranks on two CPUs are.  A rank that published no CPUs counts as sharing all."""
-    me = addrs[rank]
-    boot = me.get("boot", me["hostid"])
-    local = [a for a in addrs if a.get("boot", a["hostid"]) == boot]
-    try:
-        mine = _parse_cpu_list(me.get("cpus") or "")
-        theirs = [_parse_cpu_list(a.get("cpus") or "") for a in local]
-    except ValueError:
-        mine = None
+    mine = _published_cpus(addrs[rank])
     if not mine:
-        return len(local) > cores()
-    sharing = sum(1 for cpus in theirs if not cpus or mine & cpus)
-    return sharing > len(mine)
+        return len(_same_kernel(rank, addrs)) > cores()
+    return len(cpu_mates(rank, addrs)) + 1 > len(mine)
+
+
+def cpu_mates(rank, addrs):
+    """The other ranks of rank ``rank``'s kernel that may run on its CPUs (their published
+    CPUs overlap its own; every one where either side published none or an unreadable
+    list), as a set of ranks: while such a rank is waited for, a waiting rank should give
+    it the core rather than spin."""
+    mine = _published_cpus(addrs[rank])
+    mates = set()
+    for p in _same_kernel(rank, addrs):
+        if p != rank:
+            theirs = _published_cpus(addrs[p]) if mine else None
+            if not mine or not theirs or mine & theirs:
+                mates.add(p)
+    return mates
+
+
+def _same_kernel(rank, addrs):
+    boot = addrs[rank].get("boot", addrs[rank]["hostid"])
+    return [p for p, a in enumerate(addrs) if a.get("boot", a["hostid"]) == boot]
+
+
+def _published_cpus(addr):
+    """The CPUs a rank published, or None (none published, or a list that does not parse)."""
+    try:
+        return _parse_cpu_list(addr.get("cpus") or "") or None
+    except ValueError:
+        return None
 
 
 def _parse_cpu_list(text):

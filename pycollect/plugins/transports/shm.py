@@ -24,6 +24,7 @@ import numpy as np
 
 from ... import settings
 from ...errors import InvalidArgument, StoreError
+from ..hosts import cpu_mates
 from ..mesh import forget
 from .tcp import open_tcp
 
@@ -116,7 +117,8 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
                 addrs[p].get("pid", 0), p in readers, p in readable, cma_min))
     if nlocal == len(addrs):
         transport.flag_area = FlagArea(segment, segment.address + flags_at, me, nlocal,
-                                       transport.spin_us, transport.yields_spin)
+                                       transport.spin_us, transport.yields_spin,
+                                       [local_of[p] for p in cpu_mates(rank, addrs)])
     log.debug("rank %d: shared memory with ranks %s (%d KiB rings), single-copy reads by %s%s",
               rank, [p for p in local if p != rank], ring_bytes >> 10, sorted(readers),
               ", flag area for small messages" if nlocal == len(addrs) else "")
