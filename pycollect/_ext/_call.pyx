@@ -67,7 +67,7 @@ from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport as_buffer
-from pycollect._ext._p2p cimport recv as _recv, send as _send
+from pycollect._ext._p2p cimport recv as _recv, send as _send, start as _p2p_start
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
                                         ALGO_RECURSIVE_DOUBLING, Transport)
@@ -82,7 +82,7 @@ from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
 from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
-from pycollect._ext._p2p import sendrecv as _p2p_sendrecv, start as _p2p_start
+from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES

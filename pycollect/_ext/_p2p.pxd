@@ -1,5 +1,6 @@
 # Point-to-point sends and receives (_p2p.pyx): the mailbox, batches, and the blocking
-# send and receive that the compiled call path (_call.pyx) calls without Python's call.
+# send and receive, and the async ones' start, that the compiled call path (_call.pyx)
+# calls without Python's call.
 from libc.stdint cimport int64_t
 
 from pycollect._ext._buffer cimport Buffer
@@ -34,3 +35,5 @@ cdef class Batch:
 
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
+cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
+                  int tag)

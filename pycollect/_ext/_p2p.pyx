@@ -334,8 +334,8 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     return got
 
 
-def start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
-          int tag):
+cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
+                  int tag):
     """Begin one async send or receive on ``t`` as a batch of its own and move it once (a
     receive: it matches its message, then reads it), as ``progress(0)`` would; return
     (batch, index, ended, status).  Where it has ended, batch is None (none was made) and
