@@ -139,8 +139,9 @@ SETTINGS = {s.name: s for s in (
             "flags without sleeping before it blocks in `poll()` (0 = block at once). Default: "
             "1000 where no more of the job's ranks on this host may run on this process's "
             "CPUs than it has (ranks bound to cores of their own, `pycollect-run --bind core`, "
-            "share none), 50 where more may (the ranks then yield the core between polls). It "
-            "is read when a context connects."),
+            "share none), 50 where more may (the ranks then yield the core between polls; a "
+            "longer spin there slows the ranks that copy large messages on the same core: "
+            "docs/performance.md). It is read when a context connects."),
     Setting("PYCOLLECT_DEBUG", _debug, False, "0, 1, detail or 1,detail",
             "`1` sends DEBUG logs of logger `pycollect` to stderr: the listen address, the "
             "connection, and the algorithm each operation ran (a sub-group's lines name the "
