@@ -489,6 +489,16 @@ class Runner:
         self._done_running(False, park=True)
         return work
 
+    def batch_alone(self):
+        """The batch of sends and receives in flight, where nothing is queued behind it
+        (and nothing taken from the queue waits to be posted to it), else None: a blocking
+        send may then go out beside it, on the caller's thread, where the batch has nothing
+        of its own on the wire (``_p2p.send_beside``)."""
+        with self._mutex:
+            if self._queue or self._posting:
+                return None
+            return self._batch
+
     def claim_batch(self):
         """Let the calling thread add a send or receive to the batch in flight (``join``)
         when nothing is queued or running: True if it may (the batch is its to drive until

@@ -168,16 +168,32 @@ def test_a_batch_reports_its_sends_without_waiting_for_its_receives_messages(pai
     assert results[1] == (5.0, 5.0)
 
 
-def test_blocking_calls_beside_an_async_receive_join_its_batch(pair, monkeypatch):
-    """MPI's Irecv, Send, Recv, Wait: the blocking send and receive made while an async
-    receive waits for its message join that receive's batch in compiled code (the Python
-    path, patched to fail here, is not taken), each returns once it has ended, and the
-    async receive gets its message after them; a buffer the join refuses goes to the Python
-    path, which says why, and leaves the waiting receive alone."""
-    go = threading.Event()
+def _no_python_path(self, *args, **kwargs):
+    raise AssertionError("the Python path was taken")
 
-    def no_python_path(self, *args, **kwargs):
-        raise AssertionError("the Python path was taken")
+
+def _joins(monkeypatch):
+    """A list that Runner.join, patched to go on as before, fills with (is_recv, wait) for
+    every send or receive that joins a batch."""
+    joined = []
+    join = Runner.join
+
+    def counted(self, op, description, wait):
+        joined.append((op.is_recv, wait))
+        return join(self, op, description, wait)
+
+    monkeypatch.setattr(Runner, "join", counted)
+    return joined
+
+
+def test_blocking_calls_beside_an_async_receive_stay_in_compiled_code(pair, monkeypatch):
+    """MPI's Irecv, Send, Recv, Wait: the blocking send and receive made while an async
+    receive waits for its message run in compiled code (the Python path, patched to fail
+    here, is not taken): the send beside the batch, the receive joining it; each returns
+    once it has ended, and the async receive gets its message after them; a buffer the join
+    refuses goes to the Python path, which says why, and leaves the waiting receive alone."""
+    go = threading.Event()
+    no_python_path = _no_python_path
 
     def body(ctx):
         if ctx.rank == 1:
@@ -216,6 +232,100 @@ def test_blocking_calls_beside_an_async_receive_join_its_batch(pair, monkeypatch
     assert results[1] == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_a_blocking_send_beside_receives_that_wait_goes_out_without_the_runner(pair,
+                                                                               monkeypatch):
+    """MPI's Irecv, Send, Wait: where the batch in flight holds only receives waiting for
+    their messages, a blocking send goes out beside it on the caller's thread, neither
+    joining the batch (no blocking send reaches Runner.join) nor taking the Python path
+    (patched to fail); the waiting receives get their messages afterwards, each its own."""
+    joined = _joins(monkeypatch)
+    no_python_path = _no_python_path
+
+    def body(ctx):
+        if ctx.rank == 1:
+            got = np.zeros(4)
+            ctx.recv(got, 0, tag=8)
+            ctx.send(np.full(2, 7.0), 0, tag=7)
+            ctx.send(np.full(3, 5.0), 0, tag=5)
+            ctx.barrier()
+            return got.tolist()
+        seven, five = np.zeros(2), np.zeros(3)
+        w7 = ctx.recv(seven, 1, tag=7, async_op=True)
+        w5 = ctx.recv(five, 1, tag=5, async_op=True)
+        batch = ctx._runner.batch_alone()
+        alone = batch is not None and not batch.on_wire()
+        with monkeypatch.context() as m:
+            m.setattr(type(ctx), "_send_any", no_python_path)
+            ctx.send(np.arange(4.0), 1, tag=8)
+        st7, st5 = pc.wait_all([w7, w5], timeout=15)
+        ctx.barrier()
+        return alone, seven.tolist(), five.tolist(), (st7.tag, st7.count), (st5.tag, st5.count)
+
+    results = pair.run(body)
+    assert results[0] == (True, [7.0, 7.0], [5.0] * 3, (7, 2), (5, 3))
+    assert results[1] == [0.0, 1.0, 2.0, 3.0]
+    assert (False, True) not in joined, joined
+
+
+@pytest.mark.parametrize("in_group", [False, True])
+def test_a_send_beside_waiting_receives_leaves_them_their_own_deadline(pair, in_group):
+    """The send beside a batch runs under its own timeout (0.5 s here) and gives the batch
+    back the deadline its receives had (the context's 30 s): a message that comes 1.5 s
+    later is received, not timed out at the send's deadline.  In a sub-group too, whose
+    operations wait on the parent's deadline."""
+    def body(top):
+        ctx = top.new_group([0, 1]) if in_group else top
+        if ctx.rank == 1:
+            got = np.zeros(2)
+            ctx.recv(got, 0, tag=8)
+            time.sleep(1.5)
+            ctx.send(np.full(3, 4.0), 0, tag=7)
+            ctx.barrier()
+            return got.tolist()
+        late = np.zeros(3)
+        w = ctx.recv(late, 1, tag=7, async_op=True)
+        ctx.send(np.ones(2), 1, tag=8, timeout=0.5)
+        st = w.wait(20)
+        ctx.barrier()
+        return late.tolist(), (st.source, st.tag, st.count)
+
+    assert pair.run(body) == [([4.0] * 3, (1, 7, 3)), [1.0, 1.0]]
+
+
+def test_a_blocking_send_joins_a_batch_that_has_a_send_on_the_wire(pair, monkeypatch):
+    """Where the batch in flight has a send of its own not yet done (16 MiB the peer reads
+    a second later), a blocking send to the same peer joins the batch instead of going
+    beside it (``Batch.on_wire``), and the peer receives the two in the order they were
+    sent."""
+    joined = _joins(monkeypatch)
+    big = np.arange(1 << 21, dtype=np.float64)
+
+    def body(ctx):
+        if ctx.rank == 1:
+            time.sleep(1.0)
+            first, second, st = np.zeros(big.size), np.zeros(3), pc.Status()
+            ctx.recv(first, 0, tag=pc.ANY_TAG, status=st)
+            order = [st.tag]
+            ctx.recv(second, 0, tag=pc.ANY_TAG, status=st)
+            order.append(st.tag)
+            ctx.send(np.ones(1), 0, tag=9)
+            ctx.barrier()
+            return order, bool(np.array_equal(first, big)), second.tolist()
+        waiting = ctx.recv(np.zeros(1), 1, tag=9, async_op=True)
+        sent = ctx.send(big, 1, tag=1, async_op=True)
+        batch = ctx._runner.batch_alone()
+        on_wire = batch is not None and batch.on_wire()
+        ctx.send(np.full(3, 2.0), 1, tag=2)
+        pc.wait_all([sent, waiting], timeout=20)
+        ctx.barrier()
+        return on_wire
+
+    results = pair.run(body)
+    assert results[1] == ([1, 2], True, [2.0] * 3)
+    assert results[0] is True
+    assert (False, True) in joined      # the blocking send joined (wait=True)
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_seeded_mix_of_async_and_blocking_sends_and_receives(pair, seed, monkeypatch):
     """400 messages between two ranks, in one order both ranks walk: the sender sends each
@@ -229,14 +339,7 @@ def test_a_seeded_mix_of_async_and_blocking_sends_and_receives(pair, seed, monke
     sizes = plan.integers(0, 65, n)
     blocking = plan.random(n) < 0.5
     waits_after = plan.integers(0, 12, n)
-    joined = []
-    join = Runner.join
-
-    def counted(self, op, description, wait):
-        joined.append(wait)
-        return join(self, op, description, wait)
-
-    monkeypatch.setattr(Runner, "join", counted)
+    joined = _joins(monkeypatch)
 
     def body(ctx):
         me, other = ctx.rank, 1 - ctx.rank
@@ -282,7 +385,8 @@ def test_a_seeded_mix_of_async_and_blocking_sends_and_receives(pair, seed, monke
 
     assert pair.run(body) == [([], True, 0), ([], True, 0)]
     # Blocking and async calls met batches in flight and joined them.
-    assert sum(joined) >= 10 and len(joined) - sum(joined) >= 10
+    waits = [wait for _, wait in joined]
+    assert sum(waits) >= 10 and len(waits) - sum(waits) >= 10
 
 
 _ISEND_AFTER_IRECV = r"""

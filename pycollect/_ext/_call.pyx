@@ -67,7 +67,9 @@ from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport as_buffer
-from pycollect._ext._p2p cimport recv as _recv, send as _send, start as _p2p_start
+from pycollect._ext._p2p cimport Batch
+from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
+from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
                                         ALGO_RECURSIVE_DOUBLING, Transport)
@@ -557,7 +559,9 @@ cdef class CallPath:
         if self.ready():
             got = self.run(K_SEND, buf, None, 0, tag, dst, seconds)
         elif self.ready_async():
-            got = self.join_p2p(False, buf, dst, tag, seconds)
+            got = self.send_beside_batch(buf, dst, tag, seconds)
+            if got is _TAKE_SLOW:
+                got = self.join_p2p(False, buf, dst, tag, seconds)
         else:
             got = _TAKE_SLOW
         if got is _TAKE_SLOW:
@@ -720,6 +724,53 @@ cdef class CallPath:
             else:
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
         return work
+
+    cdef object send_beside_batch(self, object buf, int dst, int tag, double timeout):
+        """A blocking send made while the context's runner holds a batch of sends and
+        receives in flight and nothing else, where the batch has nothing of its own on the
+        wire (its receives wait for their messages: MPI's Irecv, then Send): sent at once on
+        this thread beside the batch (``_p2p.send_beside``), rather than joining it through
+        the runner; None.  _TAKE_SLOW, with nothing done, where that does not apply (the
+        batch has a send or a matched receive on the wire, whose messages go first: the
+        send joins it, ``join_p2p``; something is queued; the buffer is refused: the Python
+        path says why)."""
+        cdef Ring rec = self._recorder
+        cdef Py_ssize_t entry = -1
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        cdef Batch batch
+        runner = self._runner
+        if runner is None:
+            return _TAKE_SLOW
+        try:
+            as_buffer(buf, "send", "buf", False)
+        except InvalidArgument:
+            return _TAKE_SLOW
+        lock.take()
+        try:
+            if self._closed or self._failure is not None:
+                return _TAKE_SLOW
+            got = runner.batch_alone()
+            if type(got) is not Batch:
+                return _TAKE_SLOW
+            batch = <Batch>got
+            if batch.t is not t or batch.on_wire():
+                return _TAKE_SLOW
+            if rec is not None:
+                entry = _note(rec, K_SEND, buf, NONE, [dst], True)
+            self._busy = True
+            try:
+                _send_beside(t, batch, buf, dst, tag, timeout)
+            except BaseException as exc:    # KeyboardInterrupt fails the context too
+                self.failed(exc, entry)
+                raise
+            finally:
+                self._busy = False
+        finally:
+            lock.give()
+        if entry >= 0:
+            rec.end(entry, None, None)
+        return None
 
     cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
                          bint async_op=False, object status=None):

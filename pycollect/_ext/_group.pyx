@@ -99,6 +99,13 @@ cdef class GroupTransport(Transport):
             return out.peer
         return rc if rc == -2 else self._mirror(rc)
 
+    cdef void save_op(self, OpState* saved) noexcept nogil:
+        # The group's operations wait on the parent's descriptor and deadline.
+        self.parent.save_op(saved)
+
+    cdef void restore_op(self, const OpState* saved) noexcept nogil:
+        self.parent.restore_op(saved)
+
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
         if self.op.group_id == 0:

@@ -32,8 +32,11 @@ cdef class Batch:
     cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3
     cdef int _moving(self) except -1
     cdef bint _ended(self, int i) except -1
+    cpdef bint on_wire(self) except -1
 
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
                   int tag)
+cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
+                      double timeout) except -1

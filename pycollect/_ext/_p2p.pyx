@@ -143,6 +143,22 @@ cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except
     return ALGO_NONE
 
 
+cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
+                      double timeout) except -1:
+    """``send`` made while ``batch`` (on ``t``, with nothing ``on_wire``: receives waiting
+    for their messages) is in flight: sent as ``send`` sends it, on an operation of the
+    transport's own, the descriptor and deadline the batch's receives run under set aside
+    meanwhile and put back after, so that the batch goes on as it was.  The caller holds
+    the context's lock and has checked ``on_wire``."""
+    cdef OpState saved
+    t.save_op(&saved)
+    try:
+        send(t, buf, dst, tag, timeout)
+    finally:
+        t.restore_op(&saved)
+    return ALGO_NONE
+
+
 cdef inline int _probe_head(Transport t, int src, Probe* pr, int64_t until_ns) noexcept nogil:
     """Wait for the next point-to-point head from ``src`` (-1: any rank), whatever its
     tag: its peer, -2 once ``until_ns`` (when not 0) passes, -1 after the transport's
@@ -542,6 +558,16 @@ cdef class Batch:
             if <int>self.reqs[i] >= 0:
                 moving = _IN_FLIGHT
         return moving
+
+    cpdef bint on_wire(self) except -1:
+        """An open operation has a request of the transport's: a send, or a matched
+        receive's body (in flight, or ended and not reported yet).  Where none has, the
+        batch's receives wait for their heads with nothing of theirs on the transport, and
+        an operation of the transport's own may run beside them (``send_beside``)."""
+        for i in self.open_ops:
+            if <int>self.reqs[i] >= 0:
+                return True
+        return False
 
     cdef bint _ended(self, int i) except -1:
         """Operation ``i`` has ended: served from the mailbox, or its request is done."""

@@ -77,6 +77,12 @@ cdef struct Probe:
     uint64_t nbytes     # its payload size
     OpDesc desc         # its descriptor
 
+# The descriptor and deadline of an operation in progress, set aside (Transport.save_op).
+cdef struct OpState:
+    OpDesc op
+    int64_t deadline_ns
+    double timeout_s
+
 cdef extern from "_sys.h" nogil:
     int64_t _deadline_clock "pc_now_ns"()
 
@@ -130,6 +136,11 @@ cdef class Transport:
     cdef int progress_until(self, int64_t until_ns) noexcept nogil
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil
     cdef void extend_deadline(self, double timeout_s) noexcept nogil
+    # An operation run while a batch's receives wait for their messages, unposted (no
+    # request of the transport's in flight): save_op keeps the descriptor and deadline
+    # they run under, restore_op puts them back once that operation is done.
+    cdef void save_op(self, OpState* saved) noexcept nogil
+    cdef void restore_op(self, const OpState* saved) noexcept nogil
     # 1 if this rank may read and write ``peer``'s memory with read_remote and
     # write_remote, else 0.
     cdef int can_read_remote(self, int peer) noexcept nogil

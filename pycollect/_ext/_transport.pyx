@@ -127,6 +127,16 @@ cdef class Transport:
             self.deadline_ns = until
         self.timeout_s = timeout_s
 
+    cdef void save_op(self, OpState* saved) noexcept nogil:
+        saved.op = self.op
+        saved.deadline_ns = self.deadline_ns
+        saved.timeout_s = self.timeout_s
+
+    cdef void restore_op(self, const OpState* saved) noexcept nogil:
+        self.op = saved.op
+        self.deadline_ns = saved.deadline_ns
+        self.timeout_s = saved.timeout_s
+
     cdef void copy_error(self, Transport src) noexcept nogil:
         """Adopt ``src``'s recorded error (a sub-group reporting its parent's failure)."""
         if not self.failed and src.failed:
