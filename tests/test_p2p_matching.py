@@ -267,6 +267,27 @@ def test_a_blocking_send_beside_receives_that_wait_goes_out_without_the_runner(p
     assert (False, True) not in joined, joined
 
 
+def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
+    """MPI's Irecv, compute, Send, Wait on both ranks: while a rank computes, its runner
+    takes up the waiting receive's batch and drives it, holding the context's lock until
+    the message comes; the blocking send made then must not wait for that lock (the
+    peer's message comes only after the peer's own send) but reach the batch's driver,
+    which posts it.  Three rounds, each within a second."""
+    def body(ctx):
+        peer, took = 1 - ctx.rank, []
+        for i in range(3):
+            got = np.zeros(4)
+            w = ctx.recv(got, peer, tag=7, async_op=True)
+            time.sleep(0.3)
+            start = time.monotonic()
+            ctx.send(np.full(4, float(ctx.rank + i)), peer, tag=7)
+            w.wait(10)
+            took.append(time.monotonic() - start < 1.0 and got[0] == peer + i)
+        return took
+
+    assert pair.run(body) == [[True] * 3, [True] * 3]
+
+
 @pytest.mark.parametrize("in_group", [False, True])
 def test_a_send_beside_waiting_receives_leaves_them_their_own_deadline(pair, in_group):
     """The send beside a batch runs under its own timeout (0.5 s here) and gives the batch

@@ -222,6 +222,10 @@ cdef class CallLock:
         self.wait()
         return True
 
+    cdef inline bint try_take(self) noexcept:
+        """Take the lock if it is free; whether this did (it never waits)."""
+        return pc_lock_try(&self.held)
+
     cdef void wait(self) noexcept:
         while True:
             pc_lock_add(&self.waiters, 1)
@@ -732,8 +736,9 @@ cdef class CallPath:
         this thread beside the batch (``_p2p.send_beside``), rather than joining it through
         the runner; None.  _TAKE_SLOW, with nothing done, where that does not apply (the
         batch has a send or a matched receive on the wire, whose messages go first: the
-        send joins it, ``join_p2p``; something is queued; the buffer is refused: the Python
-        path says why)."""
+        send joins it, ``join_p2p``; something is queued; another thread holds the context's
+        lock, as a driver of the batch does; the buffer is refused: the Python path says
+        why)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
@@ -746,7 +751,11 @@ cdef class CallPath:
             as_buffer(buf, "send", "buf", False)
         except InvalidArgument:
             return _TAKE_SLOW
-        lock.take()
+        # A thread that drives the batch holds the lock until the batch has nothing left
+        # to do, which may be the message this send brings about: the send then goes to
+        # the queue, for that drive to post (join_p2p's claim fails, the Python path).
+        if not lock.try_take():
+            return _TAKE_SLOW
         try:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
