@@ -1038,7 +1038,8 @@ class Context(CallPath):
     def _started_runner(self):
         """The thread that runs this context's queued operations, started at first need."""
         if self._runner is None:
-            self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank)
+            self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank,
+                                  kick=self._transport.kick)
         return self._runner
 
     def _pair_kinds(self):

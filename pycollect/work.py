@@ -390,8 +390,12 @@ class Runner:
     goes back to the doorbell.
     """
 
-    def __init__(self, execute, name):
+    def __init__(self, execute, name, kick=None):
         self._execute = execute
+        # Called (from the submitting thread) when an operation is queued while a batch is
+        # driven: the drive's wait for its receives' heads returns now and it takes the
+        # operation, instead of at the end of its slice (the transport's kick).
+        self._kick = kick
         self._queue = collections.deque()
         self._in_batch = 0      # operations taken off the queue by the running batch
         # Operations queued or in the batch (len(_queue) + _in_batch), kept as one number
@@ -429,7 +433,10 @@ class Runner:
             work._runner = self
             self._queue.append((op, work))
             self.backlog += 1
+            kick = self.busy and self._batch is not None and self._kick is not None
         self._bell.queue()
+        if kick:
+            self._kick()
 
     def stop(self, timeout):
         """Let queued operations finish (they fail fast once the context is aborted)."""

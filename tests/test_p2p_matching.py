@@ -288,6 +288,65 @@ def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     assert pair.run(body) == [[True] * 3, [True] * 3]
 
 
+def test_a_kick_ends_a_batchs_wait_for_heads_at_once(pair):
+    """A batch waiting for its receive's head for a slice of 5 s returns as soon as another
+    thread kicks the transport (what the runner does when an operation is queued while the
+    batch is driven), and the receive still gets its message afterwards; a kick made while
+    nothing waits ends the next bounded wait, not a blocking receive's."""
+    kicked_twice = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 1:
+            kicked_twice.wait(20)
+            ctx.send(np.full(2, 3.0), 0, tag=4)
+            ctx.barrier()
+            return None
+        batch = _p2p.Batch(ctx._transport, _p2p.Mailbox(), 30.0)
+        got = np.zeros(2)
+        r = batch.add_recv(got, 1, 4)
+        threading.Timer(0.2, ctx._transport.kick).start()
+        start = time.monotonic()
+        first = batch.progress(5.0)
+        kicked = time.monotonic() - start
+        ctx._transport.kick()               # nothing waits: kept for the next bounded wait
+        start = time.monotonic()
+        second = batch.progress(5.0)
+        again = time.monotonic() - start
+        kicked_twice.set()
+        done = []
+        while r not in done and time.monotonic() - start < 20:
+            done += batch.progress(1.0)
+        ctx.barrier()
+        return (first, kicked < 2.5, second, again < 2.5, r in done, got.tolist())
+
+    assert pair.run(body)[0] == ([], True, [], True, True, [3.0, 3.0])
+
+
+def test_an_operation_queued_while_a_batch_is_driven_kicks_the_transport():
+    """Runner.submit calls the kick it was given when it queues an operation while a batch
+    is in flight and being driven (its drive then takes the operation at once), and not
+    otherwise."""
+    kicks = []
+    runner = Runner(lambda op: None, "test-runner", kick=lambda: kicks.append(1))
+    try:
+        runner.submit("A", pc.Work("A", None))
+        assert kicks == []                  # nothing is driven
+        with runner._mutex:
+            runner._batch, runner.busy = object(), True
+        runner.submit("B", pc.Work("B", None))
+        assert kicks == [1]
+        with runner._mutex:
+            runner.busy = False
+        runner.submit("C", pc.Work("C", None))
+        assert kicks == [1]                 # a parked batch: its next driver takes it
+    finally:
+        with runner._mutex:
+            runner._batch, runner.busy = None, False
+            runner._queue.clear()
+            runner.backlog = 0
+        runner.stop(5)
+
+
 @pytest.mark.parametrize("in_group", [False, True])
 def test_a_send_beside_waiting_receives_leaves_them_their_own_deadline(pair, in_group):
     """The send beside a batch runs under its own timeout (0.5 s here) and gives the batch

@@ -203,6 +203,7 @@ cdef class Engine(Transport):
     cdef int cap_reqs
     cdef int wake_fd
     cdef int abort_flag
+    cdef int kick_flag      # kick(): a bounded wait for a head returns now
     cdef int closed
     cdef int64_t spin_ns
     cdef int yield_spin
@@ -338,6 +339,15 @@ cdef class Engine(Transport):
         """End the operation in progress (from any thread) with ERR_ABORTED."""
         cdef uint64_t one = 1
         pc_atomic_store(&self.abort_flag, 1)
+        if self.wake_fd >= 0:
+            c_write(self.wake_fd, &one, 8)
+
+    def kick(self):
+        """Have the bounded wait for a point-to-point head in progress (a batch's slice:
+        ``probe_until`` with a time limit), or the next one, return at once as if its time
+        were up, from any thread: its driver then takes what was queued meanwhile."""
+        cdef uint64_t one = 1
+        pc_atomic_store(&self.kick_flag, 1)
         if self.wake_fd >= 0:
             c_write(self.wake_fd, &one, 8)
 
@@ -507,6 +517,9 @@ cdef class Engine(Transport):
             rc = self._probe_pass(peer, out, &k)
             if rc != -2:
                 return rc
+            if until_ns and pc_atomic_load(&self.kick_flag):
+                pc_atomic_store(&self.kick_flag, 0)
+                return -2
             now = pc_now_ns()
             if spin_end == 0:
                 spin_end = now + self.spin_ns

@@ -99,6 +99,9 @@ cdef class GroupTransport(Transport):
             return out.peer
         return rc if rc == -2 else self._mirror(rc)
 
+    def kick(self):
+        self.parent.kick()      # the group's waits are the parent's
+
     cdef void save_op(self, OpState* saved) noexcept nogil:
         # The group's operations wait on the parent's descriptor and deadline.
         self.parent.save_op(saved)

@@ -127,6 +127,10 @@ cdef class Transport:
             self.deadline_ns = until
         self.timeout_s = timeout_s
 
+    def kick(self):
+        """Have a bounded wait for a point-to-point head in progress return at once (from
+        any thread), so that its driver looks at what was queued meanwhile; nothing here."""
+
     cdef void save_op(self, OpState* saved) noexcept nogil:
         saved.op = self.op
         saved.deadline_ns = self.deadline_ns
