@@ -337,17 +337,19 @@ cdef class Engine(Transport):
 
     def abort(self):
         """End the operation in progress (from any thread) with ERR_ABORTED."""
-        cdef uint64_t one = 1
-        pc_atomic_store(&self.abort_flag, 1)
-        if self.wake_fd >= 0:
-            c_write(self.wake_fd, &one, 8)
+        self._raise_flag(&self.abort_flag)
 
     def kick(self):
         """Have the bounded wait for a point-to-point head in progress (a batch's slice:
         ``probe_until`` with a time limit), or the next one, return at once as if its time
         were up, from any thread: its driver then takes what was queued meanwhile."""
+        self._raise_flag(&self.kick_flag)
+
+    cdef void _raise_flag(self, int* flag) noexcept nogil:
+        """Set ``flag`` (abort's, kick's), then wake a thread asleep in poll() on the
+        wake eventfd, so that it looks at the flag now."""
         cdef uint64_t one = 1
-        pc_atomic_store(&self.kick_flag, 1)
+        pc_atomic_store(flag, 1)
         if self.wake_fd >= 0:
             c_write(self.wake_fd, &one, 8)
 
