@@ -470,30 +470,57 @@ class Group:
 
 
 def connect_groups(listener, groups):
-    """Accept every worker's hello (bounded); mark groups that failed to start."""
+    """Accept every worker's hello, all of them bounded by one deadline (SETUP_S); mark the
+    groups that failed to start.  A worker connects, then starts its peer (which may take
+    long while dozens of processes import torch on two cores), then says hello: hellos are
+    read as they come from every connection at once, so that one slow worker neither holds
+    up the others nor ends the run."""
     deadline = time.monotonic() + SETUP_S
     by_peer = {g.peer: g for g in groups}
     pending = sum(g.size for g in groups)
+    waiting = {}        # accepted connections whose hello has not come: conn -> bytes so far
     while pending and time.monotonic() < deadline:
         for g in groups:
             if not g.error and any(p.poll() not in (None, 0) for p in g.procs):
                 g.error = f"its processes exited during setup:\n{g.tail()}"
                 pending -= g.size - len(g.conns)
-        ready, _, _ = select.select([listener], [], [], 0.2)
-        if not ready:
-            continue
-        conn, _ = listener.accept()
-        conn.settimeout(SETUP_S)
-        hello = json.loads(conn.makefile("rb").readline())
-        conn.settimeout(None)
-        group = by_peer[hello["hello"]]
-        if "error" in hello:
-            group.error = hello["error"]
-        group.conns[hello["rank"]] = conn
-        pending -= 1
+        ready, _, _ = select.select([listener] + list(waiting), [], [], 0.2)
+        for sock in ready:
+            if sock is listener:
+                conn, _ = listener.accept()
+                conn.setblocking(False)
+                waiting[conn] = b""
+                continue
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:       # closed before its hello: its group's exit says why
+                del waiting[sock]
+                sock.close()
+                continue
+            waiting[sock] += chunk
+            if b"\n" not in waiting[sock]:
+                continue
+            line, rest = waiting.pop(sock).split(b"\n", 1)
+            hello = json.loads(line)
+            if rest:
+                raise RuntimeError(f"compare: {hello.get('hello')} rank "
+                                   f"{hello.get('rank')} said more than hello during setup")
+            sock.setblocking(True)
+            group = by_peer[hello["hello"]]
+            if "error" in hello:
+                group.error = hello["error"]
+            group.conns[hello["rank"]] = sock
+            pending -= 1
+    for sock in waiting:
+        sock.close()
     for g in groups:
         if not g.error and len(g.conns) < g.size:
-            g.error = f"only {len(g.conns)} of {g.size} ranks connected:\n{g.tail()}"
+            g.error = (f"only {len(g.conns)} of {g.size} ranks said hello within "
+                       f"{SETUP_S:g} s:\n{g.tail()}")
 
 
 def available_peers(transports):

@@ -1,6 +1,8 @@
 """benchmarks/compare.py end to end on a tiny case: real worker processes, the report."""
 
 import json
+import select
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +37,54 @@ def test_a_tiny_run_reports_p50_average_and_placement(tmp_path, bind):
     assert placement in report
     small = report.split("2 ranks, small messages")[1].split("\n\n")[1].splitlines()
     assert [row.split(" | ")[0] for row in small[2:]] == ["| allreduce 1", "| barrier"]
+
+
+def _compare_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compare_under_test", COMPARE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _FakeGroup:
+    """What connect_groups reads of a Group: its peer, size, processes and log tail."""
+
+    def __init__(self, peer, proc):
+        self.peer, self.size, self.procs = peer, 1, [proc]
+        self.conns, self.error = {}, None
+
+    def tail(self):
+        return "(its log)"
+
+
+def test_a_worker_that_never_says_hello_fails_its_group_not_the_run(monkeypatch):
+    # A worker connects, then starts its peer, then says hello.  One that connected and
+    # is still starting when the deadline comes marks its own group; the others' hellos,
+    # coming after it connected, are read all the same (the driver once blocked on the
+    # first connection's hello and ended the whole run with a TimeoutError).
+    compare = _compare_module()
+    monkeypatch.setattr(compare, "SETUP_S", 3.0)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    silent = ("import socket, time; s = socket.create_connection(('127.0.0.1', %d)); "
+              "time.sleep(30)" % port)
+    talker = ("import json, socket, time; s = socket.create_connection(('127.0.0.1', %d)); "
+              "time.sleep(1); s.sendall(json.dumps({'hello': 'talker', 'rank': 0}).encode() "
+              "+ b'\\n'); time.sleep(30)" % port)
+    procs = [subprocess.Popen([sys.executable, "-c", silent])]
+    try:
+        # The silent worker's connection is the first one waiting to be accepted.
+        assert select.select([listener], [], [], 20)[0], "the silent worker did not connect"
+        procs.append(subprocess.Popen([sys.executable, "-c", talker]))
+        groups = [_FakeGroup("silent", procs[0]), _FakeGroup("talker", procs[1])]
+        compare.connect_groups(listener, groups)
+        assert groups[1].error is None and list(groups[1].conns) == [0]
+        assert groups[0].error.startswith("only 0 of 1 ranks said hello within 3 s")
+        assert "(its log)" in groups[0].error and not groups[0].conns
+        groups[1].conns[0].close()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        listener.close()
