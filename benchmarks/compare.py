@@ -1072,6 +1072,17 @@ def ceilings(doc):
                      + " and ".join(f"{num(f)} µs" for f in floors)
                      + ("; 2 ranks, allreduce 1 float p50: " + ", ".join(cells)
                         if cells else "") + ".")
+        ours = _find(doc, 2, "allreduce", 1, "pycollect-tcp")
+        mpi = _find(doc, 2, "allreduce", 1, "mpi-tcp")
+        if ours and mpi:
+            # The floor bounds every library on TCP sockets: pycollect's ratio to MPI can go
+            # no lower than floor / MPI, whatever its own code costs.
+            lines.append(f"Above the lower floor, 2 ranks, allreduce 1 float: pycollect tcp "
+                         f"{num(ours['p50_us'] - min(floors))} µs, MPI TCP "
+                         f"{num(mpi['p50_us'] - min(floors))} µs. The floor alone is "
+                         f"{num(min(floors) / mpi['p50_us'])}× MPI TCP's p50: no library on "
+                         f"loopback TCP sockets would be faster against MPI than that "
+                         f"(issue 18's goal: {num(1 / ISSUE18_TCP_TARGETS[0][4])}×).")
     elif floors is not None:
         lines.append("TCP latency floor: " + (doc.get("tcp_floor_note") or "not measured")
                      + ".")

@@ -288,6 +288,30 @@ def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     assert pair.run(body) == [[True] * 3, [True] * 3]
 
 
+@pytest.mark.parametrize("count", [1 << 16, 1 << 20], ids=["512KiB", "8MiB"])
+def test_large_blocking_sends_beside_waiting_receives_on_both_ranks_at_once(pair, count):
+    """MPI's Irecv, Send, Wait on both ranks at the same moment, with messages the channel
+    does not take whole at once (over shared memory the peer copies them from the sender's
+    memory; over TCP they outgrow the socket's buffers): each send waits for the peer to
+    read, which the peer's waiting receive does only when something moves it.  A send
+    beside the batch moves nothing, so these sends must join the batch (they timed out at
+    the deadline when both went beside).  Three rounds, each checked."""
+    together = threading.Barrier(2)
+
+    def body(ctx):
+        peer, ok = 1 - ctx.rank, []
+        for i in range(3):
+            got = np.zeros(count)
+            w = ctx.recv(got, peer, tag=4, async_op=True)
+            together.wait(10)
+            ctx.send(np.full(count, float(10 * ctx.rank + i)), peer, tag=4)
+            st = w.wait(20)
+            ok.append(st.count == count and got[0] == got[-1] == 10 * peer + i)
+        return ok
+
+    assert pair.run(body) == [[True] * 3, [True] * 3]
+
+
 def test_a_kick_ends_a_batchs_wait_for_heads_at_once(pair):
     """A batch waiting for its receive's head for a slice of 5 s returns as soon as another
     thread kicks the transport (what the runner does when an operation is queued while the

@@ -66,7 +66,7 @@ from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
-from pycollect._ext._buffer cimport as_buffer
+from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport start as _p2p_start
@@ -732,23 +732,26 @@ cdef class CallPath:
     cdef object send_beside_batch(self, object buf, int dst, int tag, double timeout):
         """A blocking send made while the context's runner holds a batch of sends and
         receives in flight and nothing else, where the batch has nothing of its own on the
-        wire (its receives wait for their messages: MPI's Irecv, then Send): sent at once on
-        this thread beside the batch (``_p2p.send_beside``), rather than joining it through
-        the runner; None.  _TAKE_SLOW, with nothing done, where that does not apply (the
-        batch has a send or a matched receive on the wire, whose messages go first: the
-        send joins it, ``join_p2p``; something is queued; another thread holds the context's
-        lock, as a driver of the batch does; the buffer is refused: the Python path says
-        why)."""
+        wire (its receives wait for their messages: MPI's Irecv, then Send), and the send
+        ends at once without the peer (``Transport.sends_now``): sent on this thread beside
+        the batch (``_p2p.send_beside``), rather than joining it through the runner; None.
+        _TAKE_SLOW, with nothing done, where that does not apply (the batch has a send or a
+        matched receive on the wire, whose messages go first: the send joins it,
+        ``join_p2p``; the send would wait for the peer to read, as a large one does, while
+        nothing moved the batch's receives, which the peer's own send may wait for;
+        something is queued; another thread holds the context's lock, as a driver of the
+        batch does; the buffer is refused: the Python path says why)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
         cdef Transport t = self._transport
         cdef Batch batch
+        cdef Buffer b
         runner = self._runner
         if runner is None:
             return _TAKE_SLOW
         try:
-            as_buffer(buf, "send", "buf", False)
+            b = as_buffer(buf, "send", "buf", False)
         except InvalidArgument:
             return _TAKE_SLOW
         # A thread that drives the batch holds the lock until the batch has nothing left
@@ -763,7 +766,7 @@ cdef class CallPath:
             if type(got) is not Batch:
                 return _TAKE_SLOW
             batch = <Batch>got
-            if batch.t is not t or batch.on_wire():
+            if batch.t is not t or batch.on_wire() or not t.sends_now(dst, b.nbytes):
                 return _TAKE_SLOW
             if rec is not None:
                 entry = _note(rec, K_SEND, buf, NONE, [dst], True)

@@ -34,8 +34,8 @@ cdef enum:
                                 # the payload (nbytes, at most REASON_BYTES of
                                 # _transport.pxd) says why
     HDR_BYTES = 40
-    CHANNEL_ABI = 3             # the version of ChannelOps below (2: send_frame says if it sent;
-                                # 3: write_remote)
+    CHANNEL_ABI = 4             # the version of ChannelOps below (2: send_frame says if it sent;
+                                # 3: write_remote; 4: room)
 
 cdef union HeaderWord:
     uint32_t group_id   # data and refused frames: the group's id (OpDesc.group_id)
@@ -86,6 +86,9 @@ ctypedef struct ChannelOps:
     uint64_t (*acked)(ChannelBase* c) noexcept nogil
     # one more of the peer's by-address messages has been copied out
     void (*ack)(ChannelBase* c) noexcept nogil
+    # bytes that a writev takes whole now, without the peer reading anything first (0 where
+    # the kind cannot tell): a send that fits needs nobody to end (Engine.sends_now)
+    size_t (*room)(ChannelBase* c) noexcept nogil
 
 ctypedef struct ChannelBase:
     const ChannelOps* ops
@@ -123,3 +126,4 @@ cdef ssize_t read_remote_unsupported(ChannelBase* c, void* dst, uint64_t addr,
                                      size_t n) noexcept nogil
 cdef uint64_t acked_none(ChannelBase* c) noexcept nogil
 cdef void ack_nothing(ChannelBase* c) noexcept nogil
+cdef size_t room_unknown(ChannelBase* c) noexcept nogil

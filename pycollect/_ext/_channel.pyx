@@ -88,6 +88,7 @@ cdef void default_ops(ChannelOps* ops) noexcept:
     ops.write_remote = write_remote_unsupported
     ops.acked = acked_none
     ops.ack = ack_nothing
+    ops.room = room_unknown
 
 
 cdef int take_peeked_by_reading(ChannelBase* c, MsgHeader* h) noexcept nogil:
@@ -151,3 +152,7 @@ cdef uint64_t acked_none(ChannelBase* c) noexcept nogil:
 
 cdef void ack_nothing(ChannelBase* c) noexcept nogil:
     pass
+
+
+cdef size_t room_unknown(ChannelBase* c) noexcept nogil:
+    return 0

@@ -425,6 +425,19 @@ cdef class Engine(Transport):
         r.hdr.nbytes = nbytes
         return self._queue_send(peer, idx)
 
+    cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil:
+        """post_send would end at once (see _transport.pxd): nothing is queued to ``peer``
+        or waits for its acknowledgement, the message goes through the stream (not by
+        address) and the channel has room for it and its header."""
+        cdef Pair* pr
+        if self.failed or peer < 0 or peer >= self.size or peer == self.rank:
+            return 0
+        pr = &self.pairs[peer]
+        if pr.ch == NULL or pr.send_head >= 0 or pr.ack_head >= 0 or (
+                pr.ch.by_address_min and nbytes >= pr.ch.by_address_min):
+            return 0
+        return pr.ch.ops.room(pr.ch) >= HDR_BYTES + nbytes
+
     cdef int _queue_send(self, int peer, int idx) noexcept nogil:
         """Queue the send ``idx`` (its header filled) on ``peer``'s pair: ``idx``, or -1."""
         cdef Pair* pr = &self.pairs[peer]

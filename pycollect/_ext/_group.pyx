@@ -109,6 +109,9 @@ cdef class GroupTransport(Transport):
     cdef void restore_op(self, const OpState* saved) noexcept nogil:
         self.parent.restore_op(saved)
 
+    cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil:
+        return self.parent.sends_now(self.members[peer], nbytes)
+
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
         if self.op.group_id == 0:

@@ -149,7 +149,9 @@ cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
     for their messages) is in flight: sent as ``send`` sends it, on an operation of the
     transport's own, the descriptor and deadline the batch's receives run under set aside
     meanwhile and put back after, so that the batch goes on as it was.  The caller holds
-    the context's lock and has checked ``on_wire``."""
+    the context's lock and has checked ``on_wire`` and ``t.sends_now``: nothing here
+    moves the batch's receives, so a send that waited for the peer to read could wait for
+    ever where the peer's own send waits for them."""
     cdef OpState saved
     t.save_op(&saved)
     try:

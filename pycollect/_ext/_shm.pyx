@@ -359,6 +359,12 @@ cdef ssize_t _ring_write_remote(ChannelBase* c, uint64_t addr, const void* src,
     return cma_write(_ring(c).peer_pid, addr, src, n)
 
 
+cdef size_t _ring_room(ChannelBase* c) noexcept nogil:
+    """The free bytes of the outgoing ring: a write of that many goes in whole now."""
+    cdef Ring* out = &_ring(c).out
+    return 0 if c.eof else <size_t>(out.size - ring_used(out))
+
+
 cdef uint64_t _ring_acked(ChannelBase* c) noexcept nogil:
     return pc_load_u64(&_ring(c).out.hdr.acks)
 
@@ -386,6 +392,7 @@ RING_OPS.read_remote = _ring_read_remote
 RING_OPS.write_remote = _ring_write_remote
 RING_OPS.acked = _ring_acked
 RING_OPS.ack = _ring_ack
+RING_OPS.room = _ring_room
 
 
 # The largest async send (a send begun with async_op=True) that goes through the ring

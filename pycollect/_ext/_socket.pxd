@@ -9,6 +9,7 @@ cdef enum:
 ctypedef struct SocketStage:
     size_t head
     size_t tail
+    size_t sndbuf       # the socket's send buffer (SO_SNDBUF) when the channel was made
     char buf[STAGE_BYTES]
 
 cdef class SocketChannel(Channel):

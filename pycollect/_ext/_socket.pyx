@@ -35,11 +35,21 @@ cdef extern from "<sys/socket.h>" nogil:
     ssize_t recv(int fd, void* buf, size_t n, int flags)
     ssize_t send(int fd, const void* buf, size_t n, int flags)
     int shutdown(int fd, int how)
+    int getsockopt(int fd, int level, int name, void* value, socklen_t* length)
     enum:
+        SOL_SOCKET
+        SO_SNDBUF
         MSG_NOSIGNAL
         MSG_DONTWAIT
         MSG_PEEK
         SHUT_WR
+
+cdef extern from "<sys/ioctl.h>" nogil:
+    int ioctl(int fd, unsigned long request, ...)
+
+cdef extern from "<linux/sockios.h>" nogil:
+    enum:
+        SIOCOUTQ
 
 cdef extern from "<fcntl.h>" nogil:
     int fcntl(int fd, int cmd, ...)
@@ -164,6 +174,18 @@ cdef size_t _held(ChannelBase* c) noexcept nogil:
     return _stage(c).tail - _stage(c).head
 
 
+cdef size_t _room(ChannelBase* c) noexcept nogil:
+    """What the socket takes whole now: half its send buffer, less the bytes it holds not
+    yet acknowledged by the peer (SIOCOUTQ).  The kernel counts a buffer's bookkeeping
+    against SO_SNDBUF as well, hence only half; a socket whose buffer the channel does
+    not know, or that cannot tell, takes nothing for sure."""
+    cdef int queued = 0
+    cdef size_t half = _stage(c).sndbuf // 2
+    if c.eof or half == 0 or ioctl(c.fd, SIOCOUTQ, &queued) < 0 or queued < 0:
+        return 0
+    return half - <size_t>queued if <size_t>queued < half else 0
+
+
 cdef void socket_shut(ChannelBase* c) noexcept nogil:
     shutdown(c.fd, SHUT_WR)
 
@@ -176,6 +198,7 @@ SOCKET_OPS.peek = _peek
 SOCKET_OPS.take_peeked = _take_peeked
 SOCKET_OPS.held = _held
 SOCKET_OPS.shut = socket_shut
+SOCKET_OPS.room = _room
 
 
 cdef void socket_setup(ChannelBase* c, int fd, const ChannelOps* ops) except *:
@@ -198,11 +221,16 @@ cdef class SocketChannel(Channel):
     """A connected stream socket; takes ownership of ``fd``."""
 
     def __init__(self, int fd):
+        cdef int sndbuf = 0
+        cdef socklen_t length = sizeof(int)
         socket_setup(&self.sock, fd, &SOCKET_OPS)
         self.stage = <SocketStage*>malloc(sizeof(SocketStage))
         if self.stage == NULL:
             raise MemoryError()
         self.stage.head = self.stage.tail = 0
+        self.stage.sndbuf = 0
+        if getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 and sndbuf > 0:
+            self.stage.sndbuf = <size_t>sndbuf
         self.sock.state = self.stage
         self.base = &self.sock
 

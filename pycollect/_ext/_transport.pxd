@@ -141,6 +141,11 @@ cdef class Transport:
     # they run under, restore_op puts them back once that operation is done.
     cdef void save_op(self, OpState* saved) noexcept nogil
     cdef void restore_op(self, const OpState* saved) noexcept nogil
+    # 1 where a send of ``nbytes`` to ``peer`` posted now ends at once without the peer
+    # reading anything (nothing queued to it, no copy by address, room in its channel):
+    # such an operation may run beside a batch whose receives it would otherwise have to
+    # move while it waits.  0 where it may wait for the peer, or the transport cannot tell.
+    cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil
     # 1 if this rank may read and write ``peer``'s memory with read_remote and
     # write_remote, else 0.
     cdef int can_read_remote(self, int peer) noexcept nogil

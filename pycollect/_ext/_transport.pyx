@@ -141,6 +141,9 @@ cdef class Transport:
         self.deadline_ns = saved.deadline_ns
         self.timeout_s = saved.timeout_s
 
+    cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil:
+        return 0
+
     cdef void copy_error(self, Transport src) noexcept nogil:
         """Adopt ``src``'s recorded error (a sub-group reporting its parent's failure)."""
         if not self.failed and src.failed:
