@@ -185,3 +185,63 @@ def test_the_peer_ends_begun_exchanges_while_this_rank_computes(tmp_path):
     assert results[0]["values"] == results[1]["values"] == [3.0, 5.0, 7.0, 9.0, 42.0], results
     assert results[0]["algorithms"] == ["recursive_doubling"] * 4 + ["dissemination",
                                                                      "binomial"], results
+
+
+class _HeldBell:
+    """A runner's doorbell whose ``sleep`` does not return, on the runner thread named
+    ``held_on``, until ``released`` is set: that runner takes nothing meanwhile."""
+
+    def __init__(self, held_on, released):
+        from pycollect._ext._doorbell import Doorbell
+        self._bell, self._held_on, self._released = Doorbell(), held_on, released
+
+    def sleep(self):
+        if threading.current_thread().name == self._held_on:
+            self._released.wait(20)
+        return self._bell.sleep()
+
+    def __getattr__(self, name):
+        return getattr(self._bell, name)
+
+
+def test_a_call_that_ends_at_once_behind_a_begun_one_keeps_its_number(monkeypatch):
+    """Numbering where begun calls end out of order: the root of a binomial broadcast
+    sends in the call, and that broadcast's end waits in the queue for the peer's copy of
+    the message (by address); an async barrier begun after it through the flags, where the
+    peer has posted its barrier already, ends in the call.  Running the broadcast's end
+    afterwards must not take the context's count back to the broadcast's number: the next
+    collective is number 3 on both ranks (it was 2 on the root: a MismatchError)."""
+    import pycollect.work
+    released, posted = threading.Event(), threading.Event()
+    # The root's runner takes nothing until released: the broadcast's end stays queued.
+    monkeypatch.setattr(pycollect.work, "Doorbell",
+                        lambda: _HeldBell("pycollect-rank1", released))
+    g = ThreadGroup(2, timeout=30)
+    try:
+        def body(ctx):
+            buf = np.full(1 << 16, float(ctx.rank), np.float32)
+            if ctx.rank == 0:
+                ctx.broadcast(buf, root=1, algorithm="binomial")
+                second = ctx.barrier(async_op=True)     # posted in the call
+                posted.set()
+                second.wait(10)
+                ended_in_call = None
+            else:
+                first = ctx.broadcast(buf, root=1, algorithm="binomial", async_op=True)
+                posted.wait(10)
+                second = ctx.barrier(async_op=True)
+                ended_in_call = (second.is_completed(), first.is_completed())
+                released.set()
+                first.wait(10)
+                second.wait(10)
+            total = np.ones(1, np.float32)
+            ctx.allreduce(total)
+            return ended_in_call, float(buf[0]), float(buf[-1]), float(total[0]), ctx._seq
+
+        results = g.run(body)
+    finally:
+        released.set()
+        g.close()
+    # The case under test: the barrier ended in the call, the broadcast not yet.
+    assert results[1][0] == (True, False), results
+    assert [r[1:] for r in results] == [(1.0, 1.0, 2.0, 3)] * 2, results

@@ -1041,7 +1041,10 @@ cdef class CallPath:
                 raise
             finally:
                 self._busy = False
-            self._seq = seq
+            if not q.begun:
+                # A begun one took its number when it was posted; calls begun after it
+                # have taken theirs since, and _seq must not go back to this one's.
+                self._seq = seq
         finally:
             lock.give()
         name = _name_of(code)
