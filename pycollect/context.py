@@ -1075,7 +1075,7 @@ class Context(CallPath):
                     "rank %d: the context failed earlier and cannot be used; open a new "
                     "context (%s)" % (self._rank, self._failure))
             seq = (self._seq + 1) & 0xFFFFFFFF
-            if span and len(self._mailbox):
+            if span and self._mailbox.sent_before(seq):
                 self._unreceived(op, seq)
             # A collective consumes its sequence number once it has run; one whose
             # arguments this rank refused consumes it through _refuse.

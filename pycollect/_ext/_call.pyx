@@ -356,7 +356,7 @@ cdef class CallPath:
     cdef public int _size
     cdef public double _timeout
     cdef public Py_ssize_t _segment_bytes
-    cdef public unsigned int _seq
+    cdef unsigned int seq_          # the last collective's number (_seq)
     cdef public object _failure
     cdef public bint _closed
     cdef public bint _busy          # a collective of this context is running
@@ -619,6 +619,23 @@ cdef class CallPath:
                                   timeout=timeout)
 
     # -- the steps --------------------------------------------------------
+
+    @property
+    def _seq(self):
+        """The number of the last collective this context ran (or, begun, posted)."""
+        return self.seq_
+
+    @_seq.setter
+    def _seq(self, unsigned int seq):
+        self.numbered(seq)
+
+    cdef inline void numbered(self, unsigned int seq):
+        """The last collective is number ``seq``: point-to-point sends from now on carry
+        the next one (Transport.p2p_seq), to tell a message that came early from one left
+        unreceived."""
+        self.seq_ = seq
+        if self._transport is not None:
+            self._transport.p2p_seq = seq + 1
 
     cdef object run_sendrecv(self, object sendbuf, int dst, int sendtag, object recvbuf,
                              int src, int recvtag, double timeout):
@@ -962,7 +979,7 @@ cdef class CallPath:
             if self._closed or self._failure is not None:
                 runner.unclaim(False)
                 return None
-            seq = self._seq + 1
+            seq = self.seq_ + 1
             self._busy = True
             try:
                 if kind == K_ALLREDUCE:
@@ -981,7 +998,7 @@ cdef class CallPath:
             if state == -2 and exception is None:
                 runner.unclaim(False)
                 return None
-            self._seq = seq         # numbered, as run numbers a collective that ran
+            self.numbered(seq)      # numbered, as run numbers a collective that ran
             if rec is not None:
                 entry = _note(rec, kind, buf, root, None, True, seq)
             if exception is not None:
@@ -1030,7 +1047,7 @@ cdef class CallPath:
             lock.give()
             return self._execute((q, 1, None, None if q.entry < 0 else q.entry))
         try:
-            seq = q.seq if q.begun else self._seq + 1
+            seq = q.seq if q.begun else self.seq_ + 1
             self._busy = True
             try:
                 if q.entry >= 0 and not q.begun:
@@ -1043,8 +1060,8 @@ cdef class CallPath:
                 self._busy = False
             if not q.begun:
                 # A begun one took its number when it was posted; calls begun after it
-                # have taken theirs since, and _seq must not go back to this one's.
-                self._seq = seq
+                # have taken theirs since, and the count must not go back to this one's.
+                self.numbered(seq)
         finally:
             lock.give()
         name = _name_of(code)
@@ -1123,7 +1140,7 @@ cdef class CallPath:
         try:
             if self._closed or self._failure is not None or self.runner_engaged():
                 return _TAKE_SLOW
-            seq = self._seq + 1
+            seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
                 entry = _note(rec, kind, described, root, [root] if p2p else None, True,
                               NONE if p2p else seq)
@@ -1153,7 +1170,7 @@ cdef class CallPath:
             finally:
                 self._busy = False
             if not p2p:
-                self._seq = seq
+                self.numbered(seq)
         finally:
             lock.give()
         name = _name_of(code)

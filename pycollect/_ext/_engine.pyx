@@ -672,7 +672,7 @@ cdef class Engine(Transport):
                     # a later collective's: the peer finished this one after our last
                     # look at its flag
                     h.word.group_id == self.op.group_id
-                    and <int32_t>(h.seq - self.op.seq) > 0):
+                    and <int32_t>(h.seq - self._coll_seq()) > 0):
                 self._note_theirs(&h)
                 return self.set_error(ERR_MISMATCH, waiting_for, "", 0, "")
         if self._block(pc_now_ns(), until_ns, until_ns != 0) < 0:
@@ -740,6 +740,13 @@ cdef class Engine(Transport):
         return -1
 
     # -- the engine -----------------------------------------------------
+
+    cdef inline uint32_t _coll_seq(self) noexcept nogil:
+        """The operation in progress's collective number, to compare a collective's frame
+        with: 0 for a point-to-point operation, whose descriptor carries the sender's stamp
+        (Transport.p2p_seq, which _fill_desc puts in its messages' headers) and is no
+        collective's number."""
+        return 0 if self.op.coll == COLL_P2P else self.op.seq
 
     cdef inline void _fill_desc(self, MsgHeader* h) noexcept nogil:
         h.word.group_id = self.op.group_id
@@ -1033,7 +1040,7 @@ cdef class Engine(Transport):
             body = have
         reason[body] = 0
         self._note_theirs(h)
-        if h.word.group_id != self.op.group_id or h.seq != self.op.seq:
+        if h.word.group_id != self.op.group_id or h.seq != self._coll_seq():
             return self.set_error(ERR_MISMATCH, peer, "", 0, "it refused its arguments to a "
                                   "later collective while this rank runs this one")
         if not self.failed:
@@ -1377,7 +1384,7 @@ cdef class Engine(Transport):
         if h.magic == MAGIC_REFUSED:
             if n < HDR_BYTES:
                 return 0
-            if h.word.group_id != self.op.group_id or h.seq != self.op.seq \
+            if h.word.group_id != self.op.group_id or h.seq != self._coll_seq() \
                     or self.op.coll == COLL_P2P:
                 pr.data_waiting = 1     # a later collective's: its receive reads it
                 return 0
@@ -1388,8 +1395,8 @@ cdef class Engine(Transport):
             # that no receive here will ever match, or one of an earlier
             # collective of this group, means disagreement.
             if n == HDR_BYTES and h.word.group_id == self.op.group_id and h.coll != COLL_P2P and (
-                    <int32_t>(h.seq - self.op.seq) < 0 or (
-                        h.seq == self.op.seq and not _same_op(&h, &self.op))):
+                    <int32_t>(h.seq - self._coll_seq()) < 0 or (
+                        h.seq == self._coll_seq() and not _same_op(&h, &self.op))):
                 self._note_theirs(&h)
                 return self.set_error(ERR_MISMATCH, peer, "", 0, "")
             pr.data_waiting = 1

@@ -54,7 +54,8 @@ cdef inline bint _wants(int want_src, int want_tag, int src, int tag) noexcept n
 
 cdef class Mailbox:
     """Point-to-point messages read off the wire that no receive has taken yet, in arrival
-    order: each (source, tag, dtype code, payload bytes)."""
+    order: each (source, tag, dtype code, payload bytes, stamp), the stamp being the number
+    of the sender's next collective when it sent the message (Transport.p2p_seq)."""
 
     def __init__(self):
         self.mail = []
@@ -77,6 +78,19 @@ cdef class Mailbox:
             if _wants(src, tag, m[0], m[1]):
                 return m
         return None
+
+    def sent_before(self, unsigned int seq):
+        """Whether a message waits here that its sender sent before it began its collective
+        number ``seq``: one left unreceived where this rank begins that collective.  A
+        message sent after it (the sender finished its part early, as a broadcast's root
+        does, and went on to a send that a receive after the collective takes) came early,
+        and waits for its receive."""
+        cdef unsigned int stamp
+        for m in self.mail:
+            stamp = m[4]
+            if <int>(stamp - seq) <= 0:
+                return True
+        return False
 
     def unreceived(self):
         """What is waiting, in words ("" when nothing is)."""
@@ -114,7 +128,8 @@ cdef int _park(Transport t, Mailbox box, Probe* pr) except -1:
             rc = req if req < 0 else t.wait(req)
     if rc < 0:
         raise_error(t)
-    box.mail.append((peer, pr.desc.root, pr.desc.dtype, bytes(payload)))
+    # (source, tag, dtype, payload, the sender's next collective when it sent it)
+    box.mail.append((peer, pr.desc.root, pr.desc.dtype, bytes(payload), pr.desc.seq))
     return 0
 
 
@@ -131,7 +146,7 @@ cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except
     cdef Buffer b = as_buffer(buf, "send", "buf", False)
     cdef OpDesc d
     cdef int rc
-    fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
+    fill_desc(&d, t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0:
@@ -327,7 +342,7 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     cdef Probe pr
     cdef int rc, req = -1, peer = -1
     cdef bint taken = False
-    fill_desc(&ds, 0, COLL_P2P, sb.dtype, 0, 0, sendtag, sb.count)
+    fill_desc(&ds, t.p2p_seq, COLL_P2P, sb.dtype, 0, 0, sendtag, sb.count)
     fill_desc(&dr, 0, COLL_P2P, rb.dtype, 0, 0, recvtag, rb.count)
     m = box.take(src, recvtag)
     if m is not None:       # checked, and copied, before the send goes out
@@ -371,7 +386,7 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
         batch._match(pc_now_ns())
         return _moved(batch, i)
     b = as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
-    fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
+    fill_desc(&d, 0 if is_recv else t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and not is_recv:
@@ -457,7 +472,7 @@ cdef class Batch:
         cdef OpDesc d
         cdef int req
         cdef double tmo = self.timeout if timeout is None else timeout
-        fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
+        fill_desc(&d, self.t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
         with nogil:
             self.t.extend_deadline(tmo)
             req = self.t.set_op(&d)

@@ -105,6 +105,11 @@ cdef class Transport:
     cdef size_t scratch_cap[2]
     cdef object interrupt       # a KeyboardInterrupt (or other signal exception) that ended an op
     cdef public list host_ids   # rendezvous' host identity of every rank, or None
+    # The sequence number that point-to-point sends carry in their header: the number of
+    # the owning context's next collective (a group's own; CallPath keeps it).  A receiver
+    # that parks a message ahead of its receive keeps it, so that a collective numbered
+    # below it does not count the message as one left unreceived (_p2p.Mailbox).
+    cdef public unsigned int p2p_seq
     # The shared-memory flag area of the small-message path (_flags.FlagArea), set at
     # connect time where every pair is on one host's shared memory; None elsewhere.
     cdef public object flag_area
