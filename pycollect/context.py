@@ -562,6 +562,11 @@ class Context(CallPath):
             src = self._check_peer(src, what, "src")
         tag = self._check_tag(tag, what, allow_any=True)
         tmo = self._call_timeout(timeout, what)
+        if self._runner is not None and not self._detail and not self._logs:
+            got = self._probe_beside_batch(src, tag, tmo, block)
+            if got is not False:
+                return None if got is None else Status(got[0], got[1] // _itemsize(got[3]),
+                                                       got[2])
         t, box, found = self._transport, self._mailbox, []
 
         def run(seq):

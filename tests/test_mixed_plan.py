@@ -1,6 +1,6 @@
 """A seeded plan that every rank walks in step, in real processes: every collective kind,
-blocking and async, one in a sub-group, receives from any rank, and five MPI shapes of
-point-to-point exchange, from one float to 1 MiB, in four dtypes, over shared memory and
+blocking and async, one in a sub-group, receives from any rank, five MPI shapes of
+point-to-point exchange and two of probing before receiving, from one float to 1 MiB, in four dtypes, over shared memory and
 TCP.  Every result is checked; a call that waits for a peer that never comes ends at the
 30 s deadline as an error, never as a hang."""
 
@@ -48,7 +48,7 @@ def run(kind, call, check, async_op):
 SHAPES = ("irecv+send+wait", "isend+irecv+wait_all", "sendrecv", "irecv+isend+poll",
           "send+recv")
 for step in range(steps):
-    kind = int(plan.integers(0, 16))
+    kind = int(plan.integers(0, 18))
     n = int(plan.choice(counts))
     dt = dtypes[int(plan.integers(0, 4))]
     async_op = bool(plan.random() < 0.5)
@@ -124,6 +124,23 @@ for step in range(steps):
         ran["any source"] = ran.get("any source", 0) + 1
         expect(sorted(int(b[0]) for b in got) == [100 * q + r for q in range(P) if q != r],
                "any source", step)
+    elif kind >= 16:
+        # MPI's Isend, then Probe (or an Iprobe loop), then Recv of the size probed.
+        settle()
+        dst, src = (r + 1) % P, (r - 1) % P
+        sent = ctx.send(np.full(n, r * 1000 + step, dt), dst, tag=tag, async_op=True)
+        if kind == 16:
+            st = ctx.probe(src, tag, timeout=30)
+        else:
+            st, end = None, time.monotonic() + 30
+            while st is None and time.monotonic() < end:
+                st = ctx.iprobe(src, tag)
+        got = np.zeros(st.count, dt)
+        ctx.recv(got, src, tag=tag)
+        sent.wait(30)
+        name = "isend+probe+recv" if kind == 16 else "isend+iprobe+recv"
+        ran[name] = ran.get(name, 0) + 1
+        expect(st.count == n and np.all(got == src * 1000 + step), name, step)
     else:
         shape = SHAPES[kind - 11]
         if plan.random() < 0.5:
@@ -181,4 +198,4 @@ def test_a_seeded_plan_of_collectives_and_exchanges_in_step(tmp_path, transport,
     # Every rank ran the same plan, every kind of step came up, none was left out.
     assert all(res == results[0] for res in results), results
     assert sum(results[0].values()) == steps, results[0]
-    assert len(results[0]) == 16, results[0]
+    assert len(results[0]) == 18, results[0]

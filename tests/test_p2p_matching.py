@@ -312,6 +312,38 @@ def test_large_blocking_sends_beside_waiting_receives_on_both_ranks_at_once(pair
     assert pair.run(body) == [[True] * 3, [True] * 3]
 
 
+@pytest.mark.parametrize("probe", ["probe", "iprobe"])
+def test_a_probe_after_a_large_async_send_finds_the_peers_message(pair, probe):
+    """MPI's Isend, then Probe (or an Iprobe loop), then Recv of the size probed, on both
+    ranks at once, with messages the channel does not take whole (8 MiB: over shared
+    memory the peer copies them from the sender's memory; over TCP they outgrow the
+    sockets' buffers).  A probe queued behind the send's batch waited for the send to end,
+    so for the peer's receive, while the peer's own probe waited the same way: Timeout.
+    The probe now looks beside the parked batch, the send staying in flight."""
+    together = threading.Barrier(2)
+    count = 1 << 20
+
+    def body(ctx):
+        peer, ok = 1 - ctx.rank, []
+        for i in range(2):
+            together.wait(10)
+            sent = ctx.send(np.full(count, float(10 * ctx.rank + i)), peer, tag=3,
+                            async_op=True)
+            if probe == "probe":
+                st = ctx.probe(peer, 3, timeout=20)
+            else:
+                st, end = None, time.monotonic() + 20
+                while st is None and time.monotonic() < end:
+                    st = ctx.iprobe(peer, 3)
+            got = np.zeros(st.count)
+            ctx.recv(got, peer, tag=3)
+            sent.wait(20)
+            ok.append((st.source, st.tag, st.count, got[0] == got[-1] == 10 * peer + i))
+        return ok
+
+    assert pair.run(body) == [[(1, 3, count, True)] * 2, [(0, 3, count, True)] * 2]
+
+
 def test_a_kick_ends_a_batchs_wait_for_heads_at_once(pair):
     """A batch waiting for its receive's head for a slice of 5 s returns as soon as another
     thread kicks the transport (what the runner does when an operation is queued while the

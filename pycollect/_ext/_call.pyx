@@ -69,10 +69,14 @@ from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
+from pycollect._ext._p2p cimport probe_beside as _probe_beside
 from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
                                         ALGO_RECURSIVE_DOUBLING, Transport)
+
+from os import sched_yield as _sched_yield
+from time import monotonic as _monotonic, sleep as _sleep
 
 import numpy as np
 
@@ -88,7 +92,7 @@ from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
-from pycollect.errors import Aborted, Error, InvalidArgument
+from pycollect.errors import Aborted, Error, InvalidArgument, Timeout
 from pycollect.types import ReduceOp
 from pycollect.work import Later as _Later, P2P as _P2P, Status as _Status, Work as _Work
 
@@ -842,6 +846,62 @@ cdef class CallPath:
         if entry >= 0:
             rec.end(entry, None, None)
         return result
+
+    def _probe_beside_batch(self, int src, int tag, double timeout, bint block):
+        """``probe`` (``block``) or ``iprobe`` made while the context's runner holds a batch
+        of sends and receives in flight, parked (no thread drives it), with nothing queued
+        behind it and no receive of it waiting for its message (MPI's Isend, then Probe or
+        Iprobe, then Recv): it looks beside the batch on this thread (``_p2p.probe_beside``),
+        the batch's sends staying in flight, rather than queueing behind the batch, which
+        would wait for those sends to end and so for the peer's receive, while the peer's own
+        probe waits the same way.  A blocking one looks again until its message is here or
+        ``timeout`` passes (``Timeout``), letting the runner drive the batch between looks.
+        (source, byte count, tag, dtype code), or None (an iprobe that found nothing).
+        False, with nothing done, where that does not apply (no batch in flight: the
+        Python path runs the probe itself; something queued; a receive of the batch waits
+        for its message, the heads being its to match; a thread drives the batch)."""
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        cdef Batch batch
+        cdef double end = _monotonic() + timeout
+        cdef int looks = 0
+        runner = self._runner
+        if runner is None:
+            return False
+        while True:
+            if not lock.try_take():
+                return False       # a driver holds it: the queue, as before
+            try:
+                if self._closed or self._failure is not None:
+                    return False
+                got = runner.batch_alone()
+                if type(got) is not Batch:
+                    return False
+                batch = <Batch>got
+                if batch.t is not t or batch.matches_heads():
+                    return False
+                self._busy = True
+                try:
+                    found = _probe_beside(t, self._mailbox, src, tag, timeout)
+                except BaseException as exc:
+                    self.note_failure(exc)
+                    raise
+                finally:
+                    self._busy = False
+            finally:
+                lock.give()
+            if found is not None or not block:
+                return found
+            if _monotonic() >= end:
+                raise Timeout("rank %d: a probe from %s with %s timed out after %g s" % (
+                    self._rank, "any rank" if src < 0 else "rank %d" % src,
+                    "any tag" if tag == -1 else "tag %d" % tag, timeout))
+            # The runner may take the batch up meanwhile: the next look queues the probe.
+            looks += 1
+            if looks % 64:
+                _sched_yield()
+            else:
+                _sleep(0.0001)
 
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a

@@ -33,6 +33,7 @@ cdef class Batch:
     cdef int _moving(self) except -1
     cdef bint _ended(self, int i) except -1
     cpdef bint on_wire(self) except -1
+    cpdef bint matches_heads(self) except -1
 
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
@@ -40,3 +41,4 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
                   int tag)
 cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
                       double timeout) except -1
+cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double timeout)

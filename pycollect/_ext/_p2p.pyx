@@ -295,6 +295,38 @@ def probe(Transport t, Mailbox box, int src, int tag, double timeout, bint block
     return peer, pr.nbytes, pr.desc.root, pr.desc.dtype
 
 
+cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double timeout):
+    """``probe``'s one look, without waiting, made while a batch (on ``t``, with no
+    receive waiting for its message: ``Batch.matches_heads``) is in flight: the mailbox,
+    then the heads on the wire now (other point-to-point heads parked in the mailbox, as
+    probe parks them; a pair whose body the batch reads is not looked at), on an operation
+    of the transport's own, the batch's descriptor and deadline set aside meanwhile and put
+    back after (``Transport.save_op``), as ``send_beside`` does.  Nothing is begun, so the
+    batch's requests stay in flight: a send of the batch that waits for the peer to read
+    it goes on while this rank looks for the peer's message (MPI's Isend, then Probe or
+    Iprobe, then Recv).  (source, byte count, tag, dtype code), or None.  The caller holds
+    the context's lock."""
+    cdef OpDesc d
+    cdef OpState saved
+    cdef Probe pr
+    cdef int peer
+    m = box.peek(src, tag)
+    if m is not None:
+        return m[0], len(m[3]), m[1], m[2]
+    fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
+    t.save_op(&saved)
+    try:
+        with nogil:
+            t.set_op(&d)
+            t.extend_deadline(timeout)
+        peer = _matching_loop(t, box, &d, src, tag, timeout, pc_now_ns(), &pr)
+    finally:
+        t.restore_op(&saved)
+    if peer == -2:
+        return None
+    return peer, pr.nbytes, pr.desc.root, pr.desc.dtype
+
+
 cdef int _matching_head(Transport t, Mailbox box, OpDesc* d, int src, int tag, double timeout,
                         int64_t until_ns, Probe* pr) except -3:
     """Begin operation ``d``, then wait for the first head from ``src`` with ``tag``,
@@ -575,6 +607,12 @@ cdef class Batch:
             if <int>self.reqs[i] >= 0:
                 moving = _IN_FLIGHT
         return moving
+
+    cpdef bint matches_heads(self) except -1:
+        """A receive of the batch waits for its message: the heads that come are its to
+        match (``_match``), and nothing beside the batch may park one in the mailbox, which
+        that receive no longer looks at."""
+        return len(self.waiting) > 0
 
     cpdef bint on_wire(self) except -1:
         """An open operation has a request of the transport's: a send, or a matched
