@@ -781,13 +781,8 @@ cdef class CallPath:
         if not lock.try_take():
             return _TAKE_SLOW
         try:
-            if self._closed or self._failure is not None:
-                return _TAKE_SLOW
-            got = runner.batch_alone()
-            if type(got) is not Batch:
-                return _TAKE_SLOW
-            batch = <Batch>got
-            if batch.t is not t or batch.on_wire() or not t.sends_now(dst, b.nbytes):
+            batch = self.batch_beside(runner)
+            if batch is None or batch.on_wire() or not t.sends_now(dst, b.nbytes):
                 return _TAKE_SLOW
             if rec is not None:
                 entry = _note(rec, K_SEND, buf, NONE, [dst], True)
@@ -872,13 +867,8 @@ cdef class CallPath:
             if not lock.try_take():
                 return False       # a driver holds it: the queue, as before
             try:
-                if self._closed or self._failure is not None:
-                    return False
-                got = runner.batch_alone()
-                if type(got) is not Batch:
-                    return False
-                batch = <Batch>got
-                if batch.t is not t or batch.matches_heads():
+                batch = self.batch_beside(runner)
+                if batch is None or batch.matches_heads():
                     return False
                 self._busy = True
                 try:
@@ -902,6 +892,17 @@ cdef class CallPath:
                 _sched_yield()
             else:
                 _sleep(0.0001)
+
+    cdef Batch batch_beside(self, object runner):
+        """Under the context's lock: the runner's batch in flight on this context's
+        transport with nothing queued behind it, that an operation may run beside, or None
+        (the context is closed or failed, or there is no such batch)."""
+        if self._closed or self._failure is not None:
+            return None
+        got = runner.batch_alone()
+        if type(got) is not Batch or (<Batch>got).t is not self._transport:
+            return None
+        return <Batch>got
 
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a

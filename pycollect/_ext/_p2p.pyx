@@ -279,15 +279,22 @@ cdef tuple _received(Transport t, Mailbox box, const OpDesc* d, int src, int tag
     return peer, _count(t, req, b), pr.desc.root
 
 
+cdef object _described(Mailbox box, int src, int tag):
+    """The first message from ``src`` with ``tag`` in the mailbox as a probe describes it:
+    (source, byte count, tag, dtype code), or None."""
+    m = box.peek(src, tag)
+    return None if m is None else (m[0], len(m[3]), m[1], m[2])
+
+
 def probe(Transport t, Mailbox box, int src, int tag, double timeout, bint block):
     """Describe the first message from ``src`` with ``tag`` without receiving it: (source,
     byte count, tag, dtype code), or None when ``block`` is false and none is here yet."""
     cdef OpDesc d
     cdef Probe pr
     cdef int peer
-    m = box.peek(src, tag)
-    if m is not None:
-        return m[0], len(m[3]), m[1], m[2]
+    here = _described(box, src, tag)
+    if here is not None:
+        return here
     fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
     peer = _matching_head(t, box, &d, src, tag, timeout, 0 if block else pc_now_ns(), &pr)
     if peer == -2:
@@ -310,9 +317,9 @@ cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double tim
     cdef OpState saved
     cdef Probe pr
     cdef int peer
-    m = box.peek(src, tag)
-    if m is not None:
-        return m[0], len(m[3]), m[1], m[2]
+    here = _described(box, src, tag)
+    if here is not None:
+        return here
     fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
     t.save_op(&saved)
     try:
