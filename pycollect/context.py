@@ -1044,7 +1044,8 @@ class Context(CallPath):
         """The thread that runs this context's queued operations, started at first need."""
         if self._runner is None:
             self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank,
-                                  kick=self._transport.kick)
+                                  kick=self._transport.kick,
+                                  wanted=lambda lock=self._lock: lock.wanted)
         return self._runner
 
     def _pair_kinds(self):

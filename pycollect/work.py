@@ -390,8 +390,14 @@ class Runner:
     goes back to the doorbell.
     """
 
-    def __init__(self, execute, name, kick=None):
+    def __init__(self, execute, name, kick=None, wanted=None):
         self._execute = execute
+        # () -> whether another thread waits for the context's lock, which the runner's
+        # drive of a batch holds: the drive then ends between two slices and leaves the
+        # batch parked, to take it up again at its next look (a probe beside the batch
+        # waits for the lock so: CallPath._probe_beside_batch).
+        self._wanted = wanted
+        self._yielded = False   # the last drive ended so
         # Called (from the submitting thread) when an operation is queued while a batch is
         # driven: the drive's wait for its receives' heads returns now and it takes the
         # operation, instead of at the end of its slice (the transport's kick).
@@ -642,10 +648,11 @@ class Runner:
             else:
                 self._run_batch(until, slice_s)
         finally:
-            leaves = until is not None and until.done
+            leaves = until is not None and until.done or self._yielded
             # A waiter leaves what its batch still has in flight parked, as ``begun`` does:
             # for the wait that usually follows at once (an exchange's receive after its
-            # send), else for the runner at its next look.
+            # send), else for the runner at its next look; so does the runner that handed
+            # the lock to a thread waiting for it.
             self._done_running(not leaves, park=leaves and self._batch is not None)
 
     def _run_head(self, head):
@@ -720,7 +727,8 @@ class Runner:
                     continue
                 head = self._take_next()
             self._run_next(head, None)
-            at_once = True
+            at_once = not self._yielded     # a yielded batch waits for the next look
+            self._yielded = False
 
     def _take_p2p(self):
         """The sends and receives at the queue's head, taken off it."""
@@ -765,6 +773,9 @@ class Runner:
                 for work in ended:
                     work.complete(None, None)
                 if idle or until is not None and until.done:
+                    return None
+                if until is None and self._wanted is not None and self._wanted():
+                    self._yielded = True
                     return None
 
         try:

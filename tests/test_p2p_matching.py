@@ -312,14 +312,18 @@ def test_large_blocking_sends_beside_waiting_receives_on_both_ranks_at_once(pair
     assert pair.run(body) == [[True] * 3, [True] * 3]
 
 
+@pytest.mark.parametrize("compute", [0.0, 0.03], ids=["at-once", "after-computing"])
 @pytest.mark.parametrize("probe", ["probe", "iprobe"])
-def test_a_probe_after_a_large_async_send_finds_the_peers_message(pair, probe):
+def test_a_probe_after_a_large_async_send_finds_the_peers_message(pair, probe, compute):
     """MPI's Isend, then Probe (or an Iprobe loop), then Recv of the size probed, on both
     ranks at once, with messages the channel does not take whole (8 MiB: over shared
     memory the peer copies them from the sender's memory; over TCP they outgrow the
     sockets' buffers).  A probe queued behind the send's batch waited for the send to end,
     so for the peer's receive, while the peer's own probe waited the same way: Timeout.
-    The probe now looks beside the parked batch, the send staying in flight."""
+    The probe now looks beside the batch, the send staying in flight: at once, beside the
+    parked batch; after 30 ms of computing, when the runner has taken the batch up and
+    drives it holding the context's lock, after the drive hands the lock over between two
+    of its slices."""
     together = threading.Barrier(2)
     count = 1 << 20
 
@@ -329,6 +333,7 @@ def test_a_probe_after_a_large_async_send_finds_the_peers_message(pair, probe):
             together.wait(10)
             sent = ctx.send(np.full(count, float(10 * ctx.rank + i)), peer, tag=3,
                             async_op=True)
+            time.sleep(compute)
             if probe == "probe":
                 st = ctx.probe(peer, 3, timeout=20)
             else:

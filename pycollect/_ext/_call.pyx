@@ -248,6 +248,12 @@ cdef class CallLock:
         if pc_lock_add(&self.waiters, 0) > 0:
             sem_post(&self.wake)
 
+    @property
+    def wanted(self):
+        """Whether a thread waits to take the lock (the runner's drive of a batch, which
+        holds it, then hands the batch back between its slices: ``Runner``)."""
+        return pc_lock_add(&self.waiters, 0) > 0
+
     def __enter__(self):
         self.take()
         return self
@@ -850,11 +856,13 @@ cdef class CallPath:
         the batch's sends staying in flight, rather than queueing behind the batch, which
         would wait for those sends to end and so for the peer's receive, while the peer's own
         probe waits the same way.  A blocking one looks again until its message is here or
-        ``timeout`` passes (``Timeout``), letting the runner drive the batch between looks.
+        ``timeout`` passes (``Timeout``), letting the runner drive the batch between looks
+        (where the runner drives it, the probe waits for the lock, which the drive gives up
+        between two slices while it is wanted).
         (source, byte count, tag, dtype code), or None (an iprobe that found nothing).
         False, with nothing done, where that does not apply (no batch in flight: the
         Python path runs the probe itself; something queued; a receive of the batch waits
-        for its message, the heads being its to match; a thread drives the batch)."""
+        for its message, the heads being its to match; another call holds the lock)."""
         cdef CallLock lock = self._lock
         cdef Transport t = self._transport
         cdef Batch batch
@@ -865,7 +873,13 @@ cdef class CallPath:
             return False
         while True:
             if not lock.try_take():
-                return False       # a driver holds it: the queue, as before
+                if not runner.busy:
+                    return False    # held by another call: the queue, as before
+                # The runner drives the batch and holds the lock until it ends, which may
+                # be the peer's receive of this rank's send, while the peer's probe waits
+                # the same way: wait for the lock; the drive hands the batch back between
+                # two of its slices when the lock is wanted (Runner, ``wanted``).
+                lock.take()
             try:
                 batch = self.batch_beside(runner)
                 if batch is None or batch.matches_heads():
