@@ -850,9 +850,8 @@ cdef class CallPath:
 
     def _probe_beside_batch(self, int src, int tag, double timeout, bint block):
         """``probe`` (``block``) or ``iprobe`` made while the context's runner holds a batch
-        of sends and receives in flight, parked (no thread drives it), with nothing queued
-        behind it and no receive of it waiting for its message (MPI's Isend, then Probe or
-        Iprobe, then Recv): it looks beside the batch on this thread (``_p2p.probe_beside``),
+        of sends and receives in flight, with nothing queued behind it and no receive of it
+        waiting for its message (MPI's Isend, then Probe or Iprobe, then Recv): it looks beside the batch on this thread (``_p2p.probe_beside``),
         the batch's sends staying in flight, rather than queueing behind the batch, which
         would wait for those sends to end and so for the peer's receive, while the peer's own
         probe waits the same way.  A blocking one looks again until its message is here or

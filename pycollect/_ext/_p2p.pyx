@@ -279,27 +279,10 @@ cdef tuple _received(Transport t, Mailbox box, const OpDesc* d, int src, int tag
     return peer, _count(t, req, b), pr.desc.root
 
 
-cdef object _described(Mailbox box, int src, int tag):
-    """The first message from ``src`` with ``tag`` in the mailbox as a probe describes it:
-    (source, byte count, tag, dtype code), or None."""
-    m = box.peek(src, tag)
-    return None if m is None else (m[0], len(m[3]), m[1], m[2])
-
-
 def probe(Transport t, Mailbox box, int src, int tag, double timeout, bint block):
     """Describe the first message from ``src`` with ``tag`` without receiving it: (source,
     byte count, tag, dtype code), or None when ``block`` is false and none is here yet."""
-    cdef OpDesc d
-    cdef Probe pr
-    cdef int peer
-    here = _described(box, src, tag)
-    if here is not None:
-        return here
-    fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
-    peer = _matching_head(t, box, &d, src, tag, timeout, 0 if block else pc_now_ns(), &pr)
-    if peer == -2:
-        return None
-    return peer, pr.nbytes, pr.desc.root, pr.desc.dtype
+    return _probe(t, box, src, tag, timeout, 0 if block else pc_now_ns(), False)
 
 
 cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double timeout):
@@ -313,22 +296,33 @@ cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double tim
     it goes on while this rank looks for the peer's message (MPI's Isend, then Probe or
     Iprobe, then Recv).  (source, byte count, tag, dtype code), or None.  The caller holds
     the context's lock."""
+    return _probe(t, box, src, tag, timeout, pc_now_ns(), True)
+
+
+cdef object _probe(Transport t, Mailbox box, int src, int tag, double timeout,
+                   int64_t until_ns, bint beside):
+    """``probe`` and ``probe_beside``: the mailbox, then the wire until ``until_ns`` (0:
+    until the message comes); ``beside``: on an operation of the transport's own, nothing
+    begun, the operation in progress set aside and put back after."""
     cdef OpDesc d
     cdef OpState saved
     cdef Probe pr
     cdef int peer
-    here = _described(box, src, tag)
-    if here is not None:
-        return here
+    m = box.peek(src, tag)
+    if m is not None:
+        return m[0], len(m[3]), m[1], m[2]
     fill_desc(&d, 0, COLL_P2P, 0, 0, 0, tag, 0)
-    t.save_op(&saved)
-    try:
-        with nogil:
-            t.set_op(&d)
-            t.extend_deadline(timeout)
-        peer = _matching_loop(t, box, &d, src, tag, timeout, pc_now_ns(), &pr)
-    finally:
-        t.restore_op(&saved)
+    if not beside:
+        peer = _matching_head(t, box, &d, src, tag, timeout, until_ns, &pr)
+    else:
+        t.save_op(&saved)
+        try:
+            with nogil:
+                t.set_op(&d)
+                t.extend_deadline(timeout)
+            peer = _matching_loop(t, box, &d, src, tag, timeout, until_ns, &pr)
+        finally:
+            t.restore_op(&saved)
     if peer == -2:
         return None
     return peer, pr.nbytes, pr.desc.root, pr.desc.dtype
