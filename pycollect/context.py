@@ -24,7 +24,8 @@ import numpy as np
 
 from ._ext import (_allgather, _allreduce, _alltoall, _barrier, _broadcast, _buffer, _p2p,
                    _reduce_scatter, _rooted, _transport)
-from ._ext._call import CallLock, CallPath, Queued
+from ._ext._call import CallPath, Queued
+from ._ext._lock import CallLock
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
 from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
@@ -1044,8 +1045,8 @@ class Context(CallPath):
         """The thread that runs this context's queued operations, started at first need."""
         if self._runner is None:
             self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank,
-                                  kick=self._transport.kick,
-                                  wanted=lambda lock=self._lock: lock.wanted)
+                                  kick=self._transport.kick, wanted=self._lock,
+                                  drive=self.run_drive)
         return self._runner
 
     def _pair_kinds(self):

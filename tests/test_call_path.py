@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from pycollect._ext._call import CallLock
+from pycollect._ext._lock import CallLock
 from pycollect.context import Context
 from pycollect.recorder import Recorder
 

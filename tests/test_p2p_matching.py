@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
+import pycollect.context
 from group import ThreadGroup
 from jobs import last_json, run_script
 from pycollect._ext import _p2p
@@ -173,16 +174,17 @@ def _no_python_path(self, *args, **kwargs):
 
 
 def _joins(monkeypatch):
-    """A list that Runner.join, patched to go on as before, fills with (is_recv, wait) for
-    every send or receive that joins a batch."""
+    """A list that Runner.join fills with (is_recv, wait) for every send or receive that
+    joins a batch: the runners made from now on are of a subclass whose join notes the call
+    and goes on as before (the compiled call path calls it as the override it is)."""
     joined = []
-    join = Runner.join
 
-    def counted(self, op, description, wait):
-        joined.append((op.is_recv, wait))
-        return join(self, op, description, wait)
+    class Counted(Runner):
+        def join(self, op, description, wait):
+            joined.append((op.is_recv, wait))
+            return Runner.join(self, op, description, wait)
 
-    monkeypatch.setattr(Runner, "join", counted)
+    monkeypatch.setattr(pycollect.context, "Runner", Counted)
     return joined
 
 
@@ -537,6 +539,7 @@ _ISEND_AFTER_IRECV = r"""
 import json, sys, time
 import numpy as np
 import pycollect as pc
+import pycollect.context
 rank, store, transport = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 ctx = pc.init(rank=rank, size=2, store=store, timeout=60, transport=transport)
 ctx.barrier()

@@ -211,10 +211,10 @@ def test_a_call_that_ends_at_once_behind_a_begun_one_keeps_its_number(monkeypatc
     peer has posted its barrier already, ends in the call.  Running the broadcast's end
     afterwards must not take the context's count back to the broadcast's number: the next
     collective is number 3 on both ranks (it was 2 on the root: a MismatchError)."""
-    import pycollect.work
+    from pycollect._ext import _work
     released, posted = threading.Event(), threading.Event()
     # The root's runner takes nothing until released: the broadcast's end stays queued.
-    monkeypatch.setattr(pycollect.work, "Doorbell",
+    monkeypatch.setattr(_work, "Doorbell",
                         lambda: _HeldBell("pycollect-rank1", released))
     g = ThreadGroup(2, timeout=30)
     try:

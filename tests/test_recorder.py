@@ -108,6 +108,37 @@ def test_async_calls_are_recorded_when_queued_and_numbered_when_they_run(tmp_pat
             c.close()
 
 
+def test_async_sends_and_receives_end_their_entries_with_their_handles(tmp_path):
+    """Async sends and receives of arrays begun on the caller's thread: a receive left in
+    flight (its message comes later), a send that joins its batch and ends there, and a
+    receive that waits past its deadline: each entry ends with its handle, completed or
+    failed (the compiled runner ends it: Work.record_in)."""
+    ctxs = contexts(2, timeout=10)
+    try:
+        def body(r):
+            ctx = ctxs[r]
+            got = np.zeros(4, np.float32)
+            if r == 0:
+                waiting = ctx.recv(got, 1, tag=5, async_op=True)        # parked
+                joined = ctx.send(np.ones(4, np.float32), 1, tag=6, async_op=True)
+                pc.wait_all([waiting, joined])
+                late = ctx.recv(got, 1, tag=7, async_op=True, timeout=0.3)
+                with pytest.raises(pc.Timeout):
+                    late.wait()
+                return json.loads(open(ctx.dump_trace(tmp_path)).read())["entries"]
+            ctx.recv(got, 0, tag=6)
+            ctx.send(np.full(4, 2, np.float32), 0, tag=5)
+        entries = run_ranks(2, body)[0]
+        got = [(e["name"], e["state"], e["peers"]) for e in entries]
+        assert got == [("recv", "completed", [1]), ("send", "completed", [1]),
+                       ("recv", "failed", [1])], got
+        assert entries[-1]["error"].startswith("Timeout")
+        assert all(e["started_ns"] <= e["ended_ns"] for e in entries)
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 def test_size_zero_turns_the_recorder_off(monkeypatch, tmp_path):
     monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "0")
     ctxs = contexts(1)

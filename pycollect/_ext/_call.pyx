@@ -34,32 +34,6 @@ pycollect/context.py and ``run`` here are the same steps.
 cimport numpy as cnp
 from libc.stdint cimport int64_t
 
-cdef extern from "<semaphore.h>" nogil:
-    ctypedef struct sem_t:
-        pass
-    int sem_init(sem_t* s, int pshared, unsigned int value)
-    int sem_destroy(sem_t* s)
-    int sem_wait(sem_t* s)
-    int sem_post(sem_t* s)
-
-cdef extern from *:
-    """
-    /* CallLock's word: takers and givers hold the GIL, which orders them, so a plain
-       load and store do; where there is no GIL (a free-threaded build) they are atomic. */
-    #ifdef Py_GIL_DISABLED
-    static inline int pc_lock_try(int* held) { return __atomic_exchange_n(held, 1, __ATOMIC_ACQUIRE) == 0; }
-    static inline void pc_lock_clear(int* held) { __atomic_store_n(held, 0, __ATOMIC_RELEASE); }
-    static inline int pc_lock_add(int* n, int d) { return __atomic_add_fetch(n, d, __ATOMIC_SEQ_CST); }
-    #else
-    static inline int pc_lock_try(int* held) { if (*held) return 0; *held = 1; return 1; }
-    static inline void pc_lock_clear(int* held) { *held = 0; }
-    static inline int pc_lock_add(int* n, int d) { return *n += d; }
-    #endif
-    """
-    bint pc_lock_try(int* held) noexcept
-    void pc_lock_clear(int* held) noexcept
-    int pc_lock_add(int* n, int d) noexcept
-
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
 from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end
 from pycollect._ext._barrier cimport barrier as run_barrier
@@ -67,6 +41,8 @@ from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._lock cimport CallLock
+from pycollect._ext._work cimport Later, P2P, Runner, Status, Work
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
@@ -94,11 +70,10 @@ from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter
 from pycollect._ext._transport import ALGORITHM_NAMES
 from pycollect.errors import Aborted, Error, InvalidArgument, Timeout
 from pycollect.types import ReduceOp
-from pycollect.work import Later as _Later, P2P as _P2P, Status as _Status, Work as _Work
 
 cnp.import_array()
 
-__all__ = ["CallPath", "CallLock"]
+__all__ = ["CallPath"]
 
 cdef enum:
     K_BARRIER = 0
@@ -196,71 +171,6 @@ cdef inline double _seconds(object timeout, double default):
     else:
         return -1.0
     return s if 0.0 < s < _INF else -1.0
-
-
-cdef class CallLock:
-    """The lock that runs the collectives of a context and its sub-groups one at a time.
-
-    Every taker holds the GIL, so the lock is a word the GIL guards: taking a free lock
-    is a load and a store, with no atomic instruction and no clock read (a Python lock's
-    acquire makes both); ``with lock:`` from Python.  A thread that finds it held counts
-    itself a waiter and sleeps on a semaphore with the GIL released; the giver posts the
-    semaphore when a waiter is counted, and a woken waiter takes the lock only if it is
-    free by then (else it waits again).  The thread that takes it gives it back."""
-
-    cdef int held
-    cdef int waiters
-    cdef sem_t wake
-
-    def __cinit__(self):
-        if sem_init(&self.wake, 0, 0) != 0:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        sem_destroy(&self.wake)
-
-    cdef inline bint take(self) noexcept:
-        """Take the lock; whether this had to wait for it."""
-        if pc_lock_try(&self.held):
-            return False
-        self.wait()
-        return True
-
-    cdef inline bint try_take(self) noexcept:
-        """Take the lock if it is free; whether this did (it never waits)."""
-        return pc_lock_try(&self.held)
-
-    cdef void wait(self) noexcept:
-        while True:
-            pc_lock_add(&self.waiters, 1)
-            if pc_lock_try(&self.held):       # given back in between (free-threaded builds)
-                pc_lock_add(&self.waiters, -1)
-                return
-            with nogil:
-                while sem_wait(&self.wake) != 0:    # EINTR: a signal came; wait on
-                    pass
-            pc_lock_add(&self.waiters, -1)
-            if pc_lock_try(&self.held):
-                return
-
-    cdef inline void give(self) noexcept:
-        pc_lock_clear(&self.held)
-        if pc_lock_add(&self.waiters, 0) > 0:
-            sem_post(&self.wake)
-
-    @property
-    def wanted(self):
-        """Whether a thread waits to take the lock (the runner's drive of a batch, which
-        holds it, then hands the batch back between its slices: ``Runner``)."""
-        return pc_lock_add(&self.waiters, 0) > 0
-
-    def __enter__(self):
-        self.take()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.give()
-        return False
 
 
 cdef object _run_other(int kind, Transport t, object buf, object recv, int code, int op,
@@ -371,7 +281,7 @@ cdef class CallPath:
     cdef public bint _closed
     cdef public bint _busy          # a collective of this context is running
     cdef public CallLock _lock      # shared with sub-groups
-    cdef public object _runner      # the thread of queued operations, or None
+    cdef public Runner _runner      # the thread of queued operations, or None
     cdef public bint _detail        # PYCOLLECT_DEBUG=detail: the Python path checks calls
     cdef public bint _logs          # PYCOLLECT_DEBUG=1: the Python path logs every call
     cdef public Ring _recorder      # the flight recorder, or None
@@ -705,7 +615,8 @@ cdef class CallPath:
         cdef Py_ssize_t entry = -1
         cdef CallLock lock = self._lock
         cdef Transport t = self._transport
-        runner = self._started_runner() if self._runner is None else self._runner
+        cdef Runner runner = self._started_runner() if self._runner is None else self._runner
+        cdef Work work
         if not runner.claim():
             return None
         batch, index, ended, got, exception = None, -1, False, None, None
@@ -741,11 +652,11 @@ cdef class CallPath:
             runner.unclaim()        # the batch was this call's alone: nothing is left
             result = None
             if ended and is_recv:
-                result = (_Status() if status is None else status).set(*got)
-            work = _Work.ended(what, result, exception)
+                result = (Status() if status is None else status).set(*got)
+            work = Work.made_ended(what, result, exception)
         else:
-            work = runner.begun(_P2P(is_recv, buf, peer, tag, self._new_batch,
-                                     _Later(status) if is_recv else None, timeout),
+            work = runner.begun(P2P(is_recv, buf, peer, tag, self._new_batch,
+                                    Later(status) if is_recv else None, timeout),
                                 what, batch, index)
         if entry >= 0:
             if ended or exception is not None:
@@ -753,7 +664,7 @@ cdef class CallPath:
                 if exception is not None:
                     self._failed_trace(exception)
             else:
-                work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
+                work.record_in(rec, entry)
         return work
 
     cdef object send_beside_batch(self, object buf, int dst, int tag, double timeout):
@@ -774,7 +685,7 @@ cdef class CallPath:
         cdef Transport t = self._transport
         cdef Batch batch
         cdef Buffer b
-        runner = self._runner
+        cdef Runner runner = self._runner
         if runner is None:
             return _TAKE_SLOW
         try:
@@ -819,15 +730,16 @@ cdef class CallPath:
         refused: the Python path says why)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
-        runner = self._runner
+        cdef Runner runner = self._runner
+        cdef Work work
         if runner is None:
             return _TAKE_SLOW
         try:
             as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
         except InvalidArgument:
             return _TAKE_SLOW
-        op = _P2P(is_recv, buf, peer, tag, self._new_batch,
-                  _Later(status) if is_recv else None, timeout)
+        op = P2P(is_recv, buf, peer, tag, self._new_batch,
+                 Later(status) if is_recv else None, timeout)
         if not runner.claim_batch():
             return _TAKE_SLOW
         if rec is not None:
@@ -835,7 +747,7 @@ cdef class CallPath:
         work = runner.join(op, self.what(K_RECV if is_recv else K_SEND), not async_op)
         if async_op:
             if entry >= 0:
-                work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
+                work.record_in(rec, entry)
             return work
         try:
             result = work.wait()
@@ -867,7 +779,7 @@ cdef class CallPath:
         cdef Batch batch
         cdef double end = _monotonic() + timeout
         cdef int looks = 0
-        runner = self._runner
+        cdef Runner runner = self._runner
         if runner is None:
             return False
         while True:
@@ -906,7 +818,7 @@ cdef class CallPath:
             else:
                 _sleep(0.0001)
 
-    cdef Batch batch_beside(self, object runner):
+    cdef Batch batch_beside(self, Runner runner):
         """Under the context's lock: the runner's batch in flight on this context's
         transport with nothing queued behind it, that an operation may run beside, or None
         (the context is closed or failed, or there is no such batch)."""
@@ -916,6 +828,28 @@ cdef class CallPath:
         if type(got) is not Batch or (<Batch>got).t is not self._transport:
             return None
         return <Batch>got
+
+    def run_drive(self, fn):
+        """The runner's drive of its batch of sends and receives, ``fn(0)``
+        (``Runner._drive``), under the context's lock: what ``Context._execute`` makes of
+        ``(fn, 0, None, None)`` (no sequence number, check or recorder entry; the context
+        fails where the transport did), without its Python steps.  A closed or failed
+        context goes to ``_execute``, which says so."""
+        cdef CallLock lock = self._lock
+        lock.take()
+        try:
+            if not (self._closed or self._failure is not None):
+                self._busy = True
+                try:
+                    return fn(0)
+                except BaseException as exc:    # KeyboardInterrupt fails the context too
+                    self.note_failure(exc)
+                    raise
+                finally:
+                    self._busy = False
+        finally:
+            lock.give()
+        return self._execute((fn, 0, None, None))
 
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a
@@ -999,10 +933,10 @@ cdef class CallPath:
         q = self.queued(kind, buf, recv, code, op, root, timeout)
         if rec is not None:
             q.entry = _note(rec, kind, buf if kind <= K_REDUCE else recv, root, None)
-        work = _Work(self.what(kind), result)
-        runner = self._started_runner() if self._runner is None else self._runner
-        runner.submit(q, work)
-        return work
+        cdef Work queued_work = Work(self.what(kind), result)
+        cdef Runner runner = self._started_runner() if self._runner is None else self._runner
+        runner.submit(q, queued_work)
+        return queued_work
 
     cdef Queued queued(self, int kind, object buf, object recv, int code, int op, int root,
                        double timeout):
@@ -1044,7 +978,8 @@ cdef class CallPath:
         cdef unsigned int seq = 0
         cdef int state = -2
         cdef Queued q
-        runner = self._started_runner() if self._runner is None else self._runner
+        cdef Runner runner = self._started_runner() if self._runner is None else self._runner
+        cdef Work work
         if len(self._mailbox) or not runner.claim_post(_OUTSTANDING):
             return None
         exception = None
@@ -1085,7 +1020,7 @@ cdef class CallPath:
         what = self.what(kind)
         if state == 1 or exception is not None:
             runner.unclaim(False)
-            work = _Work.ended(what, result, exception)
+            work = Work.made_ended(what, result, exception)
             if exception is None:
                 work.algorithm = _name_of(ALGO_FLAGS)
                 if entry >= 0:
@@ -1096,7 +1031,7 @@ cdef class CallPath:
         q.entry = entry
         q.begun = True
         q.seq = seq
-        work = _Work(what, result)
+        work = Work(what, result)
         runner.begun_collective(q, work)
         return work
 
@@ -1159,7 +1094,7 @@ cdef class CallPath:
         ``ready`` looked.  Such a call goes to the Python path instead, behind that work:
         run here, a receive could read into the mailbox the message that a receive just
         begun waits for, or a send restart the engine under requests still in flight."""
-        runner = self._runner
+        cdef Runner runner = self._runner
         return runner is not None and (runner.busy or runner.backlog)
 
     cdef inline bint ready(self):

@@ -1,0 +1,78 @@
+# Async handles, receive statuses and the runner of a context's queued operations
+# (_work.pyx), as the compiled call path (_call.pyx) calls them without Python's call.
+from pycollect._ext._lock cimport CallLock, sem_t
+from pycollect._ext._record cimport Ring
+
+cdef class Completion:
+    cdef public bint done
+    cdef object _event
+
+    cdef void set_done(self) except *
+
+cdef class Status:
+    cdef public object source, count, tag
+
+    cdef Status fill(self, tuple got)
+
+cdef class Later:
+    cdef public object value
+    cdef public object status
+
+cdef class P2P:
+    cdef public bint is_recv
+    cdef public object buf
+    cdef public int peer, tag
+    cdef public object new_batch, result, timeout, staged
+
+    cpdef Py_ssize_t post(self, object batch) except -1
+    cpdef finish(self, object batch, Py_ssize_t index)
+
+cdef class Runner
+
+cdef class Work:
+    cdef public Completion _end
+    cdef public object _result, _exception, _callbacks
+    cdef public Runner _runner
+    cdef public bint _polled
+    cdef public object algorithm, description
+    cdef Ring _rec                  # the flight recorder's ring, and the handle's entry in it
+    cdef Py_ssize_t _entry          # ... (-1: none), ended with the handle
+
+    cdef int record_in(self, Ring rec, Py_ssize_t entry) except -1
+    @staticmethod
+    cdef Work made_ended(object description, object result, object exception)
+    cpdef complete(self, object algorithm=*, object exception=*)
+    cdef _run_callbacks(self)
+
+cdef class Runner:
+    cdef public object _execute, _kick, _wanted, _drive_in
+    cdef CallLock _wanted_lock
+    cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping
+    cdef public object _queue, _batch, _batch_ops, _posting, _bell, _thread
+    cdef public Py_ssize_t _in_batch, backlog, _begun
+    cdef public Py_ssize_t notified     # posts of the hand-off semaphore (tests count them)
+    cdef readonly CallLock _mutex
+    cdef sem_t _handoff
+    cdef bint _handoff_made
+    cdef object _drive_until, _drive_fn
+    cdef double _drive_slice
+
+    cpdef Py_ssize_t pending(self)
+    cpdef submit(self, object op, Work work)
+    cpdef bint claim(self) except -1
+    cpdef bint claim_post(self, Py_ssize_t limit) except -1
+    cpdef unclaim(self, bint hurry=*)
+    cpdef Work begun(self, P2P op, object description, object batch, Py_ssize_t index)
+    cpdef object batch_alone(self)
+    cpdef bint claim_batch(self) except -1
+    cpdef Work join(self, P2P op, object description, bint wait)
+    cpdef begun_collective(self, object op, Work work)
+    cpdef run_until(self, Work work)
+    cdef _run_while_not(self, object until)
+    cdef object _take_next(self)
+    cdef _run_next(self, object head, object until, double slice_s)
+    cdef _run_head(self, object head)
+    cdef _done_running(self, bint goes_on, bint park=*)
+    cdef void _notify_runner(self, bint handed) noexcept
+    cdef list _take_p2p(self)
+    cdef _run_batch(self, object until, double slice_s)
