@@ -234,12 +234,14 @@ def test_blocking_calls_beside_an_async_receive_stay_in_compiled_code(pair, monk
     assert results[1] == [0.0, 1.0, 2.0, 3.0]
 
 
-def test_a_blocking_send_beside_receives_that_wait_goes_out_without_the_runner(pair,
-                                                                               monkeypatch):
-    """MPI's Irecv, Send, Wait: where the batch in flight holds only receives waiting for
-    their messages, a blocking send goes out beside it on the caller's thread, neither
-    joining the batch (no blocking send reaches Runner.join) nor taking the Python path
-    (patched to fail); the waiting receives get their messages afterwards, each its own."""
+@pytest.mark.parametrize("async_send", [False, True], ids=["send", "isend"])
+def test_a_send_beside_receives_that_wait_goes_out_without_the_runner(pair, monkeypatch,
+                                                                      async_send):
+    """MPI's Irecv, Send (or Isend), Wait: where the batch in flight holds only receives
+    waiting for their messages, a send goes out beside it on the caller's thread, neither
+    joining the batch (no send reaches Runner.join) nor taking the Python path (patched to
+    fail); an async one's handle has ended when the call returns.  The waiting receives get
+    their messages afterwards, each its own."""
     joined = _joins(monkeypatch)
     no_python_path = _no_python_path
 
@@ -258,15 +260,19 @@ def test_a_blocking_send_beside_receives_that_wait_goes_out_without_the_runner(p
         alone = batch is not None and not batch.on_wire()
         with monkeypatch.context() as m:
             m.setattr(type(ctx), "_send_any", no_python_path)
-            ctx.send(np.arange(4.0), 1, tag=8)
+            sent = ctx.send(np.arange(4.0), 1, tag=8, async_op=async_send)
+        ended = sent is None or sent._end.done      # read before anything could end it
         st7, st5 = pc.wait_all([w7, w5], timeout=15)
+        if sent is not None:
+            sent.wait(5)
         ctx.barrier()
-        return alone, seven.tolist(), five.tolist(), (st7.tag, st7.count), (st5.tag, st5.count)
+        return (alone, ended, seven.tolist(), five.tolist(), (st7.tag, st7.count),
+                (st5.tag, st5.count))
 
     results = pair.run(body)
-    assert results[0] == (True, [7.0, 7.0], [5.0] * 3, (7, 2), (5, 3))
+    assert results[0] == (True, True, [7.0, 7.0], [5.0] * 3, (7, 2), (5, 3))
     assert results[1] == [0.0, 1.0, 2.0, 3.0]
-    assert (False, True) not in joined, joined
+    assert not [j for j in joined if not j[0]], joined       # no send joined the batch
 
 
 def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):

@@ -474,7 +474,11 @@ cdef class CallPath:
                 and _is_tag(tag, False) and self.ready_async()):
             work = self.begin_p2p(False, buf, dst, tag, seconds, None)
             if work is None:
-                work = self.join_p2p(False, buf, dst, tag, seconds, True)
+                # A batch in flight (MPI's Irecv, then Isend): a send that ends without the
+                # peer goes out beside it, as a blocking one does, and its handle has ended.
+                work = self.send_beside_async(buf, dst, tag, seconds)
+                if work is _TAKE_SLOW:
+                    work = self.join_p2p(False, buf, dst, tag, seconds, True)
             if work is not None and work is not _TAKE_SLOW:
                 return work
         if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
@@ -716,6 +720,17 @@ cdef class CallPath:
         if entry >= 0:
             rec.end(entry, None, None)
         return None
+
+    cdef object send_beside_async(self, object buf, int dst, int tag, double timeout):
+        """``send_beside_batch`` for an async send: its handle, made ended (with the error
+        where the send failed on the wire: its wait raises it), or _TAKE_SLOW."""
+        try:
+            got = self.send_beside_batch(buf, dst, tag, timeout)
+        except Error as exc:
+            return Work.made_ended(self.what(K_SEND), None, exc)
+        if got is _TAKE_SLOW:
+            return got
+        return Work.made_ended(self.what(K_SEND), None, None)
 
     cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
                          bint async_op=False, object status=None):
