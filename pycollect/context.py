@@ -110,6 +110,7 @@ class Context(CallPath):
         self._detail = debug in ("detail", "all")   # ... =detail: cross-rank call checks
         self._name = name       # a sub-group's recipe, in its log lines ("" at the top)
         self._runner = None
+        self._runner_shared = False     # the runner is the parent's (a sub-group: _group)
         self._busy = False      # a collective of this context is running
         # The hosts of the ranks (pycollect/hierarchy.py).
         self._topology = Topology(rank, size, transport.host_ids, self.phase_group,
@@ -519,7 +520,7 @@ class Context(CallPath):
         t = self._transport
         return self._submit("send", lambda seq: _p2p.send(t, buf, dst, tag, tmo), None,
                             async_op, span=0,
-                            queued=P2P(False, buf, dst, tag, self._new_batch, None, tmo),
+                            queued=P2P(False, buf, dst, tag, self, None, tmo),
                             peer=dst, described=buf)
 
     def _recv_any(self, buf, src=ANY_SOURCE, tag=0, async_op=False, *, status=None,
@@ -541,7 +542,7 @@ class Context(CallPath):
                 host.finish()
             return None
 
-        queued = P2P(True, data, src, tag, self._new_batch, got, tmo, call.staged)
+        queued = P2P(True, data, src, tag, self, got, tmo, call.staged)
         if async_op:
             return self._submit("recv", run, got, True, span=0, queued=queued, peer=src,
                                 described=data)
@@ -606,9 +607,6 @@ class Context(CallPath):
         outgoing = np.array(np.asarray(data), copy=True)
         return self.sendrecv(outgoing, dst, buf, src, sendtag, recvtag, status=status,
                              timeout=timeout)
-
-    def _new_batch(self):
-        return _p2p.Batch(self._transport, self._mailbox, self._timeout)
 
     def monitored_barrier(self, timeout=None):
         """A barrier whose failure names every rank that did not arrive in ``timeout`` seconds.
@@ -737,6 +735,11 @@ class Context(CallPath):
         group = Context(members.index(self._rank), len(members), transport,
                         timeout=self._timeout, segment_bytes=self._segment_bytes,
                         debug=self._debug, lock=self._lock, group_id=group_id, name=name)
+        # One runner for a context and its sub-groups: their async calls run in the order
+        # this rank made them, as their blocking calls do (each context's own runner ran
+        # them in an order of its own, which could differ between ranks).
+        group._runner = self._started_runner()
+        group._runner_shared = True
         return group
 
     # -- surviving a lost rank --------------------------------------------
@@ -978,9 +981,12 @@ class Context(CallPath):
             return
         self._closed = True
         runner = self._runner
-        if not self._handed_over and (self._busy or (runner is not None and runner.pending())):
+        # A sub-group's queued work, in the runner it shares with its parent, fails when its
+        # turn comes (the group is closed); the parent's goes on.
+        if not self._handed_over and (self._busy or (runner is not None and not
+                                                     self._runner_shared and runner.pending())):
             self._transport.abort()       # work in flight or queued fails fast
-        if runner is not None:
+        if runner is not None and not self._runner_shared:
             runner.stop(self._timeout)
         if self._recorder is not None:
             self._recorder.close()
@@ -1032,7 +1038,8 @@ class Context(CallPath):
                 # A queued send or receive runs inside a batch: it ends with its Work.
                 rec.started(entry, None)
                 work.add_done_callback(lambda w: rec.ended(entry, None, w.exception()))
-            self._runner.submit(queued if queued is not None else (op, span, sig, entry), work)
+            self._runner.submit(queued if queued is not None else (op, span, sig, entry), work,
+                                self._execute)
             return work if async_op else work.wait()
         try:
             self._execute((op, span, sig, entry))

@@ -106,12 +106,11 @@ for step in range(steps):
             lambda: expect(np.all(out == np.repeat(np.arange(P), lens)), "allgatherv", step),
             False)
     elif kind == 9:
-        # A sub-group's calls, blocking: async ones on a group and its parent would run on
-        # two runner threads in an order of their own (docs/api.md, Sub-groups).
-        settle()
+        # A sub-group's allreduce, blocking or async (a group shares its parent's runner:
+        # its calls and the parent's run in the order they were made).
         a = np.ones(n, dt)
-        run("group allreduce", lambda x: sub.allreduce(a),
-            lambda: expect(np.all(a == sub.size), "group allreduce", step), False)
+        run("group allreduce", lambda x, a=a: sub.allreduce(a, async_op=x),
+            lambda a=a, s=step: expect(np.all(a == sub.size), "group allreduce", s), async_op)
     elif kind == 10:
         # Receives from any rank, posted before the sends to every peer.
         settle()

@@ -258,6 +258,52 @@ def test_a_group_collective_that_meets_the_parent_is_a_mismatch():
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_async_calls_on_groups_and_their_parent_run_in_the_order_made(transport):
+    """A context and its sub-groups share one runner, so async calls made on a group and on
+    its parent (and on a group of that group) in the same order on every rank run in that
+    order, whoever takes them up: collectives of both, and sends and receives of the group
+    posted between them, waited for in reverse.  With a runner per context they ran in an
+    order of each runner's own, which could differ between ranks: MismatchError.  Closing
+    a group leaves the shared runner to the parent."""
+    g = ThreadGroup(4, timeout=20, transport=transport)
+    try:
+        subs = g.run(lambda ctx: ctx.split(ctx.rank % 2))
+        inner = g.run(lambda ctx: subs[ctx.rank].split(0))
+
+        def body(ctx):
+            sub, sub2 = subs[ctx.rank], inner[ctx.rank]
+            peer = 1 - sub.rank
+            calls = []
+            for i in range(12):
+                a, b, c = np.full(3, float(i)), np.full(5, float(i)), np.full(2, float(i))
+                got = np.zeros(4)
+                calls.append((sub.allreduce(a, async_op=True), a, 2.0 * i))
+                # A collective queued behind a receive starts once the receive has ended
+                # (docs/api.md), so the exchange is whole before the parent's allreduce.
+                calls.append((sub.recv(got, peer, tag=i, async_op=True), got, 10.0 * i + peer))
+                calls.append((sub.send(np.full(4, 10.0 * i + sub.rank), peer, tag=i,
+                                       async_op=True), None, None))
+                calls.append((ctx.allreduce(b, async_op=True), b, 4.0 * i))
+                calls.append((sub2.allreduce(c, async_op=True), c, 2.0 * i))
+                if i % 4 == 3:
+                    calls.append((ctx.barrier(async_op=True), None, None))
+            for w, arr, want in reversed(calls):
+                w.wait(15)
+                if arr is not None:
+                    assert np.all(arr == want), (arr, want)
+            shared = sub._runner is ctx._runner and sub2._runner is ctx._runner
+            sub2.close()
+            sub.close()
+            x = np.ones(3)
+            ctx.allreduce(x, async_op=True).wait(15)
+            return shared, x.tolist()
+
+        assert g.run(body) == [(True, [4.0, 4.0, 4.0])] * 4
+    finally:
+        g.close()
+
+
 def test_sub_groups_open_no_sockets(quad):
     import os
     before = len(os.listdir("/proc/self/fd"))

@@ -659,7 +659,7 @@ cdef class CallPath:
                 result = (Status() if status is None else status).set(*got)
             work = Work.made_ended(what, result, exception)
         else:
-            work = runner.begun(P2P(is_recv, buf, peer, tag, self._new_batch,
+            work = runner.begun(P2P(is_recv, buf, peer, tag, self,
                                     Later(status) if is_recv else None, timeout),
                                 what, batch, index)
         if entry >= 0:
@@ -753,9 +753,9 @@ cdef class CallPath:
             as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
         except InvalidArgument:
             return _TAKE_SLOW
-        op = P2P(is_recv, buf, peer, tag, self._new_batch,
+        op = P2P(is_recv, buf, peer, tag, self,
                  Later(status) if is_recv else None, timeout)
-        if not runner.claim_batch():
+        if not runner.claim_batch(self):
             return _TAKE_SLOW
         if rec is not None:
             entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
@@ -843,6 +843,11 @@ cdef class CallPath:
         if type(got) is not Batch or (<Batch>got).t is not self._transport:
             return None
         return <Batch>got
+
+    def p2p_batch(self):
+        """A new ``_p2p.Batch`` of this context's sends and receives (its transport, mailbox
+        and deadline), for its runner to drive."""
+        return Batch(self._transport, self._mailbox, self._timeout)
 
     def run_drive(self, fn):
         """The runner's drive of its batch of sends and receives, ``fn(0)``

@@ -22,7 +22,7 @@ cdef class P2P:
     cdef public bint is_recv
     cdef public object buf
     cdef public int peer, tag
-    cdef public object new_batch, result, timeout, staged
+    cdef public object owner, result, timeout, staged
 
     cpdef Py_ssize_t post(self, object batch) except -1
     cpdef finish(self, object batch, Py_ssize_t index)
@@ -48,7 +48,7 @@ cdef class Runner:
     cdef public object _execute, _kick, _wanted, _drive_in
     cdef CallLock _wanted_lock
     cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping
-    cdef public object _queue, _batch, _batch_ops, _posting, _bell, _thread
+    cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _bell, _thread
     cdef public Py_ssize_t _in_batch, backlog, _begun
     cdef public Py_ssize_t notified     # posts of the hand-off semaphore (tests count them)
     cdef readonly CallLock _mutex
@@ -58,13 +58,13 @@ cdef class Runner:
     cdef double _drive_slice
 
     cpdef Py_ssize_t pending(self)
-    cpdef submit(self, object op, Work work)
+    cpdef submit(self, object op, Work work, object execute=*)
     cpdef bint claim(self) except -1
     cpdef bint claim_post(self, Py_ssize_t limit) except -1
     cpdef unclaim(self, bint hurry=*)
     cpdef Work begun(self, P2P op, object description, object batch, Py_ssize_t index)
     cpdef object batch_alone(self)
-    cpdef bint claim_batch(self) except -1
+    cpdef bint claim_batch(self, object owner) except -1
     cpdef Work join(self, P2P op, object description, bint wait)
     cpdef begun_collective(self, object op, Work work)
     cpdef run_until(self, Work work)
@@ -74,5 +74,5 @@ cdef class Runner:
     cdef _run_head(self, object head)
     cdef _done_running(self, bint goes_on, bint park=*)
     cdef void _notify_runner(self, bint handed) noexcept
-    cdef list _take_p2p(self)
+    cdef list _take_p2p(self, object owner)
     cdef _run_batch(self, object until, double slice_s)

@@ -110,13 +110,16 @@ cdef class Later:
 cdef class P2P:
     """A queued send or receive: consecutive ones run together as one batch."""
 
-    def __init__(self, is_recv, buf, peer, tag, new_batch, result=None, timeout=None,
+    def __init__(self, is_recv, buf, peer, tag, owner, result=None, timeout=None,
                  staged=()):
         self.is_recv = is_recv
         self.buf = buf
         self.peer = peer
         self.tag = tag
-        self.new_batch = new_batch      # () -> a _p2p.Batch of the context
+        # The context it belongs to: its batch is ``owner.p2p_batch()`` (a _p2p.Batch on the
+        # context's transport and mailbox), driven under ``owner.run_drive``; a runner shared
+        # by a context and its sub-groups batches only one context's operations together.
+        self.owner = owner
         self.result = result            # a receive's Later
         self.timeout = timeout          # this call's deadline (None: the batch's)
         self.staged = staged            # tensors staged for a receive, copied back at the end
@@ -453,9 +456,13 @@ cdef class Runner:
     that one's end and no longer: what that thread hands over it runs, else it
     goes back to the doorbell.
 
-    ``execute(op)`` runs a queued collective; ``drive(fn)``, where given, runs
-    ``fn(0)``, a drive of the batch of sends and receives, under the context's
-    lock (the compiled ``CallPath.run_drive``; else ``execute((fn, 0, None, None))``).
+    A context and its sub-groups share one runner (``Context._group``), so that their
+    async calls, like their blocking ones, run in the order each rank made them: one
+    queue, whatever context each operation is of.  ``execute(op)`` runs a queued
+    collective (unless ``submit`` was given the operation's own); a batch holds the sends
+    and receives of one context (``P2P.owner``), driven under that context's
+    ``run_drive(fn)`` (the compiled ``CallPath.run_drive``, which runs ``fn(0)`` under the
+    context's lock), or the runner's ``drive``, else ``execute((fn, 0, None, None))``.
     """
 
     def __cinit__(self):
@@ -486,6 +493,7 @@ cdef class Runner:
         # under the context's lock).
         self.busy = False
         self._batch = None      # the batch of sends and receives in flight, between drivers
+        self._batch_owner = None    # ... the context whose operations it holds
         self._batch_ops = {}    # ... its operations: batch index -> (op, work)
         self._posting = []      # ... taken off the queue, not yet posted to it
         self._parked = False    # ... begun on a caller's thread (claim), with a doorbell
@@ -513,14 +521,17 @@ cdef class Runner:
         """The number of operations queued or running."""
         return self.backlog
 
-    cpdef submit(self, object op, Work work):
+    cpdef submit(self, object op, Work work, object execute=None):
+        """Queue ``op`` (a send or receive: a ``P2P``; else a collective, which
+        ``execute(op)`` runs where given, the runner's ``execute`` otherwise), ``work`` its
+        handle."""
         cdef bint kick
         self._mutex.take()
         if self._stopping:
             self._mutex.give()
             raise Error("the context is closed")
         work._runner = self
-        self._queue.append((op, work))
+        self._queue.append((op, work, execute))
         self.backlog += 1
         kick = self.busy and self._batch is not None and self._kick is not None
         self._mutex.give()
@@ -593,7 +604,8 @@ cdef class Runner:
         work._runner = self
         self._mutex.take()
         self._batch = batch
-        self._batch_ops[index] = (op, work)
+        self._batch_owner = op.owner
+        self._batch_ops[index] = (op, work, None)
         self._in_batch += 1
         self.backlog += 1
         self._mutex.give()
@@ -610,12 +622,14 @@ cdef class Runner:
         self._mutex.give()
         return batch
 
-    cpdef bint claim_batch(self) except -1:
-        """Let the calling thread add a send or receive to the batch in flight (``join``)
-        when nothing is queued or running: True if it may (the batch is its to drive until
-        ``join`` returns), False otherwise (the caller queues the operation)."""
+    cpdef bint claim_batch(self, object owner) except -1:
+        """Let the calling thread add a send or receive of the context ``owner`` to the
+        batch in flight (``join``) when it is that context's and nothing is queued or
+        running: True if it may (the batch is its to drive until ``join`` returns), False
+        otherwise (the caller queues the operation)."""
         self._mutex.take()
-        if self.busy or self._queue or self._batch is None or self._stopping:
+        if (self.busy or self._queue or self._batch is None or self._stopping
+                or self._batch_owner is not owner):
             self._mutex.give()
             return False
         try:
@@ -642,7 +656,7 @@ cdef class Runner:
         self._in_batch += 1
         self.backlog += 1
         self._mutex.give()
-        self._posting.append((op, work))
+        self._posting.append((op, work, None))
         self._run_next(None, work._end if wait else _ENDED, _SLICE_S if wait else 0.0)
         return work
 
@@ -658,7 +672,7 @@ cdef class Runner:
         self._mutex.take()
         # Behind the ends posted before it, ahead of whatever another thread queued
         # since the claim (numbered when it runs: after this one).
-        self._queue.insert(self._begun, (op, work))
+        self._queue.insert(self._begun, (op, work, None))
         self.backlog += 1
         self._begun += 1
         # The claim ends as _done_running(goes_on=True) ends it, in the same hold of
@@ -773,10 +787,10 @@ cdef class Runner:
     cdef _run_head(self, object head):
         """Run the collective at the head of the queue, ``(op, work)`` (taken, and ``busy``
         set, by the caller), take it off and complete its handle."""
-        op, work = head
+        op, work, execute = head
         algorithm, exception = None, None
         try:
-            algorithm = self._execute(op)
+            algorithm = (self._execute if execute is None else execute)(op)
         except BaseException as exc:      # handed to the waiter
             exception = exc
         self._mutex.take()
@@ -856,14 +870,16 @@ cdef class Runner:
             at_once = not self._yielded     # a yielded batch waits for the next look
             self._yielded = False
 
-    cdef list _take_p2p(self):
-        """The sends and receives at the queue's head, taken off it."""
+    cdef list _take_p2p(self, object owner):
+        """The sends and receives of the context ``owner`` at the queue's head, taken off
+        it."""
         cdef list taken = []
         if not self._queue:
             return taken
         self._mutex.take()
         try:
-            while self._queue and type(self._queue[0][0]) is P2P:
+            while (self._queue and type(self._queue[0][0]) is P2P
+                   and (<P2P>self._queue[0][0]).owner is owner):
                 taken.append(self._queue.popleft())
                 self._bell.take()
             self._in_batch += len(taken)
@@ -881,35 +897,39 @@ cdef class Runner:
         cdef dict running = self._batch_ops
         cdef list posting = self._posting
         cdef list ended
+        cdef tuple entry
         cdef P2P op
         cdef Work work
         cdef bint idle
         if self._batch is None:
             self._mutex.take()
             try:
-                new_batch = (<P2P>self._queue[0][0]).new_batch
+                owner = (<P2P>self._queue[0][0]).owner
             finally:
                 self._mutex.give()
-            self._batch = new_batch()
-        batch = self._batch
+            self._batch = owner.p2p_batch()
+            self._batch_owner = owner
+        batch, owner = self._batch, self._batch_owner
         while True:
             if self._queue:
-                posting.extend(self._take_p2p())
+                posting.extend(self._take_p2p(owner))
             while posting:
-                op, work = posting[0]
+                op = posting[0][0]
                 running[op.post(batch)] = posting.pop(0)
             ended = []
             for i in batch.progress(slice_s):
-                op, work = running.pop(i)
-                op.finish(batch, i)
-                ended.append(work)
+                entry = running.pop(i)
+                (<P2P>entry[0]).finish(batch, i)
+                ended.append(entry[1])
             self._mutex.take()
             self._in_batch -= len(ended)
             self.backlog -= len(ended)
             idle = not running and (
-                not self._queue or type(self._queue[0][0]) is not P2P)
+                not self._queue or type(self._queue[0][0]) is not P2P
+                or (<P2P>self._queue[0][0]).owner is not owner)
             if idle:
                 self._batch = None
+                self._batch_owner = None
             self._mutex.give()
             for work in ended:
                 work.complete(None, None)
@@ -932,16 +952,26 @@ cdef class Runner:
         self._drive_until = until
         self._drive_slice = slice_s
         try:
-            if self._drive_in is not None:
-                self._drive_in(self._drive_fn)
+            if self._batch is not None:
+                owner = self._batch_owner
+            else:
+                self._mutex.take()
+                try:
+                    owner = (<P2P>self._queue[0][0]).owner
+                finally:
+                    self._mutex.give()
+            drive = getattr(owner, "run_drive", None) or self._drive_in
+            if drive is not None:
+                drive(self._drive_fn)
             else:
                 self._execute((self._drive_fn, 0, None, None))
         except BaseException as exc:      # fails every operation handed to the batch
-            failed = [work for _, work in list(self._batch_ops.values()) + self._posting]
+            failed = [entry[1] for entry in list(self._batch_ops.values()) + self._posting]
             self._batch_ops.clear()
             del self._posting[:]
             self._mutex.take()
             self._batch = None
+            self._batch_owner = None
             self._in_batch -= len(failed)
             self.backlog -= len(failed)
             if not failed and self._queue:
