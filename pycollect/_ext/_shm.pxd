@@ -20,6 +20,7 @@ cdef struct Ring:
     RingHeader* hdr
     char* data
     uint64_t size               # a power of two
+    uint64_t tail_seen          # the writer's last look at hdr.tail (in its own memory)
 
 cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil
 cdef size_t ring_read(Ring* r, iovec* iov, int cnt) noexcept nogil

@@ -63,6 +63,7 @@ cdef void ring_attach(Ring* r, char* base, uint64_t ring_bytes) noexcept nogil:
     r.hdr = <RingHeader*>base
     r.data = base + sizeof(RingHeader)
     r.size = ring_bytes
+    r.tail_seen = pc_load_u64(&r.hdr.tail)
 
 
 cdef uint64_t ring_used(Ring* r) noexcept nogil:
@@ -89,12 +90,26 @@ cdef inline void _copy_out(Ring* r, uint64_t pos, char* dst, size_t n) noexcept 
         memcpy(dst + first, r.data, n - first)
 
 
+cdef inline uint64_t _room(Ring* r, uint64_t head, uint64_t want) noexcept nogil:
+    """The writer's free bytes, from the tail it last saw, looked at again only where that
+    leaves less than ``want``: the tail's cache line is the reader's, written at every read,
+    and loading it at every write moved it between the cores each message.  The tail only
+    grows, so a stale one only understates the room."""
+    cdef uint64_t room = r.size - (head - r.tail_seen)
+    if room < want:
+        r.tail_seen = pc_load_u64(&r.hdr.tail)
+        room = r.size - (head - r.tail_seen)
+    return room
+
+
 cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil:
     """Append as much of ``iov`` as fits; return the bytes written."""
     cdef uint64_t head = r.hdr.head
-    cdef uint64_t room = r.size - (head - pc_load_u64(&r.hdr.tail))
-    cdef size_t total = 0, n
+    cdef size_t total = 0, n, want = 0
     cdef int i
+    for i in range(cnt):
+        want += iov[i].iov_len
+    cdef uint64_t room = _room(r, head, want)
     for i in range(cnt):
         if room == 0:
             break
@@ -362,7 +377,8 @@ cdef ssize_t _ring_write_remote(ChannelBase* c, uint64_t addr, const void* src,
 cdef size_t _ring_room(ChannelBase* c) noexcept nogil:
     """The free bytes of the outgoing ring: a write of that many goes in whole now."""
     cdef Ring* out = &_ring(c).out
-    return 0 if c.eof else <size_t>(out.size - ring_used(out))
+    # The tail looked at again where the last look leaves less than half the ring.
+    return 0 if c.eof else <size_t>_room(out, out.hdr.head, out.size >> 1)
 
 
 cdef uint64_t _ring_acked(ChannelBase* c) noexcept nogil:
