@@ -640,3 +640,32 @@ def test_a_mixed_run_of_async_forms_and_waits_stays_in_step(fresh_pair):
         return ctx.iprobe(), ctx._runner.pending()
 
     assert fresh_pair.run(body) == [(None, 0)] * 2
+
+
+def test_a_status_unpacks_compares_pickles_and_may_be_subclassed(pair):
+    """pc.Status (compiled with the handles): (source, count) when unpacked or compared,
+    unhashable, pickled whole; a subclass passed to a receive, blocking or async, is filled."""
+    import pickle
+
+    class Tagged(pc.Status):
+        def label(self):
+            return "%d:%d" % (self.source, self.tag)
+
+    st = pc.Status(1, 4, 9)
+    assert tuple(st) == (1, 4) and st == (1, 4) and st[1] == 4 and len(st) == 2
+    assert st == pc.Status(1, 4, 9) and st != pc.Status(1, 4, 8)
+    assert pickle.loads(pickle.dumps(st)) == st
+    with pytest.raises(TypeError):
+        hash(st)
+
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.ones(3), 1, tag=5)
+            ctx.send(np.ones(2), 1, tag=6)
+            return None
+        a, b = Tagged(), Tagged()
+        ctx.recv(np.zeros(3), 0, tag=5, status=a)
+        got = ctx.recv(np.zeros(4), 0, tag=6, status=b, async_op=True).wait(10)
+        return a.label(), (a.count, b.count), got is b
+
+    assert pair.run(body)[1] == ("0:5", (3, 2), True)

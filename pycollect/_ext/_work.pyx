@@ -53,7 +53,6 @@ def wait_seconds(timeout, what):
     return max(float(timeout), 0.0)
 
 
-@cython.final
 cdef class Status:
     """What a receive got, as MPI's status: ``source``, ``tag`` and ``count`` (elements).
 
