@@ -1,4 +1,5 @@
-"""Async handles, receive statuses, and the per-context thread that runs queued operations.
+"""Async handles, receive statuses, and the thread that runs the queued operations of a
+context and its sub-groups.
 
 The Python face of ``pycollect/_ext/_work.pyx``, where they are compiled: ``Work`` (the
 handle of an ``async_op=True`` call), ``Status`` (what a receive got), ``wait_all`` and
