@@ -1052,8 +1052,7 @@ class Context(CallPath):
         """The thread that runs this context's queued operations, started at first need."""
         if self._runner is None:
             self._runner = Runner(self._execute, "pycollect-rank%d" % self._rank,
-                                  kick=self._transport.kick, wanted=self._lock,
-                                  drive=self.run_drive)
+                                  kick=self._transport.kick, wanted=self._lock)
         return self._runner
 
     def _pair_kinds(self):

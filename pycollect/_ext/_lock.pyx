@@ -82,7 +82,7 @@ cdef class CallLock:
     def wanted(self):
         """Whether a thread waits to take the lock (the runner's drive of a batch, which
         holds it, then hands the batch back between its slices: ``Runner``)."""
-        return pc_lock_add(&self.waiters, 0) > 0
+        return self.is_wanted()
 
     def __enter__(self):
         self.take()

@@ -45,8 +45,8 @@ cdef class Work:
     cdef _run_callbacks(self)
 
 cdef class Runner:
-    cdef public object _execute, _kick, _wanted, _drive_in
-    cdef CallLock _wanted_lock
+    cdef public object _execute, _kick
+    cdef CallLock _wanted
     cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping
     cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _bell, _thread
     cdef public Py_ssize_t _in_batch, backlog, _begun

@@ -9,7 +9,6 @@ GIL guards, a semaphore for a thread that finds it held.
 """
 
 cimport cython
-from cpython.object cimport PyObject
 
 from pycollect._ext._lock cimport CallLock
 from pycollect._ext._record cimport Ring
@@ -461,22 +460,19 @@ cdef class Runner:
     collective (unless ``submit`` was given the operation's own); a batch holds the sends
     and receives of one context (``P2P.owner``), driven under that context's
     ``run_drive(fn)`` (the compiled ``CallPath.run_drive``, which runs ``fn(0)`` under the
-    context's lock), or the runner's ``drive``, else ``execute((fn, 0, None, None))``.
+    context's lock).
     """
 
     def __cinit__(self):
         self._handoff_made = False
 
-    def __init__(self, execute, name, kick=None, wanted=None, drive=None):
+    def __init__(self, execute, name, kick=None, CallLock wanted=None):
         self._execute = execute
-        self._drive_in = drive
-        # () -> whether another thread waits for the context's lock, which the runner's
-        # drive of a batch holds (or that lock itself, read as C): the drive then ends
-        # between two slices and leaves the batch parked, to take it up again at its next
-        # look (a probe beside the batch waits for the lock so:
-        # CallPath._probe_beside_batch).
-        self._wanted_lock = wanted if type(wanted) is CallLock else None
-        self._wanted = None if self._wanted_lock is not None else wanted
+        # The context's lock, which the runner's drive of a batch holds: where another
+        # thread waits for it, the drive ends between two slices and leaves the batch
+        # parked, to take it up again at its next look (a probe beside the batch waits for
+        # the lock so: CallPath._probe_beside_batch).
+        self._wanted = wanted
         self._yielded = False   # the last drive ended so
         # Called (from the submitting thread) when an operation is queued while a batch is
         # driven: the drive's wait for its receives' heads returns now and it takes the
@@ -910,8 +906,7 @@ cdef class Runner:
             self._batch_owner = owner
         batch, owner = self._batch, self._batch_owner
         while True:
-            if self._queue:
-                posting.extend(self._take_p2p(owner))
+            posting.extend(self._take_p2p(owner))
             while posting:
                 op = posting[0][0]
                 running[op.post(batch)] = posting.pop(0)
@@ -934,9 +929,7 @@ cdef class Runner:
                 work.complete(None, None)
             if idle or until is not None and _done(until):
                 return None
-            if until is None and (
-                    self._wanted_lock is not None and self._wanted_lock.is_wanted()
-                    or self._wanted is not None and self._wanted()):
+            if until is None and self._wanted is not None and self._wanted.is_wanted():
                 self._yielded = True
                 return None
 
@@ -959,11 +952,7 @@ cdef class Runner:
                     owner = (<P2P>self._queue[0][0]).owner
                 finally:
                     self._mutex.give()
-            drive = getattr(owner, "run_drive", None) or self._drive_in
-            if drive is not None:
-                drive(self._drive_fn)
-            else:
-                self._execute((self._drive_fn, 0, None, None))
+            owner.run_drive(self._drive_fn)
         except BaseException as exc:      # fails every operation handed to the batch
             failed = [entry[1] for entry in list(self._batch_ops.values()) + self._posting]
             self._batch_ops.clear()
