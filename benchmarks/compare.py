@@ -45,6 +45,7 @@ TCP peer runs, the TCP latency floor at the start and the end of the run
 import argparse
 import datetime
 import json
+import mmap
 import os
 import platform
 import secrets
@@ -90,6 +91,29 @@ LABELS = {CEILING: "NumPy ceiling", "gloo": "torch gloo", "mpi-shm": "MPI shm",
           "torch-pycollect": "torch pycollect", POOLED: "pycollect shm, pc.empty"}
 TORCH_PEERS = ("gloo", "torch-pycollect")      # peers that run torch.distributed calls
 DTYPES = ("float32", "float16", "bfloat16")
+
+
+HUGE_BYTES = 2 << 20     # a transparent huge page, and the alignment of the larger arrays
+
+
+def fresh_zeros(count, dtype):
+    """A zeroed array of ``count`` elements in a mapping of its own: what NumPy gives a
+    fresh process for a large array (a new anonymous mapping, advised for huge pages),
+    the same for every peer, whatever the process allocated and freed before.  (NumPy's
+    own arrays come from malloc, which serves a large one from memory an earlier case
+    freed once its mmap threshold has grown past that size; such memory lies in small
+    pages, the kernel copies of a collective cost more there, and which peer's process got
+    which kind changed the 2-rank allgather of 1M floats by 20 % from run to run.)"""
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = max(count * itemsize, 1)
+    if nbytes < HUGE_BYTES:
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(m, np.uint8)[:count * itemsize].view(dtype)
+    m = mmap.mmap(-1, nbytes + HUGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    raw = np.frombuffer(m, np.uint8)
+    start = -raw.ctypes.data % HUGE_BYTES
+    return raw[start:start + nbytes].view(dtype)
 
 
 def label(peer):
@@ -297,7 +321,7 @@ class Peer:
         """The buffers a case runs on: (send, recv or None)."""
         if self.kind == CEILING:
             return self.ceiling.arrays(collective, count)
-        zeros = self.pc.zeros if self.kind == POOLED else np.zeros
+        zeros = self.pc.zeros if self.kind == POOLED else fresh_zeros
         recv = zeros(count * self.size, dtype) if collective == "allgather" else None
         return zeros(count, dtype), recv
 
@@ -909,6 +933,9 @@ def markdown(doc, images):
         f"(allreduce × 2(n-1)/n, allgather × (n-1)/n of n × 1M elements, broadcast × 1). "
         f"\"X ÷ pycollect\" is X's p50 over pycollect's: above 1, pycollect is faster. "
         f"load: the 1-minute load average as the case began (this run's own ranks count too). "
+        f"Buffers: every peer's are fresh anonymous mappings, those of 2 MiB or more aligned to "
+        f"and advised for 2 MiB huge pages, as NumPy gives a fresh process a large array "
+        f"(pycollect.empty's and the ceiling's excepted). "
         + ("Placement: every peer's rank r bound to core r mod cores (pycollect-run "
            "`--bind core`; mpirun `" + " ".join(MPI_BIND["core"]) + "`)."
            if doc.get("bind") == "core" else

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 COMPARE = Path(__file__).resolve().parents[1] / "benchmarks" / "compare.py"
@@ -88,3 +89,40 @@ def test_a_worker_that_never_says_hello_fails_its_group_not_the_run(monkeypatch)
             proc.kill()
             proc.wait()
         listener.close()
+
+
+def _vm_flags(address):
+    """The VmFlags of the mapping of this process that holds ``address``."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    inside = False
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError("no mapping holds %#x" % address)
+
+
+@pytest.mark.parametrize("count", [3, 1 << 20], ids=["small", "4MiB"])
+def test_every_peer_gets_buffers_of_a_fresh_mapping(count):
+    """compare.py's buffers do not depend on what a worker freed before: each lies in a
+    mapping of its own, zeroed; a large one starts on a huge page's boundary and is advised
+    for huge pages, as NumPy's large arrays in a fresh process are."""
+    sys.path.insert(0, str(COMPARE.parent))
+    try:
+        import compare
+    finally:
+        sys.path.remove(str(COMPARE.parent))
+    a, b = compare.fresh_zeros(count, np.float32), compare.fresh_zeros(count, np.float32)
+    assert a.shape == (count,) and a.dtype == np.float32 and not a.any()
+    assert not np.shares_memory(a, b)
+    a[:] = 1
+    assert not b.any() and a.sum() == count
+    flags = _vm_flags(a.ctypes.data)
+    if count * 4 >= compare.HUGE_BYTES:
+        assert a.ctypes.data % compare.HUGE_BYTES == 0
+        assert "hg" in flags, flags
+    else:
+        assert "hg" not in flags, flags
