@@ -337,10 +337,14 @@ cdef inline void _spin_once(Flags* f, uint64_t want, int p, int last) noexcept n
 cdef int _wait(Transport t, Flags* f, uint64_t want, int first, int last) noexcept nogil:
     """Wait until the flags of peers ``first``..``last`` are at least ``want``; 0, or -1
     after set_error."""
-    cdef int p = first, rc
+    cdef int p = _first_missing(f, want, first, last), rc
     cdef unsigned int spins = 0
-    cdef int64_t now = pc_now_ns()
-    cdef int64_t spin_end = now + f.spin_ns, look_at = now + LOOK_NS, until
+    cdef int64_t now, spin_end, look_at, until
+    if p > last:
+        return 0        # every post is here (the common case): no look at the clock
+    now = pc_now_ns()
+    spin_end = now + f.spin_ns
+    look_at = now + LOOK_NS
     while True:
         p = _first_missing(f, want, p, last)
         if p > last:
