@@ -66,9 +66,8 @@ def test_the_calls_begin_the_exchange_and_end_in_order(pair):
 
 
 def test_a_begun_exchange_meets_a_blocking_call_and_a_queued_one(pair):
-    """One rank's async allreduce meets the peer's blocking one (the same messages); a poll
-    ends a begun one (it wakes the runner, which receives); nine in a row (more than may be
-    begun at once) all end right."""
+    """One rank's async allreduce meets the peer's blocking one (the same messages); polls
+    end a begun one; nine in a row (more than may be begun at once) all end right."""
     def body(ctx):
         buf = np.full(3, ctx.rank + 1.0)
         if ctx.rank == 0:
@@ -83,6 +82,41 @@ def test_a_begun_exchange_meets_a_blocking_call_and_a_queued_one(pair):
         return first, polled.wait().tolist(), [w.wait(timeout=20)[0] for w in many]
 
     assert _on(pair, body) == [([3.0] * 3, [10.0] * 2, [2.0 * i for i in range(9)])] * 2
+
+
+@pytest.mark.parametrize("kind", ["allreduce", "barrier", "large allreduce"])
+def test_a_poll_ends_a_begun_exchange_whose_message_has_come(pair, kind):
+    """As MPI's Test: where the peer's message is already here, a poll of a small begun
+    allreduce or barrier receives it and ends the call on the polling thread, without the
+    runner; a large one (more than a poll lets in at once) is left to the runner, which the
+    first poll wakes."""
+    count = 3 if kind == "allreduce" else 8192     # 32 KiB: more than EXCHANGE_LOOK_BYTES
+
+    def body(ctx):
+        out = []
+        for _ in range(3):
+            ctx.barrier()
+            if ctx.rank == 0:
+                time.sleep(0.2)     # rank 1's message is here before rank 0 begins
+            buf = np.full(count, ctx.rank + 1.0, np.float32)
+            work = (ctx.barrier(async_op=True) if kind == "barrier" else
+                    ctx.allreduce(buf, algorithm="recursive_doubling", async_op=True))
+            ended = []
+            work.add_done_callback(lambda w: ended.append(threading.current_thread()))
+            deadline = time.monotonic() + 20
+            while not work.is_completed() and time.monotonic() < deadline:
+                pass
+            value = work.wait(timeout=1)
+            out.append((ended == [threading.current_thread()],
+                        None if value is None else bool(np.all(value == 3.0))))
+        return out
+
+    polled, _ = _on(pair, body)
+    value = None if kind == "barrier" else True
+    if kind == "large allreduce":
+        assert polled == [(False, True)] * 3          # the runner ended it
+    else:
+        assert polled == [(True, value)] * 3          # the poll ended it
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])

@@ -94,6 +94,9 @@ cdef enum:
     K_SEND = 14         # point to point: no sequence number, the peer recorded
     K_RECV = 15
     MAX_RULES = 16
+    # A begun exchange's message up to this size is ready to end on a poll once its header
+    # is here (Queued.ends_at_once): the flags path's small messages, one write each.
+    EXCHANGE_LOOK_BYTES = 16384
 
 cdef tuple _COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "allgather", "gather",
                            "scatter", "reduce_scatter", "alltoall", "alltoallv", "allgatherv",
@@ -259,13 +262,20 @@ cdef class Queued:
 
     def ends_at_once(self):
         """A begun collective whose peers have posted what it waits for: running it waits for
-        nobody (``Runner.poll``).  None where that cannot be told without running it: one
-        begun as an exchange with the peer, whose message only its receive finds."""
+        nobody (``Runner.poll``).  An allreduce or barrier begun as the exchange of two
+        ranks (over TCP, or without a flag area) ends at once where the peer's message has
+        come (its header is at the head of the pair's stream, ``Transport.head_here``) and
+        is small (up to EXCHANGE_LOOK_BYTES: the rest of it comes with its header).  None
+        where that cannot be told without running it: a broadcast's root, a larger
+        exchange, or the context's lock held by another thread."""
         if not self.begun:
             return False
-        if self.code != ALGO_FLAGS:
+        if self.code == ALGO_FLAGS:
+            return _posts_complete(self.t, self.root if self.kind == K_BROADCAST else -1)
+        if self.kind == K_BROADCAST or self.t.size != 2 or (
+                self.buf is not None and self.buf.nbytes > EXCHANGE_LOOK_BYTES):
             return None
-        return _posts_complete(self.t, self.root if self.kind == K_BROADCAST else -1)
+        return self.ctx.head_here(1 - self.t.rank)
 
 
 cdef class CallPath:
@@ -870,6 +880,18 @@ cdef class CallPath:
         finally:
             lock.give()
         return self._execute((fn, 0, None, None))
+
+    cdef object head_here(self, int peer):
+        """Whether a receive from ``peer`` would find its message at once
+        (``Transport.head_here``), looked at under the context's lock; None where another
+        thread holds the lock (it may be reading that very stream)."""
+        cdef CallLock lock = self._lock
+        if not lock.try_take():
+            return None
+        try:
+            return bool(self._transport.head_here(peer))
+        finally:
+            lock.give()
 
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a

@@ -685,6 +685,22 @@ cdef class Engine(Transport):
         cdef Pair* pr = &self.pairs[peer]
         return pr.ch.eof or pr.lost or pr.ch.fd < 0
 
+    cdef bint head_here(self, int peer) noexcept nogil:
+        cdef MsgHeader h
+        cdef Pair* pr
+        cdef int n
+        if self.failed:
+            return 1
+        if self.pairs == NULL or not 0 <= peer < self.size or peer == self.rank:
+            return 0
+        pr = &self.pairs[peer]
+        if pr.lost or pr.ch.fd < 0 or pr.ch.eof:
+            return 1
+        if pr.skip or pr.recv_head >= 0:
+            return 0            # inside a frame: only its receive can tell
+        n = pr.ch.ops.peek(pr.ch, &h)
+        return n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno))
+
     cdef void ring_bell(self, int peer) noexcept nogil:
         cdef char bell = 1
         cdef ChannelBase* ch = self.pairs[peer].ch

@@ -112,6 +112,13 @@ cdef class GroupTransport(Transport):
     cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil:
         return self.parent.sends_now(self.members[peer], nbytes)
 
+    cdef bint head_here(self, int peer) noexcept nogil:
+        # The parent's stream from that member: a frame of the parent's or of another group
+        # at its head fails this group's receive at once (MismatchError), as it would later.
+        if self.failed:
+            return 1
+        return 0 <= peer < self.size and self.parent.head_here(self.members[peer])
+
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
         if self.op.group_id == 0:

@@ -179,6 +179,11 @@ cdef class Transport:
     # whose pairs are all doorbell channels).
     cdef int watch(self, int64_t until_ns, int waiting_for) noexcept nogil
     cdef int peer_left(self, int peer) noexcept nogil
+    # 1 if a receive from ``peer`` posted now would find something at once, without
+    # reading it: a whole frame header at the head of the pair's stream, its end, or this
+    # transport's failure (the receive then reports it); 0 where nothing is there yet, a
+    # frame is half read, or the transport cannot tell.  A look only: nothing is consumed.
+    cdef bint head_here(self, int peer) noexcept nogil
     cdef void ring_bell(self, int peer) noexcept nogil
     # This rank refused its arguments to collective ``op`` (which it will not run): tell
     # the peers (``peers``, ``npeers`` of them; NULL: every peer) why, in ``reason``

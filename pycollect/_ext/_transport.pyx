@@ -190,6 +190,9 @@ cdef class Transport:
     cdef int peer_left(self, int peer) noexcept nogil:
         return 0
 
+    cdef bint head_here(self, int peer) noexcept nogil:
+        return 0
+
     cdef void ring_bell(self, int peer) noexcept nogil:
         pass
 

@@ -678,13 +678,14 @@ cdef class Runner:
         self._bell.queue()
 
     def poll(self, Work work, bint first):
-        """``is_completed``'s look at ``work``, pending.  Where a caller's thread posted its
-        collective to the flag area (``begun_collective``), end it here, and the posted ones
-        before it, one by one while nothing runs and the one at the head waits for nobody
-        (every peer has posted it), as MPI's Test completes a request whose peers are
-        there; the runner is left to its next look.  Anything else (queued, or begun as an
-        exchange, whose end only its receive can tell ready): wake the runner for it on the
-        first look (``first``)."""
+        """``is_completed``'s look at ``work``, pending.  Where a caller's thread began its
+        collective (``begun_collective``: posted to the flag area, or a small exchange of
+        two ranks), end it here, and the begun ones before it, one by one while nothing
+        runs and the one at the head waits for nobody (every peer has posted it, or the
+        peer's message has come: ``Queued.ends_at_once``), as MPI's Test completes a
+        request whose peers are there; the runner is left to its next look.  Anything else
+        (queued, or begun where a look cannot tell: a broadcast's root, a large exchange):
+        wake the runner for it on the first look (``first``)."""
         cdef bint posted = False
         cdef Py_ssize_t n, i
         ready = False
