@@ -275,6 +275,42 @@ def test_a_send_beside_receives_that_wait_goes_out_without_the_runner(pair, monk
     assert not [j for j in joined if not j[0]], joined       # no send joined the batch
 
 
+def test_an_async_send_beside_waiting_receives_that_fails_returns_a_failed_handle(
+        pair, monkeypatch):
+    """MPI's Irecv, then Isend on a rank that abort() has hit meanwhile: the send goes out
+    beside the batch (neither joining it nor taking the Python path), fails on the wire, and
+    returns a handle that has ended with the error (its wait raises Aborted naming the
+    send, as Isend's Wait would), rather than raising from the call; the context has failed,
+    so the waiting receive's wait says so."""
+    joined = _joins(monkeypatch)
+    peer_done = threading.Event()
+
+    def body(ctx):
+        if ctx.rank == 1:
+            peer_done.wait(20)
+            return None
+        try:
+            got = np.zeros(4)
+            w = ctx.recv(got, 1, tag=7, async_op=True)
+            batch = ctx._runner.batch_alone()
+            alone = batch is not None and not batch.on_wire()
+            ctx.abort()
+            with monkeypatch.context() as m:
+                m.setattr(type(ctx), "_send_any", _no_python_path)
+                sent = ctx.send(np.arange(4.0), 1, tag=8, async_op=True)
+            ended = sent._end.done
+            with pytest.raises(pc.Aborted, match="tag 8"):
+                sent.wait(5)
+            with pytest.raises(pc.Aborted, match="failed earlier"):
+                w.wait(5)
+            return alone, ended
+        finally:
+            peer_done.set()
+
+    assert pair.run(body)[0] == (True, True)
+    assert not [j for j in joined if not j[0]], joined       # the send joined no batch
+
+
 def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     """MPI's Irecv, compute, Send, Wait on both ranks: while a rank computes, its runner
     takes up the waiting receive's batch and drives it, holding the context's lock until
