@@ -49,7 +49,7 @@ from pycollect._ext._p2p cimport probe_beside as _probe_beside
 from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
-                                        ALGO_RECURSIVE_DOUBLING, Transport)
+                                        ALGO_RECURSIVE_DOUBLING, OpState, Transport)
 
 from os import sched_yield as _sched_yield
 from time import monotonic as _monotonic, sleep as _sleep
@@ -60,6 +60,7 @@ from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
 from pycollect._ext._allgather import allgather as _allgather
 from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
 from pycollect._ext._flags import OUTSTANDING as _OUTSTANDING, posts_complete as _posts_complete
+from pycollect._ext._flags cimport flags_fit
 from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
 from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
@@ -314,7 +315,7 @@ cdef class CallPath:
         cdef double seconds = _seconds(timeout, self._timeout)
         if async_op and seconds >= 0 and self.ready_async():
             return self.queue(K_BARRIER, None, None, 0, 0, 0, seconds, None)
-        if async_op or seconds < 0 or not self.ready():
+        if async_op or seconds < 0 or not (self.ready() or self.may_run_beside()):
             return self._barrier_any(async_op, timeout)
         result = self.run(K_BARRIER, None, None, 0, 0, 0, seconds)
         if result is _TAKE_SLOW:
@@ -327,7 +328,8 @@ cdef class CallPath:
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(buf) is not np.ndarray or seconds < 0 or type(root) is not int
                 or not 0 <= root < self._size
-                or not (self.ready_async() if async_op else self.ready())):
+                or not (self.ready_async() if async_op
+                        else self.ready() or self.may_run_beside())):
             return self._broadcast_any(buf, root, algorithm, async_op, timeout)
         code = self.plan(K_BROADCAST, algorithm, buf)
         if async_op and code >= 0:
@@ -353,7 +355,8 @@ cdef class CallPath:
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
-                or seconds < 0 or not (self.ready_async() if async_op else self.ready())):
+                or seconds < 0 or not (self.ready_async() if async_op
+                                       else self.ready() or self.may_run_beside())):
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
                                        timeout=timeout)
         code = self.plan(K_ALLREDUCE, algorithm, buf)
@@ -1129,6 +1132,37 @@ cdef class CallPath:
         call that looks there itself (sendrecv)."""
         return self.ready_async() and not (self._runner is not None and self._runner.backlog)
 
+    cdef inline bint may_run_beside(self):
+        """Outside the lock, for a blocking call that ``ready`` turned away: whether it may
+        yet run beside the runner's batch (``runs_beside`` decides under the lock): the
+        runner has work and nothing else stands in the way, and the transport has a flag
+        area."""
+        return (self._runner is not None and self._runner.backlog and self.ready_async()
+                and not len(self._mailbox) and self._transport.flag_area is not None)
+
+    cdef bint runs_beside(self, int kind, object buf, int code) except -1:
+        """Under the context lock, with the runner engaged: whether this blocking allreduce,
+        broadcast or barrier runs on the flag area alone (``flags_fit``: it reads and writes
+        no stream) while the runner's only work is a batch whose receives wait for their
+        messages (nothing of the batch on the wire, nothing queued behind it, nobody
+        driving or beginning anything, nothing in the mailbox).  It then runs now, beside
+        the batch, as MPI's Allreduce runs while an Irecv waits: the peer may send that
+        message only after its own allreduce, which needs this rank's."""
+        cdef Runner runner = self._runner
+        cdef Batch batch
+        cdef size_t nbytes = 0
+        if kind == K_ALLREDUCE or kind == K_BROADCAST:
+            if code != ALGO_FLAGS:
+                return False
+            nbytes = (<cnp.ndarray>buf).nbytes
+        elif kind != K_BARRIER:
+            return False
+        if (runner is None or runner.busy or len(self._mailbox)
+                or flags_fit(self._transport, nbytes) == NULL):
+            return False
+        batch = self.batch_beside(runner)
+        return batch is not None and not batch.on_wire()
+
     cdef inline bint runner_engaged(self):
         """Under the context lock, before a call runs itself: whether the runner has work
         queued or in flight, or another thread holds it (a claim: an async call being
@@ -1182,6 +1216,8 @@ cdef class CallPath:
         cdef Transport t = self._transport
         cdef Py_ssize_t seg = self._segment_bytes
         cdef CallLock lock = self._lock
+        cdef OpState saved
+        cdef bint beside = False        # beside the runner's batch of waiting receives
         lock.take()
         # What the flight recorder notes, as the Python path does: the result's buffer
         # (None for barrier and for a gather's non-root) and the root of a rooted kind.
@@ -1189,13 +1225,19 @@ cdef class CallPath:
         described = buf if kind <= K_REDUCE or p2p else recv
         result = None
         try:
-            if self._closed or self._failure is not None or self.runner_engaged():
+            if self._closed or self._failure is not None:
                 return _TAKE_SLOW
+            if self.runner_engaged():
+                if not self.runs_beside(kind, buf, code):
+                    return _TAKE_SLOW
+                beside = True
             seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
                 entry = _note(rec, kind, described, root, [root] if p2p else None, True,
                               NONE if p2p else seq)
             self._busy = True
+            if beside:
+                t.save_op(&saved)       # the batch's receives keep their descriptor and deadline
             try:
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, timeout, seg)
@@ -1220,6 +1262,8 @@ cdef class CallPath:
                 raise
             finally:
                 self._busy = False
+                if beside:
+                    t.restore_op(&saved)
             if not p2p:
                 self.numbered(seq)
         finally:
