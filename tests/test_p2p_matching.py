@@ -311,6 +311,35 @@ def test_an_async_send_beside_waiting_receives_that_fails_returns_a_failed_handl
     assert not [j for j in joined if not j[0]], joined       # the send joined no batch
 
 
+def test_polls_of_an_async_receive_move_it_themselves(pair, monkeypatch):
+    """MPI's Irecv, then Test in a loop: each poll of a receive parked in the runner moves
+    its batch one pass on the polling thread, so the receive ends in a poll.  The runners
+    here never run (their thread returns at once): with polls that only woke the runner the
+    loop below would never end.  Several rounds, messages of two sizes, both ranks."""
+    class Idle(Runner):
+        def _loop(self):
+            return None
+
+    monkeypatch.setattr(pycollect.context, "Runner", Idle)
+
+    def body(ctx):
+        peer, out = 1 - ctx.rank, []
+        for i, n in enumerate((3, 3, 5000, 5000)):
+            got = np.zeros(n)
+            w = ctx.recv(got, peer, tag=i, async_op=True)
+            ended_in = []
+            w.add_done_callback(lambda _: ended_in.append(threading.current_thread()))
+            ctx.send(np.full(n, 10.0 * ctx.rank + i), peer, tag=i)
+            deadline, polls = time.monotonic() + 10, 0
+            while not w.is_completed() and time.monotonic() < deadline:
+                polls += 1
+            out.append((w.is_completed(), ended_in == [threading.current_thread()],
+                        bool(np.all(got == 10.0 * peer + i))))
+        return out
+
+    assert pair.run(body) == [[(True, True, True)] * 4] * 2
+
+
 def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     """MPI's Irecv, compute, Send, Wait on both ranks: while a rank computes, its runner
     takes up the waiting receive's batch and drives it, holding the context's lock until

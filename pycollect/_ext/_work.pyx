@@ -264,8 +264,10 @@ cdef class Work:
         Test progresses a request: a loop that polls while it computes gets the operation
         started at once, not at the runner's next look or after the interpreter's switch
         interval.  An allreduce, broadcast or barrier that this rank posted when it was
-        called (the shared-memory flags: ``Runner.begun_collective``) ends in the look that
-        finds the peers' posts there, on the polling thread."""
+        called (the shared-memory flags, or a small exchange of two ranks:
+        ``Runner.begun_collective``) ends in the look that finds the peers' posts or the
+        peer's message there, on the polling thread; a send or receive parked in its batch
+        is moved one pass by each look (``Runner._poll_batch``)."""
         if self._end.done:
             return True
         if self._runner is not None:
@@ -422,6 +424,9 @@ cdef class _AnyEnded:
             if end.done:
                 return True
         return False
+
+
+cdef Completion _ONE_PASS = Completion(True)   # a drive's end that has come: one pass
 
 
 cdef inline bint _done(object until) except -1:
@@ -711,8 +716,35 @@ cdef class Runner:
             self._run_while_not((<Work>head[1])._end)
             if work._end.done:
                 return
+        if not posted and self._poll_batch(work):
+            return
         if first and (not posted or ready is None):
             self._bell.hurry()      # queued, or begun as an exchange: the runner ends it
+
+    cdef bint _poll_batch(self, Work work) except -1:
+        """``poll``'s look at a send or receive of the parked batch (nothing running, queued
+        or being posted, the context's lock free): one pass of the batch on the polling
+        thread (``_drive`` with an end that has come: it stops after its first pass), as
+        MPI's Test progresses a request; what is left stays parked for the next look, a
+        wait, or the runner.  Whether it ran (else the runner is woken as before)."""
+        cdef tuple entry
+        cdef bint mine = False
+        self._mutex.take()
+        try:
+            if (self.busy or self._batch is None or self._queue or self._posting
+                    or (self._wanted is not None and self._wanted.held)):
+                return False
+            for entry in self._batch_ops.values():
+                if entry[1] is work:
+                    mine = True
+                    break
+            if not mine:
+                return False
+            head = self._take_next()
+        finally:
+            self._mutex.give()
+        self._run_next(head, _ONE_PASS, 0.0)
+        return True
 
     def hurry(self):
         """A thread that waits with a timeout, so does not run the queue itself (a
