@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import pycollect as pc
+import pycollect.context
 from group import ThreadGroup
+from pycollect.work import Runner
 from jobs import last_json, run_script
 
 
@@ -279,3 +281,36 @@ def test_a_call_that_ends_at_once_behind_a_begun_one_keeps_its_number(monkeypatc
     # The case under test: the barrier ended in the call, the broadcast not yet.
     assert results[1][0] == (True, False), results
     assert [r[1:] for r in results] == [(1.0, 1.0, 2.0, 3)] * 2, results
+
+
+def test_a_poll_ends_a_begun_exchange_whose_peer_left(monkeypatch):
+    """The peer closes instead of sending its part: a poll finds the end of its stream
+    (``head_here`` answers yes), runs the end, and the call fails with PeerError naming the
+    peer.  The runner never runs here (its thread returns at once), so only the poll can
+    end it."""
+    class Idle(Runner):
+        def _loop(self):
+            return None
+
+    monkeypatch.setattr(pycollect.context, "Runner", Idle)
+    g = ThreadGroup(2, transport="tcp", timeout=10)
+    try:
+        gone = threading.Event()
+
+        def body(ctx):
+            if ctx.rank == 1:
+                ctx.close()
+                gone.set()
+                return None
+            gone.wait(10)
+            work = ctx.barrier(async_op=True)
+            deadline = time.monotonic() + 5
+            while not work.is_completed() and time.monotonic() < deadline:
+                pass
+            with pytest.raises(pc.PeerError, match="rank 1"):
+                work.wait(timeout=1)
+            return work.is_completed()
+
+        assert g.run(body)[0] is True
+    finally:
+        g.close()
