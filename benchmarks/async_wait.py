@@ -15,7 +15,10 @@ async_op=True), ctx.recv(other, peer, 3, async_op=True)])``; ``Request.Waitall([
 Irecv])``), the same exchange with the receive posted first and a blocking send
 (``irecv+send+wait``: ``w = ctx.recv(other, peer, 3, async_op=True); ctx.send(buf, peer,
 3); w.wait()``; ``Irecv``, ``Send``, ``Wait``) and with an async send
-(``irecv+isend+wait_all``; ``Irecv``, ``Isend``, ``Waitall``), the same exchange blocking, ``sendrecv``
+(``irecv+isend+wait_all``; ``Irecv``, ``Isend``, ``Waitall``), the receive posted first
+with a blocking allreduce of the buffer before the send (``irecv+allreduce+send+wait``:
+``Irecv``, ``Allreduce``, ``Send``, ``Wait``, the allreduce running while the receive
+waits), the same exchange blocking, ``sendrecv``
 (``ctx.sendrecv(buf, peer, other, peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other,
 peer, 3)``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
@@ -37,7 +40,8 @@ from turns import against_mpi, report, summarize, two_ranks_main
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
-        "irecv+send+wait", "irecv+isend+wait_all", "sendrecv", "broadcast async+wait")
+        "irecv+send+wait", "irecv+isend+wait_all", "irecv+allreduce+send+wait", "sendrecv",
+        "broadcast async+wait")
 BATCH = 100
 
 
@@ -66,6 +70,9 @@ def _endpoint(peer):
                     "irecv+isend+wait_all": lambda: _posted_first(
                         ctx.recv(other, peer, 3, async_op=True),
                         lambda: ctx.send(buf, peer, 3, async_op=True), pc.wait_all),
+                    "irecv+allreduce+send+wait": lambda: _prepost(
+                        ctx.recv(other, peer, 3, async_op=True),
+                        lambda: (ctx.allreduce(buf), ctx.send(buf, peer, 3))),
                     "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
                     "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait()}
         return ways, ctx.rank, ctx.close
@@ -86,6 +93,9 @@ def _endpoint(peer):
                 "irecv+isend+wait_all": lambda: _posted_first(
                     comm.Irecv(other, peer, 3), lambda: comm.Isend(buf, peer, 3),
                     MPI.Request.Waitall),
+                "irecv+allreduce+send+wait": lambda: _prepost(
+                    comm.Irecv(other, peer, 3),
+                    lambda: (comm.Allreduce(MPI.IN_PLACE, buf), comm.Send(buf, peer, 3)), "Wait"),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
                 "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait()}
     return ways, comm.rank, lambda: None

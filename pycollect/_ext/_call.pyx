@@ -47,6 +47,7 @@ from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
 from pycollect._ext._p2p cimport start as _p2p_start
+from pycollect._ext._p2p cimport stash_to
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
                                         ALGO_RECURSIVE_DOUBLING, OpState, Transport)
@@ -68,8 +69,8 @@ from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
 from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
-from pycollect._ext._transport import ALGORITHM_NAMES
-from pycollect.errors import Aborted, Error, InvalidArgument, Timeout
+from pycollect._ext._transport import ALGORITHM_NAMES, fail as _fail_transport
+from pycollect.errors import Aborted, Error, InvalidArgument, MismatchError, Timeout
 from pycollect.types import ReduceOp
 
 cnp.import_array()
@@ -857,6 +858,51 @@ cdef class CallPath:
             return None
         return <Batch>got
 
+    cpdef bint may_stash_beside(self) except -1:
+        """Whether a collective of this context may run beside its runner's batch of
+        receives that wait (``Runner._beside_head``): its transport reads aside the
+        point-to-point messages such a collective meets on the streams
+        (``Transport.can_stash``)."""
+        return self._transport.can_stash()
+
+    def run_beside(self, execute, item, Batch batch):
+        """Run the queued collective ``item`` with ``execute`` (``Context._execute``, under
+        the context's lock) beside ``batch``, the runner's batch of waiting receives: the
+        batch's descriptor and deadline set aside meanwhile, and the point-to-point messages
+        that the collective meets on the streams read aside and handed to its receives
+        afterwards (``_p2p.stash_to``; one that no receive takes fails the collective, as a
+        message left unreceived at a collective does).  What ``execute`` returns."""
+        cdef Transport t = self._transport
+        cdef OpState saved
+        cdef Py_ssize_t left = 0
+        t.save_op(&saved)
+        t.stash(1)
+        try:
+            name = execute(item)
+        finally:
+            t.stash(0)
+            t.restore_op(&saved)
+            lock = self._lock
+            with lock:
+                left = stash_to(t, self._mailbox, batch)
+        if left:
+            raise self.met_unreceived(self.seq_)
+        return name
+
+    cdef object met_unreceived(self, unsigned int seq):
+        """Collective ``seq``, run beside receives that wait, read aside point-to-point
+        messages that none of them takes, sent before the peers' parts of it: the program
+        is out of step, as where a collective meets such a message on the wire.  Fail this
+        context and its transport (whose abort frames tell the peers); the error."""
+        error = MismatchError(
+            "rank %d: collective #%d met point-to-point messages sent before it that no "
+            "receive waited for (%s); receive a message before the collective its sender "
+            "made after sending it" % (self._rank, seq, self._mailbox.unreceived()))
+        self._mailbox.clear()
+        self._failure = error
+        _fail_transport(self._transport, "met a point-to-point message nobody received")
+        return error
+
     def p2p_batch(self):
         """A new ``_p2p.Batch`` of this context's sends and receives (its transport, mailbox
         and deadline), for its runner to drive."""
@@ -1136,29 +1182,34 @@ cdef class CallPath:
         """Outside the lock, for a blocking call that ``ready`` turned away: whether it may
         yet run beside the runner's batch (``runs_beside`` decides under the lock): the
         runner has work and nothing else stands in the way, and the transport has a flag
-        area."""
+        area or reads point-to-point messages aside (``Transport.can_stash``)."""
         return (self._runner is not None and self._runner.backlog and self.ready_async()
-                and not len(self._mailbox) and self._transport.flag_area is not None)
+                and not len(self._mailbox) and (self._transport.flag_area is not None
+                                                 or self._transport.can_stash()))
 
     cdef bint runs_beside(self, int kind, object buf, int code) except -1:
         """Under the context lock, with the runner engaged: whether this blocking allreduce,
-        broadcast or barrier runs on the flag area alone (``flags_fit``: it reads and writes
-        no stream) while the runner's only work is a batch whose receives wait for their
-        messages (nothing of the batch on the wire, nothing queued behind it, nobody
-        driving or beginning anything, nothing in the mailbox).  It then runs now, beside
-        the batch, as MPI's Allreduce runs while an Irecv waits: the peer may send that
-        message only after its own allreduce, which needs this rank's."""
+        broadcast or barrier runs now, beside the runner's batch, as MPI's Allreduce runs
+        while an Irecv waits (the peer may send that message only after its own allreduce,
+        which needs this rank's): the runner's only work is a batch whose receives wait for
+        their messages (nothing of the batch on the wire, nothing queued behind it, nobody
+        driving or beginning anything, nothing in the mailbox), and the collective either
+        runs on the flag area alone (``flags_fit``: it reads no stream) or runs on a
+        transport that reads aside the point-to-point messages it meets on the streams
+        (``Transport.can_stash``: ``run`` turns that on, and puts what was read aside in
+        the mailbox afterwards, where the batch's receives look first)."""
         cdef Runner runner = self._runner
+        cdef Transport t = self._transport
         cdef Batch batch
         cdef size_t nbytes = 0
         if kind == K_ALLREDUCE or kind == K_BROADCAST:
-            if code != ALGO_FLAGS:
-                return False
             nbytes = (<cnp.ndarray>buf).nbytes
         elif kind != K_BARRIER:
             return False
-        if (runner is None or runner.busy or len(self._mailbox)
-                or flags_fit(self._transport, nbytes) == NULL):
+        if runner is None or runner.busy or len(self._mailbox):
+            return False
+        if not ((code == ALGO_FLAGS or kind == K_BARRIER) and flags_fit(t, nbytes) != NULL
+                or t.can_stash()):
             return False
         batch = self.batch_beside(runner)
         return batch is not None and not batch.on_wire()
@@ -1218,6 +1269,8 @@ cdef class CallPath:
         cdef CallLock lock = self._lock
         cdef OpState saved
         cdef bint beside = False        # beside the runner's batch of waiting receives
+        cdef Batch batch = None
+        cdef Py_ssize_t left = 0
         lock.take()
         # What the flight recorder notes, as the Python path does: the result's buffer
         # (None for barrier and for a gather's non-root) and the root of a rooted kind.
@@ -1231,6 +1284,7 @@ cdef class CallPath:
                 if not self.runs_beside(kind, buf, code):
                     return _TAKE_SLOW
                 beside = True
+                batch = self.batch_beside(self._runner)
             seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
                 entry = _note(rec, kind, described, root, [root] if p2p else None, True,
@@ -1238,6 +1292,7 @@ cdef class CallPath:
             self._busy = True
             if beside:
                 t.save_op(&saved)       # the batch's receives keep their descriptor and deadline
+                t.stash(1)              # the point-to-point messages met on the way: aside
             try:
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, timeout, seg)
@@ -1263,9 +1318,16 @@ cdef class CallPath:
             finally:
                 self._busy = False
                 if beside:
+                    t.stash(0)
                     t.restore_op(&saved)
+                    left = stash_to(t, self._mailbox, batch)
             if not p2p:
                 self.numbered(seq)
+            if left:
+                exc = self.met_unreceived(seq)
+                if entry >= 0:
+                    rec.end(entry, None, exc)
+                raise exc
         finally:
             lock.give()
         name = _name_of(code)

@@ -164,6 +164,13 @@ cdef struct Pair:
     char* out_carry
     size_t out_len
     size_t out_off
+    # A point-to-point message being read aside (Transport.stash) whose body is still
+    # partly in the stream: the Stashed it goes into, how much of the body has come, and
+    # for one sent by address, the address being read (its payload copied once it has).
+    Stashed* fill
+    size_t fill_got
+    int fill_by_address
+    AddrBody fill_where
 
 
 cdef struct Resync:
@@ -188,6 +195,26 @@ cdef inline void _give_up(Pair* pr) noexcept nogil:
     once."""
     pr.lost = 1
     pr.ch.ops.shut(pr.ch)
+
+
+cdef inline int _past_frame(Req* r, size_t body) noexcept nogil:
+    """The receive ``r`` read a frame's header that is not its own (dropped, or read aside)
+    and ``r.done`` bytes after it, of which the frame's body is ``body``: move the bytes read
+    past the body to where a read of the next frame would have put them (the rest of the
+    body, if any, is read elsewhere).  1 if the next header is then complete in ``r.hdr``,
+    else 0."""
+    cdef size_t extra, head
+    if r.done <= body:
+        r.hdr_done = 0
+        r.done = 0
+        return 0
+    extra = r.done - body
+    head = extra if extra < HDR_BYTES else HDR_BYTES
+    memcpy(&r.hdr, r.buf + body, head)
+    memmove(r.buf, r.buf + body + head, extra - head)
+    r.hdr_done = <uint32_t>head
+    r.done = extra - head
+    return head == HDR_BYTES
 
 
 cdef inline int _would_block(int e) noexcept nogil:
@@ -216,6 +243,10 @@ cdef class Engine(Transport):
     cdef uint32_t refused_gid[REFUSED_KEPT]     # the collectives this rank refused (group,
     cdef uint32_t refused_seq[REFUSED_KEPT]     # sequence number), the last REFUSED_KEPT
     cdef uint32_t refused_n                     # ... and how many it refused in all
+    cdef int stashing           # stash(1): read point-to-point messages aside (_stash)
+    cdef int past_colls         # past_collectives(1): a probe waits behind a collective's frame
+    cdef Stashed* stash_head    # the messages read aside, oldest first, for stashed()
+    cdef Stashed* stash_tail
 
     def __cinit__(self):
         self.pairs = NULL
@@ -312,10 +343,19 @@ cdef class Engine(Transport):
             for p in range(self.size):
                 free(self.pairs[p].rs_carry)
                 free(self.pairs[p].out_carry)
+                free(self.pairs[p].fill)
+        self._drop_stashed()
         free(self.pairs)
         free(self.reqs)
         free(self.pfds)
         free(self.pfd_peer)
+
+    cdef void _drop_stashed(self) noexcept nogil:
+        """Free the messages read aside that nobody took."""
+        cdef Stashed* s = self.stashed()
+        while s != NULL:
+            free(s)
+            s = self.stashed()
 
     cdef void _close_fds(self) noexcept:
         if self.channels is not None:
@@ -632,6 +672,15 @@ cdef class Engine(Transport):
                                        or h.magic == MAGIC_RESET) and peer < 0:
                     pr.data_waiting = 1     # the head is for another operation
                     candidate = 0
+                elif n == HDR_BYTES and self.past_colls and h.coll != COLL_P2P and (
+                        h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) \
+                        and h.word.group_id == self.op.group_id:
+                    # The peer's part of a collective of this group that this rank has not
+                    # run yet (it would have read the frame): the message waited for comes
+                    # after it, once this rank's collective has read it (run beside the
+                    # batch, Transport.stash).  Not a disagreement: wait on.
+                    pr.data_waiting = 1
+                    candidate = 0
                 elif n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
                     # A mismatch, an abort frame, or end of stream: let the
                     # receive path name it.
@@ -696,10 +745,28 @@ cdef class Engine(Transport):
         pr = &self.pairs[peer]
         if pr.lost or pr.ch.fd < 0 or pr.ch.eof:
             return 1
-        if pr.skip or pr.recv_head >= 0:
+        if pr.skip or pr.fill != NULL or pr.recv_head >= 0:
             return 0            # inside a frame: only its receive can tell
         n = pr.ch.ops.peek(pr.ch, &h)
         return n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno))
+
+    cdef bint can_stash(self) noexcept nogil:
+        return 1
+
+    cdef void stash(self, bint on) noexcept nogil:
+        self.stashing = on
+
+    cdef void past_collectives(self, bint on) noexcept nogil:
+        self.past_colls = on
+
+    cdef Stashed* stashed(self) noexcept nogil:
+        cdef Stashed* s = self.stash_head
+        if s != NULL:
+            self.stash_head = s.next
+            if self.stash_head == NULL:
+                self.stash_tail = NULL
+            s.next = NULL
+        return s
 
     cdef void ring_bell(self, int peer) noexcept nogil:
         cdef char bell = 1
@@ -1125,20 +1192,8 @@ cdef class Engine(Transport):
         bytes read past it to where a read of the next frame would have put them: 1 if that
         next header is then complete in ``r.hdr``, else 0."""
         cdef uint64_t body = ADDR_BODY if r.hdr.magic == MAGIC_BY_ADDRESS else r.hdr.nbytes
-        cdef size_t extra, head
-        if r.done < body:
-            self._skip_frame(peer, &r.hdr, r.done)
-            r.hdr_done = 0
-            r.done = 0
-            return 0
-        self._skip_frame(peer, &r.hdr, <size_t>body)
-        extra = r.done - <size_t>body
-        head = extra if extra < HDR_BYTES else HDR_BYTES
-        memcpy(&r.hdr, r.buf + body, head)
-        memmove(r.buf, r.buf + body + head, extra - head)
-        r.hdr_done = <uint32_t>head
-        r.done = extra - head
-        return head == HDR_BYTES
+        self._skip_frame(peer, &r.hdr, r.done if r.done < body else <size_t>body)
+        return _past_frame(r, <size_t>body)
 
     cdef int _skip(self, int peer, int idle) noexcept nogil:
         """Discard what is left of a dropped frame: 1 once it is gone, 0 while its bytes are
@@ -1146,37 +1201,136 @@ cdef class Engine(Transport):
         cdef Pair* pr = &self.pairs[peer]
         cdef ChannelBase* ch = pr.ch
         cdef char junk[JUNK_BYTES]
-        cdef iovec iov
         cdef ssize_t n
         while pr.skip:
-            iov.iov_base = junk
-            iov.iov_len = JUNK_BYTES if pr.skip > JUNK_BYTES else <size_t>pr.skip
-            n = ch.ops.readv(ch, &iov, 1)
-            if n == 0:
-                ch.eof = 1
-                return 0 if idle else self.set_error(
-                    ERR_PEER, peer, "", 0, "closed its connection (the process exited or "
-                    "closed its context)")
-            if n < 0:
-                if errno == EINTR:
-                    continue
-                if _would_block(errno):
-                    return 0
-                return self.set_error(ERR_PEER, peer, ch.recv_call, errno,
-                                      "connection lost while receiving")
+            n = self._read_body(peer, junk, JUNK_BYTES if pr.skip > JUNK_BYTES
+                                else <size_t>pr.skip, idle)
+            if n <= 0:
+                return n
             pr.skip -= <uint64_t>n
         if pr.skip_ack:
             ch.ops.ack(ch)
             pr.skip_ack = 0
         return 1
 
+    cdef ssize_t _read_body(self, int peer, char* into, size_t want, int idle) noexcept nogil:
+        """Read up to ``want`` bytes of a frame's body from ``peer``'s stream (one that is
+        dropped, or read aside): how many came, 0 while none has, or -1 after set_error.
+        At the end of the stream: -1, or with ``idle`` (nobody waits on the pair) 0, the
+        channel marked ended."""
+        cdef ChannelBase* ch = self.pairs[peer].ch
+        cdef iovec iov
+        cdef ssize_t n
+        iov.iov_base = into
+        iov.iov_len = want
+        while True:
+            n = ch.ops.readv(ch, &iov, 1)
+            if n > 0:
+                return n
+            if n == 0:
+                ch.eof = 1
+                return 0 if idle else self.set_error(
+                    ERR_PEER, peer, "", 0, "closed its connection (the process exited or "
+                    "closed its context)")
+            if errno == EINTR:
+                continue
+            if _would_block(errno):
+                return 0
+            return self.set_error(ERR_PEER, peer, ch.recv_call, errno,
+                                  "connection lost while receiving")
+
     cdef int _header_in(self, int peer, Req* r) noexcept nogil:
         """A posted receive read a whole header: 0 if it is the receive's message, 1 if
-        leftover frames were dropped (read on), -1 on an error."""
-        while self._leftover(&r.hdr, 1):
-            if not self._drop(peer, r):
-                return 1
-        return self._check_header(peer, r)
+        leftover frames were dropped or messages read aside (read on), -1 on an error."""
+        cdef int rc
+        while True:
+            if self._leftover(&r.hdr, 1):
+                rc = self._drop(peer, r)
+            elif self._stashable(peer, &r.hdr, r):
+                rc = self._stash(peer, r)
+            else:
+                return self._check_header(peer, r)
+            if rc <= 0:
+                return -1 if rc < 0 else 1
+
+    cdef inline bint _stashable(self, int peer, const MsgHeader* h, const Req* r) noexcept nogil:
+        """Whether a collective's receive ``r`` reads the frame ``h`` aside (stash(1)): a
+        point-to-point message of the collective's group (inline or by address), the next
+        the pair numbers; anything else is checked as ever."""
+        return (self.stashing and not r.flex and self.op.coll != COLL_P2P
+                and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
+                and h.coll == COLL_P2P and h.word.group_id == self.op.group_id
+                and h.msgno == self.pairs[peer].recv_msgs)
+
+    cdef int _stash(self, int peer, Req* r) noexcept nogil:
+        """Read aside the point-to-point message whose header the collective's receive ``r``
+        read, with what ``r`` read past that header, and move the bytes read past the
+        message to where a read of the next frame would have put them, as ``_drop`` does:
+        1 if that next header is then complete in ``r.hdr``, 0 if not (the message's rest,
+        or the next header, is still to come), -1 on an error."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef bint by_address = r.hdr.magic == MAGIC_BY_ADDRESS
+        cdef size_t body = ADDR_BODY if by_address else <size_t>r.hdr.nbytes    # in the stream
+        cdef size_t have
+        cdef Stashed* s = <Stashed*>malloc(sizeof(Stashed) + <size_t>r.hdr.nbytes)
+        if s == NULL:
+            return self.set_error(ERR_INTERNAL, peer, "malloc", 0, "out of memory for a "
+                                  "point-to-point message read beside a collective")
+        s.next = NULL
+        s.peer = peer
+        s.tag = r.hdr.root
+        s.dtype = r.hdr.dtype
+        s.seq = r.hdr.seq
+        s.nbytes = <size_t>r.hdr.nbytes
+        s.data = <char*>(s + 1)
+        have = r.done if r.done < body else body
+        memcpy((<char*>&pr.fill_where) if by_address else s.data, r.buf, have)
+        pr.recv_msgs += 1
+        pr.fill_by_address = by_address
+        if have < body:
+            pr.fill = s
+            pr.fill_got = have
+        elif self._stash_done(peer, s) < 0:
+            return -1
+        return _past_frame(r, body)
+
+    cdef int _stash_done(self, int peer, Stashed* s) noexcept nogil:
+        """The message read aside has its body: one sent by address has its payload copied
+        from the sender's memory and acknowledged (its send then ends), as a receive's is;
+        then it joins the others for ``stashed``.  0, or -1 after set_error (``s`` freed)."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef char* view
+        if pr.fill_by_address:
+            pr.fill_by_address = 0
+            view = self.view_remote(peer, &pr.fill_where.pool, pr.fill_where.addr, s.nbytes)
+            if view != NULL:
+                memcpy(s.data, view, s.nbytes)
+            elif s.nbytes and self.read_remote(peer, s.data, pr.fill_where.addr, s.nbytes) < 0:
+                free(s)
+                return -1
+            pr.ch.ops.ack(pr.ch)
+        if self.stash_tail != NULL:
+            self.stash_tail.next = s
+        else:
+            self.stash_head = s
+        self.stash_tail = s
+        return 0
+
+    cdef int _fill(self, int peer) noexcept nogil:
+        """Read more of the message being read aside from ``peer``: 1 once it is whole, 0
+        while its bytes are still to come, -1 on an error."""
+        cdef Pair* pr = &self.pairs[peer]
+        cdef Stashed* s = pr.fill
+        cdef char* into = (<char*>&pr.fill_where) if pr.fill_by_address else s.data
+        cdef size_t body = ADDR_BODY if pr.fill_by_address else s.nbytes
+        cdef ssize_t n
+        while pr.fill_got < body:
+            n = self._read_body(peer, into + pr.fill_got, body - pr.fill_got, 0)
+            if n <= 0:
+                return n
+            pr.fill_got += <size_t>n
+        pr.fill = NULL
+        return -1 if self._stash_done(peer, s) < 0 else 1
 
     cdef int _check_frame(self, int peer, Req* r) noexcept nogil:
         """Validate a complete header against the posted receive."""
@@ -1268,6 +1422,11 @@ cdef class Engine(Transport):
         while pr.recv_head >= 0:
             if pr.skip:
                 rc = self._skip(peer, 0)
+                if rc <= 0:
+                    return rc if rc < 0 else progressed
+                progressed = 1
+            if pr.fill != NULL:
+                rc = self._fill(peer)
                 if rc <= 0:
                     return rc if rc < 0 else progressed
                 progressed = 1
@@ -1661,6 +1820,9 @@ cdef class Engine(Transport):
             pr.skip = 0
             pr.skip_ack = 0
             pr.finishing = 0
+            free(pr.fill)
+            pr.fill = NULL
+            pr.fill_got = 0
             free(pr.rs_carry)
             pr.rs_carry = NULL
             pr.rs_carry_len = 0
@@ -1677,6 +1839,8 @@ cdef class Engine(Transport):
         free(want)
         free(rs)
         self.nreqs = 0
+        self.stashing = 0
+        self._drop_stashed()        # messages of the epoch that ended, as those on the wire
         self.flag_area = None       # the flags path ends with the group that used it
         self.failed = 0
         memset(&self.err, 0, sizeof(TransportError))
@@ -1717,6 +1881,10 @@ cdef class Engine(Transport):
             elif pr.skip:
                 rs[p].skip = pr.skip        # a leftover frame's rest
                 rs[p].ack = pr.skip_ack
+            elif pr.fill != NULL:           # a message read aside: the rest of its body
+                rs[p].skip = (ADDR_BODY if pr.fill_by_address else pr.fill.nbytes) \
+                    - pr.fill_got
+                rs[p].ack = pr.fill_by_address
             elif pr.recv_head >= 0:
                 r = &self.reqs[pr.recv_head]
                 if r.hdr_done < HDR_BYTES:

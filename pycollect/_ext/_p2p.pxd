@@ -28,6 +28,7 @@ cdef class Batch:
     cdef void _attach(self, Transport t, Mailbox box, double timeout)
     cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv)
     cdef _from_mailbox(self, int i, object m)
+    cdef bint _offer(self, object m) except -1
     cdef int _match(self, int64_t until_ns) except -1
     cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3
     cdef int _moving(self) except -1
@@ -35,6 +36,7 @@ cdef class Batch:
     cpdef bint on_wire(self) except -1
     cpdef bint matches_heads(self) except -1
 
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch) except -1
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,

@@ -11,15 +11,20 @@ in whatever order their messages arrive.
 
 What stays as safe as before: a receive whose message has another dtype, or
 is larger than its buffer, raises ``MismatchError``; a collective that meets a
-point-to-point message on the wire is a ``MismatchError`` as ever; and a
-message left unreceived in the mailbox fails the next collective (the context
-checks ``Mailbox.unreceived``) or is named when a receive times out.
+point-to-point message on the wire is a ``MismatchError`` as ever, unless it
+runs beside a batch whose receives wait and one of them takes the message
+(the collective reads it aside, ``Transport.stash``, and ``stash_to`` hands it
+over); and a message left unreceived in the mailbox fails the next collective
+(the context checks ``Mailbox.unreceived``) or is named when a receive times
+out.
 
 A receive returns (source, element count, tag): the status of MPI.  ``probe``
 describes the next matching message without receiving it.
 """
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 from pycollect._ext._buffer cimport as_buffer
@@ -113,6 +118,27 @@ cdef tuple _deliver(object m, Buffer b, str what):
     if n:
         memcpy(b.ptr, <const char*>payload, n)
     return m[0], (n // b.itemsize if b.itemsize else 0), m[1]
+
+
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch) except -1:
+    """After a collective run beside ``batch`` (or None): hand the point-to-point messages
+    that ``t`` read aside meanwhile (``Transport.stash``), in the order they arrived, each
+    to the first of the batch's waiting receives that takes it (``Batch._offer``); the
+    others go to ``box``.  Their number: messages their senders sent before their part of
+    the collective, which no receive waited for, left unreceived at it."""
+    cdef Stashed* s = t.stashed()
+    cdef Py_ssize_t left = 0
+    while s != NULL:
+        try:
+            m = (s.peer, s.tag, s.dtype,
+                 PyBytes_FromStringAndSize(s.data, <Py_ssize_t>s.nbytes), s.seq)
+        finally:
+            free(s)
+        if batch is None or not batch._offer(m):
+            box.mail.append(m)
+            left += 1
+        s = t.stashed()
+    return left
 
 
 cdef int _park(Transport t, Mailbox box, Probe* pr) except -1:
@@ -425,7 +451,9 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
         if rc == 0 and not is_recv:
             req = rc = t.post_send_async(peer, b.ptr, b.nbytes)
         elif rc == 0:
+            t.past_collectives(1)       # a peer's collective first: wait behind it (Batch._head)
             got = _probe_head(t, peer, &pr, pc_now_ns())
+            t.past_collectives(0)
             if got >= 0 and _wants(peer, tag, got, pr.desc.root):
                 req = rc = _post_body(t, got, &pr, b.ptr, b.nbytes, b.dtype, b.count)
         if rc >= 0 and req >= 0 and not t.done(req):
@@ -544,6 +572,18 @@ cdef class Batch:
         self.peers[i], self.counts[i], self.tags[i] = _deliver(m, self.bufs[i], "recv")
         self.reqs[i] = FROM_MAILBOX
 
+    cdef bint _offer(self, object m) except -1:
+        """Give the message ``m`` (a mailbox entry) to the first waiting receive that takes
+        it: whether one did.  A message read aside by a collective run beside the batch
+        (``stash_to``) comes so, before anything the wire still holds from its sender."""
+        cdef int i
+        for i in self.waiting:
+            if _wants(self.peers[i], self.tags[i], m[0], m[1]):
+                self.waiting.remove(i)
+                self._from_mailbox(i, m)
+                return True
+        return False
+
     cdef int _match(self, int64_t until_ns) except -1:
         """Hand the heads that show up before ``until_ns`` to the waiting receives."""
         cdef Buffer b
@@ -584,8 +624,13 @@ cdef class Batch:
         cdef Buffer b
         cdef OpDesc d
         cdef int peer, i, j
+        cdef bint past = not self.on_wire()
         with nogil:
+            # A peer's collective at the head, where nothing of the batch is on the wire:
+            # wait behind it for the collective to run beside the batch (Runner).
+            self.t.past_collectives(past)
             peer = _probe_head(self.t, src, pr, until_ns)
+            self.t.past_collectives(0)
         if peer != -1:
             return peer
         i = self.waiting[0]
@@ -612,7 +657,8 @@ cdef class Batch:
     cpdef bint matches_heads(self) except -1:
         """A receive of the batch waits for its message: the heads that come are its to
         match (``_match``), and nothing beside the batch may park one in the mailbox, which
-        that receive no longer looks at."""
+        that receive no longer looks at (a collective run beside the batch hands what it
+        read aside to the receives first: ``stash_to``)."""
         return len(self.waiting) > 0
 
     cpdef bint on_wire(self) except -1:

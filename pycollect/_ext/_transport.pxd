@@ -77,6 +77,19 @@ cdef struct Probe:
     uint64_t nbytes     # its payload size
     OpDesc desc         # its descriptor
 
+# A point-to-point message that an operation run beside a batch's waiting receives read
+# aside (Transport.stash): from ``peer`` with ``tag``, of ``nbytes`` at ``data`` (the bytes
+# after the struct, in the one malloc'd block), stamped as its header was (``seq``: the
+# sender's Transport.p2p_seq).
+cdef struct Stashed:
+    Stashed* next
+    int peer
+    int tag
+    int dtype
+    uint32_t seq
+    size_t nbytes
+    char* data
+
 # The descriptor and deadline of an operation in progress, set aside (Transport.save_op).
 cdef struct OpState:
     OpDesc op
@@ -146,6 +159,25 @@ cdef class Transport:
     # they run under, restore_op puts them back once that operation is done.
     cdef void save_op(self, OpState* saved) noexcept nogil
     cdef void restore_op(self, const OpState* saved) noexcept nogil
+    # Such an operation may read a pair's stream where a point-to-point message of its
+    # group stands before its own frame (the peer sent it before its part: the message a
+    # waiting receive wants, as MPI delivers an Irecv's message around an Allreduce).
+    # With stash(1) the transport reads such a message aside (whole, into a Stashed) and
+    # reads on, where it would otherwise fail the operation with ERR_MISMATCH; stashed()
+    # hands them out, oldest first (the caller frees each with free()), for the context's
+    # mailbox.  can_stash: 1 where the transport does this (it owns its streams), else 0:
+    # such an operation must not run beside the batch.  A message sent by address (a
+    # large one over shared memory, which the receiver copies from the sender's memory)
+    # is not read aside: the operation fails as before.
+    cdef bint can_stash(self) noexcept nogil
+    cdef void stash(self, bint on) noexcept nogil
+    cdef Stashed* stashed(self) noexcept nogil
+    # A receive of a batch (async) that finds, at the head of the stream it waits on, the
+    # peer's part of a collective of its group that this rank has not run yet waits on
+    # behind it (past_collectives(1), where the transport can stash: that collective, run
+    # beside the batch, reads the frame and sets aside the message behind it), where any
+    # other receive fails with ERR_MISMATCH.
+    cdef void past_collectives(self, bint on) noexcept nogil
     # 1 where a send of ``nbytes`` to ``peer`` posted now ends at once without the peer
     # reading anything (nothing queued to it, no copy by address, room in its channel):
     # such an operation may run beside a batch whose receives it would otherwise have to

@@ -141,6 +141,18 @@ cdef class Transport:
         self.deadline_ns = saved.deadline_ns
         self.timeout_s = saved.timeout_s
 
+    cdef bint can_stash(self) noexcept nogil:
+        return 0
+
+    cdef void stash(self, bint on) noexcept nogil:
+        pass
+
+    cdef Stashed* stashed(self) noexcept nogil:
+        return NULL
+
+    cdef void past_collectives(self, bint on) noexcept nogil:
+        pass
+
     cdef bint sends_now(self, int peer, size_t nbytes) noexcept nogil:
         return 0
 
@@ -281,6 +293,15 @@ cdef int raise_error(Transport t) except -1:
     if e.kind == ERR_PEER:
         raise PeerError("%s: %s failed: %s %s%s" % (me, what, peer, detail, sysinfo))
     raise Error("%s: %s failed: %s%s" % (me, what, detail, sysinfo))
+
+
+def fail(Transport t, str detail):
+    """Fail ``t`` with ERR_MISMATCH and ``detail``, outside any operation: a transport
+    that tells its peers (the engine's abort frames) does so now."""
+    cdef bytes b = detail.encode("utf-8", "replace")
+    cdef const char* c = b
+    with nogil:
+        t.set_error(ERR_MISMATCH, -1, "", 0, c)
 
 
 def refuse(Transport t, unsigned int seq, str collective, str reason, double timeout):

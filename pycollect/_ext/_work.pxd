@@ -70,6 +70,7 @@ cdef class Runner:
     cpdef run_until(self, Work work)
     cdef _run_while_not(self, object until)
     cdef object _take_next(self)
+    cdef bint _beside_head(self) except -1
     cdef _run_next(self, object head, object until, double slice_s)
     cdef _run_head(self, object head)
     cdef _done_running(self, bint goes_on, bint park=*)

@@ -444,7 +444,9 @@ cdef class Runner:
     send before they receive); sends and receives queued while a batch runs
     join it, and each completes as soon as it is done, in any order (a receive
     when its message, matched by source and tag, has arrived).  A collective
-    queued after them starts once they have all completed.
+    queued after them starts once they have all completed, unless they are all
+    receives that wait for their messages: the collective then runs beside them
+    (``_beside_head``), as MPI's collectives run while an Irecv waits.
 
     A thread that waits for a queued operation may run it itself
     (``run_until``): while nothing runs, it takes what is at the head of the
@@ -788,12 +790,38 @@ cdef class Runner:
         if self._parked:
             self._parked = False
             self._bell.take()
-        if self._batch is not None or type(self._queue[0][0]) is P2P:
+        if self._batch is not None:
+            if not self._beside_head():
+                return None
+        elif type(self._queue[0][0]) is P2P:
             return None
         self._bell.take()
         if self._begun:
             self._begun -= 1        # the head is the oldest posted collective's end
         return self._queue[0]
+
+    cdef bint _beside_head(self) except -1:
+        """Under the mutex, with the batch in flight and nothing running: whether the
+        collective at the head of the queue runs now, beside the batch, as MPI's collectives
+        run while an Irecv waits, instead of once the batch has ended: it is of the batch's
+        context, the batch's operations are receives that wait for their messages (nothing
+        of the batch on the wire, nothing taken to be posted to it), and that context may
+        run it so (``CallPath.may_stash_beside``: its transport reads aside the messages
+        the collective meets).  The peer may send what those receives wait for only after
+        its part of the collective."""
+        cdef object execute
+        if not self._queue or self._posting or self._batch is None:
+            return False
+        op, work, execute = self._queue[0]
+        if type(op) is P2P or type(op) is tuple and not op[1]:
+            return False        # a send or receive; or an item that numbers no collective
+                                # (monitored_barrier: its own sends and receives)
+        if execute is None:
+            execute = self._execute
+        if getattr(execute, "__self__", None) is not self._batch_owner:
+            return False
+        return (self._batch.matches_heads() and not self._batch.on_wire()
+                and self._batch_owner.may_stash_beside())
 
     cdef _run_next(self, object head, object until, double slice_s):
         """Run what ``_take_next`` took, then let the next operation start; ``until``: the
@@ -817,8 +845,13 @@ cdef class Runner:
         set, by the caller), take it off and complete its handle."""
         op, work, execute = head
         algorithm, exception = None, None
+        if execute is None:
+            execute = self._execute
         try:
-            algorithm = (self._execute if execute is None else execute)(op)
+            if self._batch is not None:     # beside the batch (_beside_head)
+                algorithm = self._batch_owner.run_beside(execute, op, self._batch)
+            else:
+                algorithm = execute(op)
         except BaseException as exc:      # handed to the waiter
             exception = exc
         self._mutex.take()
@@ -928,7 +961,7 @@ cdef class Runner:
         cdef tuple entry
         cdef P2P op
         cdef Work work
-        cdef bint idle
+        cdef bint idle, beside
         if self._batch is None:
             self._mutex.take()
             try:
@@ -957,11 +990,14 @@ cdef class Runner:
             if idle:
                 self._batch = None
                 self._batch_owner = None
+            beside = not idle and self._beside_head()
             self._mutex.give()
             for work in ended:
                 work.complete(None, None)
             if idle or until is not None and _done(until):
                 return None
+            if beside:
+                return None     # the collective queued behind runs now, beside the batch
             if until is None and self._wanted is not None and self._wanted.is_wanted():
                 self._yielded = True
                 return None
