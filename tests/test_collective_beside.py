@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import pycollect as pc
+import pycollect.context
 from group import ThreadGroup
+from pycollect.work import Runner
 
 
 @pytest.fixture(params=[("shm", 2), ("shm", 3), ("tcp", 2), ("tcp", 3)],
@@ -258,24 +260,32 @@ def test_a_peer_that_leaves_fails_the_collective_and_the_waiting_receive():
         g.close()
 
 
-def test_over_tcp_messages_sent_before_the_collective_reach_the_waiting_receives():
+def test_over_tcp_messages_sent_before_the_collective_reach_the_waiting_receives(monkeypatch):
     """Without a flag area the collective reads the pairs' streams, where the peer's
-    point-to-point message comes first: it is read aside, and the receive has it in its
-    buffer by the time the collective returns (its handle ends at the next look or wait
-    that moves the batch)."""
+    point-to-point message comes first: it is read aside and handed to the receive, whose
+    handle has ended when the collective returns (the call moves the batch once, on its own
+    thread: the runners here never run, and nothing looks at the handle before)."""
+    class Idle(Runner):
+        def _loop(self):
+            return None
+
+    monkeypatch.setattr(pycollect.context, "Runner", Idle)
     g = ThreadGroup(2, timeout=8, transport="tcp")
     try:
         def body(ctx):
             peer = 1 - ctx.rank
             got = np.zeros(2)
             w = ctx.recv(got, peer, tag=5, async_op=True)
+            ended_in = []
+            w.add_done_callback(lambda _: ended_in.append(threading.current_thread()))
             ctx.send(np.full(2, float(ctx.rank)), peer, tag=5)
             total = ctx.allreduce(np.ones(1)).tolist()
-            early = got.tolist()
+            ended = ended_in == [threading.current_thread()]
             st = w.wait(timeout=5)
-            return early, (st.source, st.tag), total
+            return ended, got.tolist(), (st.source, st.tag), total
 
-        assert g.run(body, timeout=30) == [([1.0] * 2, (1, 5), [2.0]), ([0.0] * 2, (0, 5), [2.0])]
+        assert g.run(body, timeout=30) == [(True, [1.0] * 2, (1, 5), [2.0]),
+                                           (True, [0.0] * 2, (0, 5), [2.0])]
     finally:
         g.close()
 

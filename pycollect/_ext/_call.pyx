@@ -874,7 +874,7 @@ cdef class CallPath:
         message left unreceived at a collective does).  What ``execute`` returns."""
         cdef Transport t = self._transport
         cdef OpState saved
-        cdef Py_ssize_t left = 0
+        cdef Py_ssize_t left = 0, handed = 0
         t.save_op(&saved)
         t.stash(1)
         try:
@@ -884,7 +884,7 @@ cdef class CallPath:
             t.restore_op(&saved)
             lock = self._lock
             with lock:
-                left = stash_to(t, self._mailbox, batch)
+                left = stash_to(t, self._mailbox, batch, &handed)
         if left:
             raise self.met_unreceived(self.seq_)
         return name
@@ -1270,7 +1270,7 @@ cdef class CallPath:
         cdef OpState saved
         cdef bint beside = False        # beside the runner's batch of waiting receives
         cdef Batch batch = None
-        cdef Py_ssize_t left = 0
+        cdef Py_ssize_t left = 0, handed = 0
         lock.take()
         # What the flight recorder notes, as the Python path does: the result's buffer
         # (None for barrier and for a gather's non-root) and the root of a rooted kind.
@@ -1320,7 +1320,7 @@ cdef class CallPath:
                 if beside:
                     t.stash(0)
                     t.restore_op(&saved)
-                    left = stash_to(t, self._mailbox, batch)
+                    left = stash_to(t, self._mailbox, batch, &handed)
             if not p2p:
                 self.numbered(seq)
             if left:
@@ -1330,6 +1330,10 @@ cdef class CallPath:
                 raise exc
         finally:
             lock.give()
+        if handed:
+            # Receives of the batch have their messages: their handles end now, as a
+            # look would end them (the lock is free again for the batch's pass).
+            self._runner.move_batch()
         name = _name_of(code)
         if entry >= 0:
             rec.end(entry, name, None)

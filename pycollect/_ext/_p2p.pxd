@@ -36,7 +36,7 @@ cdef class Batch:
     cpdef bint on_wire(self) except -1
     cpdef bint matches_heads(self) except -1
 
-cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch) except -1
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed) except -1
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,

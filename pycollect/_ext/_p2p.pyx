@@ -120,21 +120,25 @@ cdef tuple _deliver(object m, Buffer b, str what):
     return m[0], (n // b.itemsize if b.itemsize else 0), m[1]
 
 
-cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch) except -1:
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed) except -1:
     """After a collective run beside ``batch`` (or None): hand the point-to-point messages
     that ``t`` read aside meanwhile (``Transport.stash``), in the order they arrived, each
-    to the first of the batch's waiting receives that takes it (``Batch._offer``); the
-    others go to ``box``.  Their number: messages their senders sent before their part of
-    the collective, which no receive waited for, left unreceived at it."""
+    to the first of the batch's waiting receives that takes it (``Batch._offer``; their
+    number in ``handed``); the others go to ``box``.  Their number: messages their senders
+    sent before their part of the collective, which no receive waited for, left
+    unreceived at it."""
     cdef Stashed* s = t.stashed()
     cdef Py_ssize_t left = 0
+    handed[0] = 0
     while s != NULL:
         try:
             m = (s.peer, s.tag, s.dtype,
                  PyBytes_FromStringAndSize(s.data, <Py_ssize_t>s.nbytes), s.seq)
         finally:
             free(s)
-        if batch is None or not batch._offer(m):
+        if batch is not None and batch._offer(m):
+            handed[0] += 1
+        else:
             box.mail.append(m)
             left += 1
         s = t.stashed()

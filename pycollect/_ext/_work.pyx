@@ -723,23 +723,32 @@ cdef class Runner:
         if first and (not posted or ready is None):
             self._bell.hurry()      # queued, or begun as an exchange: the runner ends it
 
+    cpdef bint move_batch(self) except -1:
+        """One pass of the parked batch on the calling thread, as ``_poll_batch`` makes for
+        any of its operations: after a collective run beside the batch handed messages to
+        its receives (``CallPath.run``), their handles end now rather than at the next look
+        or wait.  Whether it ran."""
+        return self._poll_batch(None)
+
     cdef bint _poll_batch(self, Work work) except -1:
         """``poll``'s look at a send or receive of the parked batch (nothing running, queued
         or being posted, the context's lock free): one pass of the batch on the polling
         thread (``_drive`` with an end that has come: it stops after its first pass), as
         MPI's Test progresses a request; what is left stays parked for the next look, a
-        wait, or the runner.  Whether it ran (else the runner is woken as before)."""
+        wait, or the runner.  Whether it ran (else the runner is woken as before).  ``work``
+        None: for whichever operations of the batch end."""
         cdef tuple entry
-        cdef bint mine = False
+        cdef bint mine = work is None
         self._mutex.take()
         try:
             if (self.busy or self._batch is None or self._queue or self._posting
                     or (self._wanted is not None and self._wanted.held)):
                 return False
-            for entry in self._batch_ops.values():
-                if entry[1] is work:
-                    mine = True
-                    break
+            if not mine:
+                for entry in self._batch_ops.values():
+                    if entry[1] is work:
+                        mine = True
+                        break
             if not mine:
                 return False
             head = self._take_next()
