@@ -1187,17 +1187,17 @@ cdef class CallPath:
                 and not len(self._mailbox) and (self._transport.flag_area is not None
                                                  or self._transport.can_stash()))
 
-    cdef bint runs_beside(self, int kind, object buf, int code) except -1:
-        """Under the context lock, with the runner engaged: whether this blocking allreduce,
-        broadcast or barrier runs now, beside the runner's batch, as MPI's Allreduce runs
-        while an Irecv waits (the peer may send that message only after its own allreduce,
-        which needs this rank's): the runner's only work is a batch whose receives wait for
-        their messages (nothing of the batch on the wire, nothing queued behind it, nobody
-        driving or beginning anything, nothing in the mailbox), and the collective either
-        runs on the flag area alone (``flags_fit``: it reads no stream) or runs on a
-        transport that reads aside the point-to-point messages it meets on the streams
-        (``Transport.can_stash``: ``run`` turns that on, and puts what was read aside in
-        the mailbox afterwards, where the batch's receives look first)."""
+    cdef Batch runs_beside(self, int kind, object buf, int code):
+        """Under the context lock, with the runner engaged: the runner's batch where this
+        blocking allreduce, broadcast or barrier runs now, beside it, as MPI's Allreduce
+        runs while an Irecv waits (the peer may send that message only after its own
+        allreduce, which needs this rank's); else None.  The runner's only work is a batch
+        whose receives wait for their messages (nothing of the batch on the wire, nothing
+        queued behind it, nobody driving or beginning anything, nothing in the mailbox),
+        and the collective either runs on the flag area alone (``flags_fit``: it reads no
+        stream) or runs on a transport that reads aside the point-to-point messages it
+        meets on the streams (``Transport.can_stash``: ``run`` turns that on, and hands
+        what was read aside to the batch's receives afterwards, ``_p2p.stash_to``)."""
         cdef Runner runner = self._runner
         cdef Transport t = self._transport
         cdef Batch batch
@@ -1205,14 +1205,14 @@ cdef class CallPath:
         if kind == K_ALLREDUCE or kind == K_BROADCAST:
             nbytes = (<cnp.ndarray>buf).nbytes
         elif kind != K_BARRIER:
-            return False
+            return None
         if runner is None or runner.busy or len(self._mailbox):
-            return False
+            return None
         if not ((code == ALGO_FLAGS or kind == K_BARRIER) and flags_fit(t, nbytes) != NULL
                 or t.can_stash()):
-            return False
+            return None
         batch = self.batch_beside(runner)
-        return batch is not None and not batch.on_wire()
+        return None if batch is None or batch.on_wire() else batch
 
     cdef inline bint runner_engaged(self):
         """Under the context lock, before a call runs itself: whether the runner has work
@@ -1281,10 +1281,10 @@ cdef class CallPath:
             if self._closed or self._failure is not None:
                 return _TAKE_SLOW
             if self.runner_engaged():
-                if not self.runs_beside(kind, buf, code):
+                batch = self.runs_beside(kind, buf, code)
+                if batch is None:
                     return _TAKE_SLOW
                 beside = True
-                batch = self.batch_beside(self._runner)
             seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
                 entry = _note(rec, kind, described, root, [root] if p2p else None, True,

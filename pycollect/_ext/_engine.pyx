@@ -197,6 +197,17 @@ cdef inline void _give_up(Pair* pr) noexcept nogil:
     pr.ch.ops.shut(pr.ch)
 
 
+cdef inline uint64_t _stream_body(const MsgHeader* h) noexcept nogil:
+    """The bytes that follow the data frame ``h``'s header in the stream: its payload, or
+    for one sent by address, the address (the payload is read from the sender's memory)."""
+    return ADDR_BODY if h.magic == MAGIC_BY_ADDRESS else h.nbytes
+
+
+cdef inline size_t _fill_body(const Pair* pr) noexcept nogil:
+    """The stream bytes of the message ``pr`` is reading aside (``Pair.fill``)."""
+    return ADDR_BODY if pr.fill_by_address else pr.fill.nbytes
+
+
 cdef inline int _past_frame(Req* r, size_t body) noexcept nogil:
     """The receive ``r`` read a frame's header that is not its own (dropped, or read aside)
     and ``r.done`` bytes after it, of which the frame's body is ``body``: move the bytes read
@@ -1178,7 +1189,7 @@ cdef class Engine(Transport):
         """Drop the frame ``h`` of which ``read`` bytes past the header are read: the rest is
         skipped before the peer's next header."""
         cdef Pair* pr = &self.pairs[peer]
-        cdef uint64_t body = ADDR_BODY if h.magic == MAGIC_BY_ADDRESS else h.nbytes
+        cdef uint64_t body = _stream_body(h)
         if h.magic != MAGIC_REFUSED:
             pr.recv_msgs += 1       # a message: it had its number
         pr.skip = body - read
@@ -1191,7 +1202,7 @@ cdef class Engine(Transport):
         """Drop the leftover frame whose header the posted receive ``r`` read, and move the
         bytes read past it to where a read of the next frame would have put them: 1 if that
         next header is then complete in ``r.hdr``, else 0."""
-        cdef uint64_t body = ADDR_BODY if r.hdr.magic == MAGIC_BY_ADDRESS else r.hdr.nbytes
+        cdef uint64_t body = _stream_body(&r.hdr)
         self._skip_frame(peer, &r.hdr, r.done if r.done < body else <size_t>body)
         return _past_frame(r, <size_t>body)
 
@@ -1270,7 +1281,7 @@ cdef class Engine(Transport):
         or the next header, is still to come), -1 on an error."""
         cdef Pair* pr = &self.pairs[peer]
         cdef bint by_address = r.hdr.magic == MAGIC_BY_ADDRESS
-        cdef size_t body = ADDR_BODY if by_address else <size_t>r.hdr.nbytes    # in the stream
+        cdef size_t body = <size_t>_stream_body(&r.hdr)
         cdef size_t have
         cdef Stashed* s = <Stashed*>malloc(sizeof(Stashed) + <size_t>r.hdr.nbytes)
         if s == NULL:
@@ -1322,7 +1333,7 @@ cdef class Engine(Transport):
         cdef Pair* pr = &self.pairs[peer]
         cdef Stashed* s = pr.fill
         cdef char* into = (<char*>&pr.fill_where) if pr.fill_by_address else s.data
-        cdef size_t body = ADDR_BODY if pr.fill_by_address else s.nbytes
+        cdef size_t body = _fill_body(pr)
         cdef ssize_t n
         while pr.fill_got < body:
             n = self._read_body(peer, into + pr.fill_got, body - pr.fill_got, 0)
@@ -1882,8 +1893,7 @@ cdef class Engine(Transport):
                 rs[p].skip = pr.skip        # a leftover frame's rest
                 rs[p].ack = pr.skip_ack
             elif pr.fill != NULL:           # a message read aside: the rest of its body
-                rs[p].skip = (ADDR_BODY if pr.fill_by_address else pr.fill.nbytes) \
-                    - pr.fill_got
+                rs[p].skip = _fill_body(pr) - pr.fill_got
                 rs[p].ack = pr.fill_by_address
             elif pr.recv_head >= 0:
                 r = &self.reqs[pr.recv_head]

@@ -162,13 +162,12 @@ cdef class Transport:
     # Such an operation may read a pair's stream where a point-to-point message of its
     # group stands before its own frame (the peer sent it before its part: the message a
     # waiting receive wants, as MPI delivers an Irecv's message around an Allreduce).
-    # With stash(1) the transport reads such a message aside (whole, into a Stashed) and
-    # reads on, where it would otherwise fail the operation with ERR_MISMATCH; stashed()
-    # hands them out, oldest first (the caller frees each with free()), for the context's
-    # mailbox.  can_stash: 1 where the transport does this (it owns its streams), else 0:
-    # such an operation must not run beside the batch.  A message sent by address (a
-    # large one over shared memory, which the receiver copies from the sender's memory)
-    # is not read aside: the operation fails as before.
+    # With stash(1) the transport reads such a message aside (whole, into a Stashed; one
+    # sent by address is copied from the sender's memory and acknowledged) and reads on,
+    # where it would otherwise fail the operation with ERR_MISMATCH; stashed() hands them
+    # out, oldest first (the caller frees each with free()), for the batch's receives
+    # (_p2p.stash_to).  can_stash: 1 where the transport does this (it owns its streams),
+    # else 0: such an operation must not run beside the batch.
     cdef bint can_stash(self) noexcept nogil
     cdef void stash(self, bint on) noexcept nogil
     cdef Stashed* stashed(self) noexcept nogil
