@@ -8,12 +8,17 @@ into its place and forwarded as it lands (see _ring.pyx).
 
 Direct (every rank on one host, each able to reach the others' memory; one
 copy per block): the ranks exchange the addresses of their ``recvbuf``
-(``direct_hello``), then rank r places its own block a piece at a time and,
-while the piece is in cache, writes it into position r of every peer's
-``recvbuf`` (``direct_write``, peers r+1, r+2, ... in turn), and returns once
-every peer has said it has finished writing (``direct_release``): no caller
-uses a ``recvbuf`` that a peer still writes.  Where some rank may not reach
-every peer's memory, all of them run the ring instead, in the same operation.
+(``direct_hello``), then rank r places its own block and writes the whole
+block into position r of every peer's ``recvbuf`` (``direct_write``, peers
+r+1, r+2, ... in turn: one kernel copy per read piece of _direct.pyx, or a
+memcpy where the peer's ``recvbuf`` is mapped here), and returns once every
+peer has said it has finished writing (``direct_release``): no caller uses a
+``recvbuf`` that a peer still writes.  The block goes out whole, not in
+cache-sized pieces: each process_vm_writev call costs microseconds beyond its
+copy (2 ranks, 1M floats per rank, against MPI in turns: 1.31x MPI's time in
+256 KiB pieces, 0.88x whole; docs/algorithms.md).  Where some rank may not
+reach every peer's memory, all of them run the ring instead, in the same
+operation.
 """
 
 from libc.stdlib cimport free
@@ -22,8 +27,7 @@ from libc.string cimport memmove
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_allgather
-from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
-                                     direct_release, direct_write)
+from pycollect._ext._direct cimport DirectHello, direct_hello, direct_release, direct_write
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
@@ -41,24 +45,21 @@ cdef int direct_allgather(Transport t, char* recv, const char* src, const Layout
     """
     cdef int P = t.size, r = t.rank, i, q, reachable
     cdef char* mine = recv + lay.off[r] * es
-    cdef size_t nbytes = lay.len[r] * es, off = 0, take
+    cdef size_t nbytes = lay.len[r] * es
     cdef DirectHello* hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
     reachable = direct_hello(t, recv, total * es, hello)
-    if reachable <= 0:
-        if reachable == 0 and mine != src:
-            memmove(mine, src, nbytes)
-        return -1 if reachable < 0 else 1
-    while off < nbytes:
-        take = nbytes - off if nbytes - off < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
-        if mine != src:
-            memmove(mine + off, src + off, take)
-        for i in range(1, P):
-            q = (r + i) % P
-            if direct_write(t, q, &hello[q], lay.off[r] * es + off, mine + off, take) < 0:
-                return -1
-        off += take
+    if reachable < 0:
+        return -1
+    if mine != src:
+        memmove(mine, src, nbytes)
+    if not reachable:
+        return 1
+    for i in range(1, P):
+        q = (r + i) % P
+        if direct_write(t, q, &hello[q], lay.off[r] * es, src, nbytes) < 0:
+            return -1
     return direct_release(t)
 
 

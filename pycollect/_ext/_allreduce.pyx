@@ -42,7 +42,9 @@ owns slice r of the buffer (the same near-equal split as the ring's chunks).
    rank says no, every rank knows it and all of them run halving-doubling
    instead, in the same operation.
 2. Reduce and spread: rank r walks its slice in chunks of at most
-   DIRECT_CHUNK_BYTES (and at most segment_bytes); for each chunk it reads
+   DIRECT_CHUNK_BYTES where every peer's buffer is mapped here, else
+   DIRECT_KERNEL_CHUNK_BYTES (each kernel copy has a fixed cost of its own),
+   and at most segment_bytes; for each chunk it reads
    the same chunk of every peer's buffer (the transport's ``read_remote``,
    peers r+1, r+2, ... in turn) into one scratch chunk and reduces it into
    its own buffer at once, then writes the reduced chunk, still in cache,
@@ -72,7 +74,8 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset, exchange_finish, e
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DirectHello, direct_hello,
+from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DIRECT_KERNEL_CHUNK_BYTES,
+                                     DirectHello, direct_hello,
                                      direct_release, direct_stage, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport (Flags, flags_allreduce, flags_allreduce_end,
@@ -320,6 +323,16 @@ cdef int ring_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
     return 0
 
 
+cdef inline bint _all_viewed(const DirectHello* hello, int P, int r) noexcept nogil:
+    """Every peer's buffer is mapped here (``DirectHello.view``): no copy goes through the
+    kernel."""
+    cdef int p
+    for p in range(P):
+        if p != r and not hello[p].view:
+            return 0
+    return 1
+
+
 cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
                           size_t chunk, char* stage) noexcept nogil:
     """Allreduce in place by reading the peers' buffers directly (see the module notes);
@@ -349,7 +362,10 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     if not readable:
         return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
     # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer, and
-    # write each reduced chunk into every peer's buffer while it is in cache.
+    # write each reduced chunk into every peer's buffer while it is in cache; where every
+    # peer is mapped here the copies are plain loads and stores, and the chunk smaller.
+    if _all_viewed(hello, P, r) and chunk > DIRECT_CHUNK_BYTES:
+        chunk = DIRECT_CHUNK_BYTES
     chunk = chunk // es if chunk >= es else 1
     other = t.scratch(chunk * es)
     if other == NULL:
@@ -414,7 +430,8 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
         seg = segment_bytes // es if segment_bytes >= es else 1
         window = 4
     elif algo == ALGO_DIRECT:
-        seg = segment_bytes if segment_bytes < DIRECT_CHUNK_BYTES else DIRECT_CHUNK_BYTES
+        seg = segment_bytes if segment_bytes < DIRECT_KERNEL_CHUNK_BYTES \
+            else DIRECT_KERNEL_CHUNK_BYTES
         window = 0
         if not t.solo and t.size > 1:
             stage = direct_stage(t, b.ptr, b.nbytes)

@@ -12,6 +12,10 @@ cdef enum:
     # The piece a direct algorithm works on while it is in cache: read from a peer and
     # reduced (allreduce), or placed and written to the peers (allgather).
     DIRECT_CHUNK_BYTES = 262144
+    # The same where some peer's memory is reached through the kernel (cross-memory
+    # attach): a process_vm_readv/writev call costs microseconds beyond its copy (6-8 µs
+    # here), so such a piece is larger.
+    DIRECT_KERNEL_CHUNK_BYTES = 1048576
 
 cdef struct DirectHello:
     uint64_t addr       # the sender's buffer
