@@ -151,7 +151,7 @@ RULES = (
         Rule("reduce", None, "any", 256 * KiB, "ring"),
         Rule("reduce", None, "any", 0, "binomial"),
         Rule("allgather", None, "shm", 16 * KiB, "direct",
-             "each rank writes its block into every peer's recvbuf while it is in cache"),
+             "each rank writes its block straight into every peer's recvbuf: one copy per block"),
         Rule("allgather", None, "any", 0, "ring"),
     ]
 )

@@ -9,12 +9,12 @@ from pycollect._ext._pool cimport PoolRef
 from pycollect._ext._transport cimport Transport
 
 cdef enum:
-    # The piece a direct algorithm works on while it is in cache: read from a peer and
-    # reduced (allreduce), or placed and written to the peers (allgather).
+    # The chunk the direct allreduce works on while it is in cache (read from the peers,
+    # reduced, written to them) where every peer's buffer is mapped here.
     DIRECT_CHUNK_BYTES = 262144
     # The same where some peer's memory is reached through the kernel (cross-memory
-    # attach): a process_vm_readv/writev call costs microseconds beyond its copy (6-8 µs
-    # here), so such a piece is larger.
+    # attach): a process_vm_readv/writev call costs microseconds beyond its copy (~7 µs
+    # here: benchmarks/kernel_copy.py), so such a chunk is larger.
     DIRECT_KERNEL_CHUNK_BYTES = 1048576
 
 cdef struct DirectHello:
