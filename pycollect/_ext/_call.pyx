@@ -872,22 +872,36 @@ cdef class CallPath:
         that the collective meets on the streams read aside and handed to its receives
         afterwards (``_p2p.stash_to``; one that no receive takes fails the collective, as a
         message left unreceived at a collective does).  What ``execute`` returns."""
-        cdef Transport t = self._transport
         cdef OpState saved
         cdef Py_ssize_t left = 0, handed = 0
-        t.save_op(&saved)
-        t.stash(1)
+        self.enter_beside(&saved)
         try:
             name = execute(item)
         finally:
-            t.stash(0)
-            t.restore_op(&saved)
             lock = self._lock
             with lock:
-                left = stash_to(t, self._mailbox, batch, &handed)
+                left = self.leave_beside(&saved, batch, &handed)
         if left:
             raise self.met_unreceived(self.seq_)
         return name
+
+    cdef void enter_beside(self, OpState* saved) noexcept:
+        """Before an operation run beside the runner's batch of waiting receives: the
+        batch's descriptor and deadline set aside (the operation runs under its own), and
+        the point-to-point messages the operation meets on the streams read aside."""
+        cdef Transport t = self._transport
+        t.save_op(saved)
+        t.stash(1)
+
+    cdef Py_ssize_t leave_beside(self, const OpState* saved, Batch batch,
+                                 Py_ssize_t* handed) except -1:
+        """After it, under the context's lock: the batch's descriptor and deadline back, and
+        what was read aside handed to ``batch``'s receives (``_p2p.stash_to``, their number
+        in ``handed``); the number of messages none of them took (now in the mailbox)."""
+        cdef Transport t = self._transport
+        t.stash(0)
+        t.restore_op(saved)
+        return stash_to(t, self._mailbox, batch, handed)
 
     cdef object met_unreceived(self, unsigned int seq):
         """Collective ``seq``, run beside receives that wait, read aside point-to-point
@@ -1291,8 +1305,7 @@ cdef class CallPath:
                               NONE if p2p else seq)
             self._busy = True
             if beside:
-                t.save_op(&saved)       # the batch's receives keep their descriptor and deadline
-                t.stash(1)              # the point-to-point messages met on the way: aside
+                self.enter_beside(&saved)
             try:
                 if kind == K_ALLREDUCE:
                     code = run_allreduce(t, buf, op, code, seq, timeout, seg)
@@ -1318,9 +1331,7 @@ cdef class CallPath:
             finally:
                 self._busy = False
                 if beside:
-                    t.stash(0)
-                    t.restore_op(&saved)
-                    left = stash_to(t, self._mailbox, batch, &handed)
+                    left = self.leave_beside(&saved, batch, &handed)
             if not p2p:
                 self.numbered(seq)
             if left:

@@ -29,6 +29,7 @@ cdef class Batch:
     cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv)
     cdef _from_mailbox(self, int i, object m)
     cdef bint _offer(self, object m) except -1
+    cdef int _taker(self, int src, int tag) except -2
     cdef int _match(self, int64_t until_ns) except -1
     cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3
     cdef int _moving(self) except -1

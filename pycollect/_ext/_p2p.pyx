@@ -580,13 +580,21 @@ cdef class Batch:
         """Give the message ``m`` (a mailbox entry) to the first waiting receive that takes
         it: whether one did.  A message read aside by a collective run beside the batch
         (``stash_to``) comes so, before anything the wire still holds from its sender."""
+        cdef int i = self._taker(m[0], m[1])
+        if i < 0:
+            return False
+        self._from_mailbox(i, m)
+        return True
+
+    cdef int _taker(self, int src, int tag) except -2:
+        """The first waiting receive that takes a message from ``src`` with ``tag``, no
+        longer waiting; -1 where none does."""
         cdef int i
         for i in self.waiting:
-            if _wants(self.peers[i], self.tags[i], m[0], m[1]):
+            if _wants(self.peers[i], self.tags[i], src, tag):
                 self.waiting.remove(i)
-                self._from_mailbox(i, m)
-                return True
-        return False
+                return i
+        return -1
 
     cdef int _match(self, int64_t until_ns) except -1:
         """Hand the heads that show up before ``until_ns`` to the waiting receives."""
@@ -606,13 +614,10 @@ cdef class Batch:
                         break
             if peer == -2:
                 return 0
-            for i in self.waiting:
-                if _wants(self.peers[i], self.tags[i], peer, pr.desc.root):
-                    break
-            else:
+            i = self._taker(peer, pr.desc.root)
+            if i < 0:
                 _park(self.t, self.box, &pr)
                 continue
-            self.waiting.remove(i)
             b = self.bufs[i]
             with nogil:
                 req = _post_body(self.t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count)
