@@ -422,6 +422,31 @@ def test_a_probe_after_a_large_async_send_finds_the_peers_message(pair, probe, c
     assert pair.run(body) == [[(1, 3, count, True)] * 2, [(0, 3, count, True)] * 2]
 
 
+@pytest.mark.parametrize("count", [4, 1 << 20], ids=["small", "large"])
+def test_a_batchs_receive_of_a_small_message_ends_in_the_progress_that_matches_it(pair, count):
+    """A batch's receive whose message comes while ``progress`` waits for its head has ended
+    when that call returns where the body is small (read as soon as the head is matched,
+    Batch._match), with the data in place; a large one, by that call or those that follow."""
+    def body(ctx):
+        data = np.arange(count, dtype=np.float32)
+        if ctx.rank == 1:
+            time.sleep(0.2)                 # rank 0's progress waits for the head
+            ctx.send(data, 0, tag=6)
+            return None
+        batch = _p2p.Batch(ctx._transport, _p2p.Mailbox(), 30.0)
+        got = np.zeros(count, np.float32)
+        r = batch.add_recv(got, 1, 6)
+        first = batch.progress(10.0)
+        done, start = list(first), time.monotonic()
+        while r not in done and time.monotonic() - start < 20:
+            done += batch.progress(1.0)
+        return first == [r], r in done, bool((got == data).all()), batch.result(r)
+
+    mine = pair.run(body)[0]
+    assert mine[1:] == (True, True, (1, count, 6))
+    assert mine[0] or count > 4
+
+
 def test_a_kick_ends_a_batchs_wait_for_heads_at_once(pair):
     """A batch waiting for its receive's head for a slice of 5 s returns as soon as another
     thread kicks the transport (what the runner does when an operation is queued while the

@@ -13,6 +13,7 @@ import pytest
 import pycollect as pc
 import pycollect.context
 from group import ThreadGroup
+from pycollect._ext._doorbell import Doorbell
 from pycollect.work import Runner
 from jobs import last_json, run_script
 
@@ -223,21 +224,17 @@ def test_the_peer_ends_begun_exchanges_while_this_rank_computes(tmp_path):
                                                                      "binomial"], results
 
 
-class _HeldBell:
+class _HeldBell(Doorbell):
     """A runner's doorbell whose ``sleep`` does not return, on the runner thread named
     ``held_on``, until ``released`` is set: that runner takes nothing meanwhile."""
 
     def __init__(self, held_on, released):
-        from pycollect._ext._doorbell import Doorbell
-        self._bell, self._held_on, self._released = Doorbell(), held_on, released
+        self._held_on, self._released = held_on, released
 
     def sleep(self):
         if threading.current_thread().name == self._held_on:
             self._released.wait(20)
-        return self._bell.sleep()
-
-    def __getattr__(self, name):
-        return getattr(self._bell, name)
+        return Doorbell.sleep(self)
 
 
 def test_a_call_that_ends_at_once_behind_a_begun_one_keeps_its_number(monkeypatch):
@@ -250,7 +247,7 @@ def test_a_call_that_ends_at_once_behind_a_begun_one_keeps_its_number(monkeypatc
     from pycollect._ext import _work
     released, posted = threading.Event(), threading.Event()
     # The root's runner takes nothing until released: the broadcast's end stays queued.
-    monkeypatch.setattr(_work, "Doorbell",
+    monkeypatch.setattr(_work, "doorbell_type",
                         lambda: _HeldBell("pycollect-rank1", released))
     g = ThreadGroup(2, timeout=30)
     try:

@@ -10,6 +10,7 @@ import pytest
 
 import pycollect as pc
 from group import ThreadGroup
+from pycollect._ext._doorbell import Doorbell
 from pycollect.work import Runner
 
 
@@ -337,19 +338,26 @@ def test_the_doorbell_wakes_the_runner_only_for_what_nobody_took():
     assert not t.is_alive()
 
 
-class _Watched:
-    """A Runner's doorbell, with the calls made to it noted in ``log``."""
+def _noted(name):
+    """A doorbell method of ``_Watched``: noted in the log, then made on the real bell."""
+    def method(self, *args):
+        self._log.append(name)
+        return getattr(self._bell, name)(*args)
+    return method
+
+
+class _Watched(Doorbell):
+    """A Runner's doorbell, with the calls made to it noted in ``log``: it rings ``bell``."""
 
     def __init__(self, bell, log):
         self._bell, self._log = bell, log
 
-    def __getattr__(self, name):
-        real = getattr(self._bell, name)
+    queue, hurry, take, stop, sleep = (_noted(name) for name in (
+        "queue", "hurry", "take", "stop", "sleep"))
 
-        def noted(*args):
-            self._log.append(name)
-            return real(*args)
-        return noted
+    @property
+    def untaken(self):
+        return self._bell.untaken
 
 
 def test_what_is_queued_behind_a_running_operation_runs_next_without_a_look():
@@ -569,19 +577,9 @@ def test_wait_all_runs_what_is_queued_up_to_its_last_handle_without_hurrying_the
         return None
 
     runner = Runner(execute, "test-runner")
-    real = runner._bell
-    hurried = []
-
-    class CountingBell:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def hurry(self):
-            hurried.append(True)
-            real.hurry()
-
+    log = []
     try:
-        runner._bell = CountingBell()
+        runner._bell = _Watched(runner._bell, log)
         for _ in range(20):
             works = [pc.Work("op %d" % k, None) for k in range(4)]
             for k, w in enumerate(works):
@@ -589,7 +587,7 @@ def test_wait_all_runs_what_is_queued_up_to_its_last_handle_without_hurrying_the
             pc.wait_all(works)
         assert [op[0] for op, _ in ran] == [0, 1, 2, 3] * 20
         assert all(t is threading.current_thread() for _, t in ran)
-        assert not hurried
+        assert "hurry" not in log
     finally:
         runner.stop(5)
 

@@ -22,8 +22,6 @@ two sees the other.
 """
 
 cdef extern from "<semaphore.h>" nogil:
-    ctypedef struct sem_t:
-        pass
     int sem_init(sem_t* s, int pshared, unsigned int value)
     int sem_destroy(sem_t* s)
     int sem_wait(sem_t* s)
@@ -68,14 +66,8 @@ cdef long long _IDLE_NS = IDLE_MS * 1000000
 
 
 cdef class Doorbell:
-    """Counts of queued and taken operations, and the runner's sleep (see the module)."""
-
-    cdef sem_t wake
-    cdef long long queued
-    cdef long long taken
-    cdef int asleep         # sleeping until posted: queue() posts
-    cdef int urgent         # the runner must look now: hurry() was called
-    cdef int stopped
+    """Counts of queued and taken operations, and the runner's sleep (see the module).
+    Its fields: _doorbell.pxd."""
 
     def __cinit__(self):
         if sem_init(&self.wake, 0, 0) != 0:
@@ -84,23 +76,23 @@ cdef class Doorbell:
     def __dealloc__(self):
         sem_destroy(&self.wake)
 
-    def queue(self):
+    cpdef void queue(self) noexcept:
         """One operation was queued: wakes the runner where it sleeps until woken."""
         pc_bell_add(&self.queued, 1)
         if pc_bell_get(&self.asleep):
             sem_post(&self.wake)
 
-    def hurry(self):
+    cpdef void hurry(self) noexcept:
         """The runner must look at the queue now (what a waiter left queued behind the
         operation it ran, or in flight), whatever the counts say."""
         pc_bell_set(&self.urgent, 1)
         sem_post(&self.wake)
 
-    def take(self):
+    cpdef void take(self) noexcept:
         """One queued operation was taken, by the runner or a waiter."""
         pc_bell_add(&self.taken, 1)
 
-    def stop(self):
+    cpdef void stop(self) noexcept:
         """End every sleep from now on at once."""
         pc_bell_set(&self.stopped, 1)
         sem_post(&self.wake)

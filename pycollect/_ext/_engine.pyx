@@ -574,7 +574,8 @@ cdef class Engine(Transport):
         return self.probe_until(peer, out, 0)
 
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
-        """probe, giving up with -2 (no error) once ``until_ns`` passes, when not 0."""
+        """probe, giving up with -2 (no error) once ``until_ns`` passes, when not 0; after
+        one look for PROBE_ONCE, which leaves a kick for the next bounded wait."""
         cdef int n, k, rc
         cdef int64_t now, spin_end = 0      # read from the clock once a look finds nothing
         cdef uint64_t drained
@@ -583,7 +584,7 @@ cdef class Engine(Transport):
             rc = self._probe_pass(peer, out, &k)
             if rc != -2:
                 return rc
-            if until_ns and pc_atomic_load(&self.kick_flag):
+            if until_ns > 0 and pc_atomic_load(&self.kick_flag):
                 pc_atomic_store(&self.kick_flag, 0)
                 return -2
             now = pc_now_ns()

@@ -12,21 +12,34 @@ cdef class Mailbox:
     cdef object take(self, int src, int tag)
     cdef object peek(self, int src, int tag)
 
+cdef struct BatchOp:
+    char* ptr               # the operation's buffer (held by Batch.bufs)
+    size_t nbytes
+    size_t count            # its element count
+    int dtype
+    int peer                # destination, or source (the sender once matched)
+    int tag                 # the tag asked for, then the message's
+    int req                 # the transport request; NOT_POSTED, or FROM_MAILBOX
+    Py_ssize_t got          # a receive's element count, once known from the mailbox
+    bint is_recv
+    bint waiting            # a receive not matched yet
+    bint open               # not reported complete yet
+
 cdef class Batch:
     cdef Transport t
     cdef Mailbox box
     cdef double timeout
-    cdef list bufs          # Buffer of each operation
-    cdef list peers         # destination, or source (the sender once matched)
-    cdef list tags          # the tag asked for, then the message's
-    cdef list reqs          # the transport request; NOT_POSTED, or FROM_MAILBOX
-    cdef list counts        # a receive's element count, once known from the mailbox
-    cdef list is_recv
-    cdef list waiting       # receives not matched yet, in the order they were added
-    cdef set open_ops       # operations not reported complete yet
+    cdef list bufs          # Buffer of each operation: keeps its memory pinned
+    cdef BatchOp* ops       # the operations, in the order they were added
+    cdef int n, cap
+    cdef int n_waiting      # receives not matched yet
+    cdef int first_open     # no operation before it is open
 
     cdef void _attach(self, Transport t, Mailbox box, double timeout)
-    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv)
+    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv) except -1
+    cdef void _wait_for(self, int i) noexcept
+    cdef void _close(self, int i) noexcept
+    cdef int _waiting_source(self) noexcept
     cdef _from_mailbox(self, int i, object m)
     cdef bint _offer(self, object m) except -1
     cdef int _taker(self, int src, int tag) except -2
@@ -36,6 +49,10 @@ cdef class Batch:
     cdef bint _ended(self, int i) except -1
     cpdef bint on_wire(self) except -1
     cpdef bint matches_heads(self) except -1
+    cpdef int add_send(self, object buf, int dst, int tag, object timeout=*) except -1
+    cpdef int add_recv(self, object buf, int src, int tag, object timeout=*) except -1
+    cpdef list progress(self, double seconds)
+    cpdef tuple result(self, int i)
 
 cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed) except -1
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1

@@ -24,7 +24,7 @@ describes the next matching message without receiving it.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
 from pycollect._ext._buffer cimport as_buffer
@@ -45,6 +45,9 @@ cdef enum:
     # How long Batch.progress moves requests in flight before it looks again at the
     # heads that its other receives wait for.
     IN_FLIGHT_LOOK_NS = 200000
+    # A receive's body up to this many bytes is read as soon as its head is matched,
+    # without giving up the GIL (Batch._match): a copy of a few microseconds at most.
+    READ_HELD_BYTES = 16384
     # Batch._moving's answers.
     _IDLE = 0
     _IN_FLIGHT = 1
@@ -476,7 +479,7 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
         return batch, i, False, None
     # A receive whose message has not come (or another's head came first): the Batch's way.
     i = batch._append(b, peer, tag, NOT_POSTED, True)
-    batch.waiting.append(i)
+    batch._wait_for(i)
     if got >= 0:
         batch._match(pc_now_ns())
     return _moved(batch, i)
@@ -486,13 +489,13 @@ cdef tuple _moved(Batch batch, int i):
     """``start``'s answer for operation ``i`` of ``batch``, a receive moved once by
     ``_match``: moved once more, as progress(0) would."""
     cdef int rc
-    if not batch._ended(i) and not batch.waiting:
+    if not batch._ended(i) and not batch.n_waiting:
         with nogil:
             rc = batch.t.progress_until(pc_now_ns())
         if rc < 0:
             raise_error(batch.t)
     if batch._ended(i):
-        batch.open_ops.discard(i)
+        batch._close(i)
         return None, -1, True, batch.result(i)
     return batch, i, False, None
 
@@ -508,7 +511,9 @@ cdef class Batch:
     operations that completed since the last call.
     """
 
-    # Its fields: _p2p.pxd.
+    # Its fields: _p2p.pxd.  The operations' state lies in one C array (``ops``), so
+    # that moving a batch of one or two operations makes no Python objects but the list
+    # of those that ended.
 
     def __init__(self, Transport t, Mailbox box, double timeout):
         cdef OpDesc d
@@ -520,18 +525,21 @@ cdef class Batch:
         if rc < 0:
             raise_error(t)
 
+    def __dealloc__(self):
+        free(self.ops)
+
     cdef void _attach(self, Transport t, Mailbox box, double timeout):
         """Empty, on ``t``'s operation (begun by the caller)."""
         self.t = t
         self.box = box
         self.timeout = timeout
-        self.bufs, self.peers, self.tags, self.reqs, self.is_recv = [], [], [], [], []
-        self.counts, self.waiting, self.open_ops = [], [], set()
+        self.bufs = []
+        self.n = self.n_waiting = self.first_open = 0
 
     def __len__(self):
-        return len(self.reqs)
+        return self.n
 
-    def add_send(self, object buf, int dst, int tag, object timeout=None):
+    cpdef int add_send(self, object buf, int dst, int tag, object timeout=None) except -1:
         """Post a send (``timeout``: its deadline, else the batch's); its index."""
         cdef Buffer b = as_buffer(buf, "send", "buf", False)
         cdef OpDesc d
@@ -547,7 +555,7 @@ cdef class Batch:
             raise_error(self.t)
         return self._append(b, dst, tag, req, False)
 
-    def add_recv(self, object buf, int src, int tag, object timeout=None):
+    cpdef int add_recv(self, object buf, int src, int tag, object timeout=None) except -1:
         """Add a receive (matched at once from the mailbox when it can be; ``timeout``: its
         deadline, else the batch's); its index."""
         cdef Buffer b = as_buffer(buf, "recv", "buf", True)
@@ -559,22 +567,42 @@ cdef class Batch:
         if m is not None:
             self._from_mailbox(i, m)
         else:
-            self.waiting.append(i)
+            self._wait_for(i)
         return i
 
-    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv):
+    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv) except -1:
+        cdef BatchOp* grown
+        cdef BatchOp* op
+        cdef int cap
+        if self.n == self.cap:
+            cap = 4 if self.cap == 0 else 2 * self.cap
+            grown = <BatchOp*>realloc(self.ops, cap * sizeof(BatchOp))
+            if grown == NULL:
+                raise MemoryError("a batch of %d sends and receives" % cap)
+            self.ops, self.cap = grown, cap
         self.bufs.append(b)
-        self.peers.append(peer)
-        self.tags.append(tag)
-        self.reqs.append(req)
-        self.counts.append(0)
-        self.is_recv.append(is_recv)
-        self.open_ops.add(len(self.reqs) - 1)
-        return len(self.reqs) - 1
+        op = &self.ops[self.n]
+        op.ptr, op.nbytes, op.count, op.dtype = b.ptr, b.nbytes, b.count, b.dtype
+        op.peer, op.tag, op.req, op.got = peer, tag, req, 0
+        op.is_recv, op.waiting, op.open = is_recv, False, True
+        self.n += 1
+        return self.n - 1
+
+    cdef void _wait_for(self, int i) noexcept:
+        """Receive ``i`` waits for its message (``_match`` hands it one)."""
+        self.ops[i].waiting = True
+        self.n_waiting += 1
+
+    cdef void _close(self, int i) noexcept:
+        """Operation ``i`` is reported complete."""
+        self.ops[i].open = False
+        while self.first_open < self.n and not self.ops[self.first_open].open:
+            self.first_open += 1
 
     cdef _from_mailbox(self, int i, object m):
-        self.peers[i], self.counts[i], self.tags[i] = _deliver(m, self.bufs[i], "recv")
-        self.reqs[i] = FROM_MAILBOX
+        cdef BatchOp* op = &self.ops[i]
+        op.peer, op.got, op.tag = _deliver(m, self.bufs[i], "recv")
+        op.req = FROM_MAILBOX
 
     cdef bint _offer(self, object m) except -1:
         """Give the message ``m`` (a mailbox entry) to the first waiting receive that takes
@@ -590,25 +618,41 @@ cdef class Batch:
         """The first waiting receive that takes a message from ``src`` with ``tag``, no
         longer waiting; -1 where none does."""
         cdef int i
-        for i in self.waiting:
-            if _wants(self.peers[i], self.tags[i], src, tag):
-                self.waiting.remove(i)
+        for i in range(self.first_open, self.n):
+            if self.ops[i].waiting and _wants(self.ops[i].peer, self.ops[i].tag, src, tag):
+                self.ops[i].waiting = False
+                self.n_waiting -= 1
                 return i
         return -1
 
+    cdef int _waiting_source(self) noexcept:
+        """The one source every waiting receive names, else -1 (any rank)."""
+        cdef int i, src = -2
+        for i in range(self.first_open, self.n):
+            if self.ops[i].waiting:
+                if src == -2:
+                    src = self.ops[i].peer
+                elif self.ops[i].peer != src:
+                    return -1
+        return -1 if src == -2 else src
+
     cdef int _match(self, int64_t until_ns) except -1:
         """Hand the heads that show up before ``until_ns`` to the waiting receives."""
-        cdef Buffer b
+        cdef BatchOp* op
         cdef Probe pr
         cdef int i, peer = -1, req, src
-        while self.waiting:
-            srcs = {self.peers[i] for i in self.waiting}
-            src = srcs.pop() if len(srcs) == 1 else -1
+        while self.n_waiting:
+            src = self._waiting_source()
             peer = self._head(src, &pr, until_ns)
             if peer == -2 and src < 0:
                 # A look at any rank's head passes over pairs that ended: look at each
                 # rank a receive waits for, so that one that left is named.
-                for src in sorted({self.peers[i] for i in self.waiting} - {-1}):
+                for src in range(self.t.size):
+                    for i in range(self.first_open, self.n):
+                        if self.ops[i].waiting and self.ops[i].peer == src:
+                            break
+                    else:
+                        continue
                     peer = self._head(src, &pr, pc_now_ns())
                     if peer != -2:
                         break
@@ -618,49 +662,59 @@ cdef class Batch:
             if i < 0:
                 _park(self.t, self.box, &pr)
                 continue
-            b = self.bufs[i]
-            with nogil:
-                req = _post_body(self.t, peer, &pr, b.ptr, b.nbytes, b.dtype, b.count)
+            op = &self.ops[i]
+            # Posting is bookkeeping; a small body is read at once, as start() reads it,
+            # so that the progress that reports it need not move the transport again.
+            req = _post_body(self.t, peer, &pr, op.ptr, op.nbytes, op.dtype, op.count)
+            if req >= 0 and pr.nbytes <= READ_HELD_BYTES and not self.t.done(req) \
+                    and self.t.progress_until(pc_now_ns()) < 0:
+                req = -1
             if req < 0:
                 raise_error(self.t)
-            self.peers[i], self.tags[i], self.reqs[i] = peer, pr.desc.root, req
+            op.peer, op.tag, op.req = peer, pr.desc.root, req
         return 0
 
     cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3:
         """The next head from ``src`` (-1: any rank), -2 once ``until_ns`` passes; a
         failure raised naming a waiting receive: one from the rank the failure names,
         else the first added."""
-        cdef Buffer b
+        cdef BatchOp* op
         cdef OpDesc d
         cdef int peer, i, j
-        cdef bint past = not self.on_wire()
-        with nogil:
-            # A peer's collective at the head, where nothing of the batch is on the wire:
-            # wait behind it for the collective to run beside the batch (Runner).
-            self.t.past_collectives(past)
-            peer = _probe_head(self.t, src, pr, until_ns)
-            self.t.past_collectives(0)
+        # A peer's collective at the head, where nothing of the batch is on the wire:
+        # wait behind it for the collective to run beside the batch (Runner).
+        self.t.past_collectives(not self.on_wire())
+        # One look with the GIL held (a message that is here costs no release of it),
+        # then the wait without it.
+        peer = _probe_head(self.t, src, pr, PROBE_ONCE)
+        if peer == -2 and until_ns > pc_now_ns():
+            with nogil:
+                peer = _probe_head(self.t, src, pr, until_ns)
+        self.t.past_collectives(0)
         if peer != -1:
             return peer
-        i = self.waiting[0]
-        for j in self.waiting:
-            if self.peers[j] == self.t.err.peer:
-                i = j
-                break
-        b = self.bufs[i]
-        fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, self.tags[i], b.count)
-        return _receive_failed(self.t, self.box, &d, self.peers[i], self.tags[i],
-                               self.timeout)
+        i = -1
+        for j in range(self.first_open, self.n):
+            if self.ops[j].waiting:
+                if i < 0:
+                    i = j
+                if self.ops[j].peer == self.t.err.peer:
+                    i = j
+                    break
+        op = &self.ops[i]
+        fill_desc(&d, 0, COLL_P2P, op.dtype, 0, 0, op.tag, op.count)
+        return _receive_failed(self.t, self.box, &d, op.peer, op.tag, self.timeout)
 
     cdef int _moving(self) except -1:
         """_ENDED where an open operation has ended (not reported yet), else _IN_FLIGHT
         where one has a posted request (a send, a matched receive's body), else _IDLE."""
-        cdef int moving = _IDLE
-        for i in self.open_ops:
-            if self._ended(i):
-                return _ENDED
-            if <int>self.reqs[i] >= 0:
-                moving = _IN_FLIGHT
+        cdef int i, moving = _IDLE
+        for i in range(self.first_open, self.n):
+            if self.ops[i].open:
+                if self._ended(i):
+                    return _ENDED
+                if self.ops[i].req >= 0:
+                    moving = _IN_FLIGHT
         return moving
 
     cpdef bint matches_heads(self) except -1:
@@ -668,24 +722,25 @@ cdef class Batch:
         match (``_match``), and nothing beside the batch may park one in the mailbox, which
         that receive no longer looks at (a collective run beside the batch hands what it
         read aside to the receives first: ``stash_to``)."""
-        return len(self.waiting) > 0
+        return self.n_waiting > 0
 
     cpdef bint on_wire(self) except -1:
         """An open operation has a request of the transport's: a send, or a matched
         receive's body (in flight, or ended and not reported yet).  Where none has, the
         batch's receives wait for their heads with nothing of theirs on the transport, and
         an operation of the transport's own may run beside them (``send_beside``)."""
-        for i in self.open_ops:
-            if <int>self.reqs[i] >= 0:
+        cdef int i
+        for i in range(self.first_open, self.n):
+            if self.ops[i].open and self.ops[i].req >= 0:
                 return True
         return False
 
     cdef bint _ended(self, int i) except -1:
         """Operation ``i`` has ended: served from the mailbox, or its request is done."""
-        cdef int req = self.reqs[i]
+        cdef int req = self.ops[i].req
         return req == FROM_MAILBOX or req >= 0 and self.t.done(req)
 
-    def progress(self, double seconds):
+    cpdef list progress(self, double seconds):
         """Move every request for up to ``seconds``; return the indices of the operations
         that completed since the last call.  Raises the transport's error (which fails
         them all).
@@ -703,23 +758,32 @@ cdef class Batch:
         cdef int moving = self._moving()
         if moving == _ENDED:
             until = now         # what has ended is reported without waiting
-        if self.waiting and moving == _IDLE:
+        if self.n_waiting and moving == _IDLE:
             self._match(until)
         else:
-            if self.waiting:
+            if self.n_waiting:
                 self._match(now)
-                if self.waiting and until - now > IN_FLIGHT_LOOK_NS:
+                if self.n_waiting and until - now > IN_FLIGHT_LOOK_NS:
                     until = now + IN_FLIGHT_LOOK_NS
             with nogil:
                 rc = self.t.progress_until(until)
             if rc < 0:
                 raise_error(self.t)
-        done = [i for i in sorted(self.open_ops) if self._ended(i)]
-        self.open_ops.difference_update(done)
+        done = []
+        for i in range(self.first_open, self.n):
+            if self.ops[i].open and self._ended(i):
+                self.ops[i].open = False
+                done.append(i)
+        while self.first_open < self.n and not self.ops[self.first_open].open:
+            self.first_open += 1
         return done
 
-    def result(self, int i):
+    cpdef tuple result(self, int i):
         """A completed receive's (source rank, element count, tag)."""
-        if self.reqs[i] == FROM_MAILBOX:
-            return self.peers[i], self.counts[i], self.tags[i]
-        return self.peers[i], _count(self.t, self.reqs[i], self.bufs[i]), self.tags[i]
+        cdef BatchOp* op
+        if not 0 <= i < self.n:
+            raise IndexError("batch operation %d of %d" % (i, self.n))
+        op = &self.ops[i]
+        if op.req == FROM_MAILBOX:
+            return op.peer, op.got, op.tag
+        return op.peer, _count(self.t, op.req, self.bufs[i]), op.tag

@@ -1,5 +1,6 @@
 # Async handles, receive statuses and the runner of a context's queued operations
 # (_work.pyx), as the compiled call path (_call.pyx) calls them without Python's call.
+from pycollect._ext._doorbell cimport Doorbell
 from pycollect._ext._lock cimport CallLock, sem_t
 from pycollect._ext._record cimport Ring
 
@@ -48,7 +49,8 @@ cdef class Runner:
     cdef public object _execute, _kick
     cdef CallLock _wanted
     cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping
-    cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _bell, _thread
+    cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _thread
+    cdef public Doorbell _bell
     cdef public Py_ssize_t _in_batch, backlog, _begun
     cdef public Py_ssize_t notified     # posts of the hand-off semaphore (tests count them)
     cdef readonly CallLock _mutex
