@@ -42,7 +42,7 @@ from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._lock cimport CallLock
-from pycollect._ext._work cimport Later, P2P, Runner, Status, Work
+from pycollect._ext._work cimport Later, P2P, Runner, Status, Work, filled
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
@@ -670,11 +670,11 @@ cdef class CallPath:
             runner.unclaim()        # the batch was this call's alone: nothing is left
             result = None
             if ended and is_recv:
-                result = (Status() if status is None else status).set(*got)
+                result = filled(status, got)
             work = Work.made_ended(what, result, exception)
         else:
-            work = runner.begun(P2P(is_recv, buf, peer, tag, self,
-                                    Later(status) if is_recv else None, timeout),
+            work = runner.begun(P2P.of(is_recv, buf, peer, tag, self,
+                                       Later.of(status) if is_recv else None, timeout),
                                 what, batch, index)
         if entry >= 0:
             if ended or exception is not None:
@@ -767,8 +767,8 @@ cdef class CallPath:
             as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
         except InvalidArgument:
             return _TAKE_SLOW
-        op = P2P(is_recv, buf, peer, tag, self,
-                 Later(status) if is_recv else None, timeout)
+        op = P2P.of(is_recv, buf, peer, tag, self, Later.of(status) if is_recv else None,
+                    timeout)
         if not runner.claim_batch(self):
             return _TAKE_SLOW
         if rec is not None:

@@ -15,9 +15,14 @@ cdef class Status:
 
     cdef Status fill(self, tuple got)
 
+cdef object filled(object status, tuple got)
+
 cdef class Later:
     cdef public object value
     cdef public object status
+
+    @staticmethod
+    cdef Later of(object status)
 
 cdef class P2P:
     cdef public bint is_recv
@@ -25,6 +30,9 @@ cdef class P2P:
     cdef public int peer, tag
     cdef public object owner, result, timeout, staged
 
+    @staticmethod
+    cdef P2P of(bint is_recv, object buf, int peer, int tag, object owner, object result,
+                object timeout)
     cpdef Py_ssize_t post(self, object batch) except -1
     cpdef finish(self, object batch, Py_ssize_t index)
 
@@ -40,6 +48,8 @@ cdef class Work:
     cdef Py_ssize_t _entry          # ... (-1: none), ended with the handle
 
     cdef int record_in(self, Ring rec, Py_ssize_t entry) except -1
+    @staticmethod
+    cdef Work made_pending(object description, object result)
     @staticmethod
     cdef Work made_ended(object description, object result, object exception)
     cpdef complete(self, object algorithm=*, object exception=*)

@@ -96,6 +96,16 @@ cdef class Status:
         return "Status(source=%d, count=%d, tag=%d)" % (self.source, self.count, self.tag)
 
 
+cdef object filled(object status, tuple got):
+    """``status`` (a ``Status``, or what has its ``set``; None: a new Status) filled with a
+    receive's (source, count, tag)."""
+    if status is None:
+        status = Status.__new__(Status)
+    if type(status) is Status:
+        return (<Status>status).fill(got)
+    return status.set(*got)
+
+
 @cython.final
 cdef class Later:
     """A result that the operation itself produces (a receive's Status)."""
@@ -103,6 +113,18 @@ cdef class Later:
     def __init__(self, status=None):
         self.value = None
         self.status = status or Status()      # filled with (source, count, tag)
+
+    @staticmethod
+    cdef Later of(object status):
+        """``Later(status)`` without Python's call (a receive begun by the call path)."""
+        cdef Later later = Later.__new__(Later)
+        cdef Status made
+        if status is None:
+            made = Status.__new__(Status)
+            made.source, made.count, made.tag = -1, 0, -1
+            status = made
+        later.status = status
+        return later
 
 
 @cython.final
@@ -123,6 +145,15 @@ cdef class P2P:
         self.timeout = timeout          # this call's deadline (None: the batch's)
         self.staged = staged            # tensors staged for a receive, copied back at the end
 
+    @staticmethod
+    cdef P2P of(bint is_recv, object buf, int peer, int tag, object owner, object result,
+                object timeout):
+        """``P2P(...)`` without Python's call (the call path's sends and receives)."""
+        cdef P2P op = P2P.__new__(P2P)
+        op.is_recv, op.buf, op.peer, op.tag = is_recv, buf, peer, tag
+        op.owner, op.result, op.timeout, op.staged = owner, result, timeout, ()
+        return op
+
     cpdef Py_ssize_t post(self, object batch) except -1:
         if self.is_recv:
             return (<Batch?>batch).add_recv(self.buf, self.peer, self.tag, self.timeout)
@@ -134,11 +165,7 @@ cdef class P2P:
         cdef Later later
         if self.result is not None:
             later = <Later?>self.result
-            st = later.status
-            if type(st) is Status:
-                later.value = (<Status>st).fill((<Batch?>batch).result(index))
-            else:
-                later.value = st.set(*(<Batch?>batch).result(index))
+            later.value = filled(later.status, (<Batch?>batch).result(index))
         for host in self.staged:
             host.finish()
 
@@ -213,6 +240,15 @@ cdef class Work:
         self._rec = rec
         self._entry = entry
         return 0
+
+    @staticmethod
+    cdef Work made_pending(object description, object result):
+        """``Work(description, result)`` without Python's call."""
+        cdef Work work = Work.__new__(Work)
+        work._end = Completion.__new__(Completion)
+        work._result = result
+        work.description = description
+        return work
 
     @staticmethod
     cdef Work made_ended(object description, object result, object exception):
@@ -607,7 +643,7 @@ cdef class Runner:
         untaken from one look of the doorbell to the next: the runner is not woken now, it
         would take the operation from under that wait).  One that ended or failed at once
         ends its claim with ``unclaim`` and gets a ``Work.ended`` handle instead."""
-        cdef Work work = Work(description, op.result)
+        cdef Work work = Work.made_pending(description, op.result)
         work._runner = self
         self._mutex.take()
         self._batch = batch
@@ -654,7 +690,7 @@ cdef class Runner:
         parked for the next driver.  Its handle."""
         cdef Work work
         try:
-            work = Work(description, op.result)
+            work = Work.made_pending(description, op.result)
             work._runner = self
         except BaseException:
             self._done_running(False, True)      # the claim ends; the batch as it was
