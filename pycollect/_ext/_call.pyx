@@ -723,7 +723,7 @@ cdef class CallPath:
                 entry = _note(rec, K_SEND, buf, NONE, [dst], True)
             self._busy = True
             try:
-                _send_beside(t, batch, buf, dst, tag, timeout)
+                _send_beside(t, batch, b, dst, tag, timeout)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 self.failed(exc, entry)
                 raise
@@ -922,19 +922,19 @@ cdef class CallPath:
         and deadline), for its runner to drive."""
         return Batch(self._transport, self._mailbox, self._timeout)
 
-    def run_drive(self, fn):
-        """The runner's drive of its batch of sends and receives, ``fn(0)``
-        (``Runner._drive``), under the context's lock: what ``Context._execute`` makes of
-        ``(fn, 0, None, None)`` (no sequence number, check or recorder entry; the context
-        fails where the transport did), without its Python steps.  A closed or failed
-        context goes to ``_execute``, which says so."""
+    def run_drive(self, Runner runner):
+        """The runner's drive of its batch of sends and receives (``Runner.drive``), under
+        the context's lock: what ``Context._execute`` makes of ``(runner._drive, 0, None,
+        None)`` (no sequence number, check or recorder entry; the context fails where the
+        transport did), without its Python steps.  A closed or failed context goes to
+        ``_execute``, which says so."""
         cdef CallLock lock = self._lock
         lock.take()
         try:
             if not (self._closed or self._failure is not None):
                 self._busy = True
                 try:
-                    return fn(0)
+                    return runner.drive()
                 except BaseException as exc:    # KeyboardInterrupt fails the context too
                     self.note_failure(exc)
                     raise
@@ -942,7 +942,7 @@ cdef class CallPath:
                     self._busy = False
         finally:
             lock.give()
-        return self._execute((fn, 0, None, None))
+        return self._execute((runner._drive, 0, None, None))
 
     cdef object head_here(self, int peer):
         """Whether a receive from ``peer`` would find its message at once

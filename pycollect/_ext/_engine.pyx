@@ -590,7 +590,7 @@ cdef class Engine(Transport):
             now = pc_now_ns()
             if spin_end == 0:
                 spin_end = now + self.spin_ns
-            if now >= deadline_of(self):
+            if now >= deadline_from(self, now):
                 return self.set_error(ERR_TIMEOUT, peer, "", 0,
                                       "waiting for a message" if peer >= 0 else
                                       "waiting for a message from any rank")
@@ -1770,7 +1770,7 @@ cdef class Engine(Transport):
             if self._all_done(target):
                 return 0
             now = pc_now_ns()
-            if now >= deadline_of(self):
+            if now >= deadline_from(self, now):
                 return self._timeout()
             if until_ns and now >= until_ns:
                 return 1

@@ -59,6 +59,6 @@ cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
                   int tag)
-cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
-                      double timeout) except -1
+cdef int send_beside(Transport t, Batch batch, Buffer b, int dst, int tag,
+                     double timeout) except -1
 cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double timeout)

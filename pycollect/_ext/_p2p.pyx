@@ -176,7 +176,11 @@ cdef raise_timeout(Transport t, Mailbox box, int src, int tag, double timeout):
 
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1:
     """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
-    cdef Buffer b = as_buffer(buf, "send", "buf", False)
+    return _send(t, as_buffer(buf, "send", "buf", False), dst, tag, timeout)
+
+
+cdef int _send(Transport t, Buffer b, int dst, int tag, double timeout) except -1:
+    """``send`` of an array already taken as a Buffer (``send_beside``'s caller took it)."""
     cdef OpDesc d
     cdef int rc
     fill_desc(&d, t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
@@ -191,8 +195,8 @@ cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except
     return ALGO_NONE
 
 
-cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
-                      double timeout) except -1:
+cdef int send_beside(Transport t, Batch batch, Buffer b, int dst, int tag,
+                     double timeout) except -1:
     """``send`` made while ``batch`` (on ``t``, with nothing ``on_wire``: receives waiting
     for their messages) is in flight: sent as ``send`` sends it, on an operation of the
     transport's own, the descriptor and deadline the batch's receives run under set aside
@@ -203,7 +207,7 @@ cpdef int send_beside(Transport t, Batch batch, object buf, int dst, int tag,
     cdef OpState saved
     t.save_op(&saved)
     try:
-        send(t, buf, dst, tag, timeout)
+        _send(t, b, dst, tag, timeout)
     finally:
         t.restore_op(&saved)
     return ALGO_NONE

@@ -66,7 +66,7 @@ cdef class Runner:
     cdef readonly CallLock _mutex
     cdef sem_t _handoff
     cdef bint _handoff_made
-    cdef object _drive_until, _drive_fn
+    cdef object _drive_until
     cdef double _drive_slice
 
     cpdef Py_ssize_t pending(self)
@@ -91,3 +91,4 @@ cdef class Runner:
     cdef void _notify_runner(self, bint handed) noexcept
     cdef list _take_p2p(self, object owner)
     cdef _run_batch(self, object until, double slice_s)
+    cdef object drive(self)

@@ -507,8 +507,8 @@ cdef class Runner:
     queue, whatever context each operation is of.  ``execute(op)`` runs a queued
     collective (unless ``submit`` was given the operation's own); a batch holds the sends
     and receives of one context (``P2P.owner``), driven under that context's
-    ``run_drive(fn)`` (the compiled ``CallPath.run_drive``, which runs ``fn(0)`` under the
-    context's lock).
+    ``run_drive(runner)`` (the compiled ``CallPath.run_drive``, which runs ``Runner.drive``
+    under the context's lock).
     """
 
     def __cinit__(self):
@@ -550,7 +550,6 @@ cdef class Runner:
         self._runner_waits = False      # the runner waits for busy to end (on _handoff)
         self._handed = False            # ... and is handed what a waiter left
         self.notified = 0
-        self._drive_fn = self._drive
         self._bell = doorbell_type()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -774,7 +773,7 @@ cdef class Runner:
     cdef bint _poll_batch(self, Work work) except -1:
         """``poll``'s look at a send or receive of the parked batch (nothing running, queued
         or being posted, the context's lock free): one pass of the batch on the polling
-        thread (``_drive`` with an end that has come: it stops after its first pass), as
+        thread (``drive`` with an end that has come: it stops after its first pass), as
         MPI's Test progresses a request; what is left stays parked for the next look, a
         wait, or the runner.  Whether it ran (else the runner is woken as before).  ``work``
         None: for whichever operations of the batch end."""
@@ -999,10 +998,16 @@ cdef class Runner:
         return taken
 
     def _drive(self, seq):
-        """One drive of the batch (``_run_batch``), run under the context's lock: post what
-        the queue's head holds, and what is queued meanwhile, and complete each operation
-        as it ends, until nothing is left in flight and the head is no send or receive, or
-        the waiter's end (``_drive_until``) has come, or another thread wants the lock."""
+        """``drive`` as a queued item runs it (``(fn, seq, ...)``: the context's
+        ``_execute``, which says why a closed or failed context does not)."""
+        return self.drive()
+
+    cdef object drive(self):
+        """One drive of the batch (``_run_batch``), run under the context's lock
+        (``CallPath.run_drive``): post what the queue's head holds, and what is queued
+        meanwhile, and complete each operation as it ends, until nothing is left in flight
+        and the head is no send or receive, or the waiter's end (``_drive_until``) has come,
+        or another thread wants the lock."""
         cdef object until = self._drive_until
         cdef double slice_s = self._drive_slice
         cdef dict running = self._batch_ops
@@ -1073,7 +1078,7 @@ cdef class Runner:
                     owner = (<P2P>self._queue[0][0]).owner
                 finally:
                     self._mutex.give()
-            owner.run_drive(self._drive_fn)
+            owner.run_drive(self)
         except BaseException as exc:      # fails every operation handed to the batch
             failed = [entry[1] for entry in list(self._batch_ops.values()) + self._posting]
             self._batch_ops.clear()
