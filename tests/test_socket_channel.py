@@ -135,3 +135,39 @@ def test_the_fd_is_not_handed_over_with_bytes_staged(pair):
     _p2p.recv(zero, _p2p.Mailbox(), np.zeros(1), 1, 0, 5.0)
     with pytest.raises(RuntimeError, match="staged"):
         zero.channel(1).release_fd()
+
+
+def test_a_socket_channels_room_is_what_it_last_saw_less_what_it_wrote_since():
+    """A socket channel's room (what a send that must not wait for the peer may write, the
+    engine's ``sends_now``) is half the send buffer less what the kernel still holds, looked
+    at with a system call only when what was last seen, less what was written since, falls
+    below a quarter of the buffer: it never says more than the socket takes, and says all of
+    it again once the peer has read everything."""
+    a, b = socket.socketpair()
+    spare = os.dup(a.fileno())
+    ca, cb = SocketChannel(a.detach()), SocketChannel(b.detach())
+    ends = [Engine(0, 2, [None, ca], ["self", "peer"], spin_us=0),
+            Engine(1, 2, [cb, None], ["peer", "self"], spin_us=0)]
+    try:
+        with socket.socket(fileno=os.dup(spare)) as s:
+            half = s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        assert ca.room == half                          # nothing sent yet
+        data = np.zeros(1000, np.uint8)
+        sent, rooms = 0, []
+        while sent + 1040 <= half // 2:                 # a 40-byte header with each
+            _p2p.send(ends[0], data, 1, 0, 5.0)
+            sent += 1040
+            rooms.append(ca.room)
+        assert rooms == [half - 1040 * (k + 1) for k in range(len(rooms))]
+        for _ in range(8):                              # below a quarter: looked at again
+            _p2p.send(ends[0], data, 1, 0, 5.0)
+            sent += 1040
+            assert ca.room <= half - sent
+        box, got = _p2p.Mailbox(), np.empty(1000, np.uint8)
+        for _ in range(sent // 1040):
+            _p2p.recv(ends[1], box, got, 0, 0, 5.0)
+        assert ca.room == half                          # the peer read it all
+    finally:
+        for e in ends:
+            e.close()
+        os.close(spare)

@@ -43,6 +43,12 @@ cdef class Channel:
     def fd(self):
         return -1 if self.base == NULL else self.base.fd
 
+    @property
+    def room(self):
+        """The bytes a write would take whole now, as the engine asks before a send that
+        must not wait for the peer (its ``room`` operation; 0: none for sure)."""
+        return 0 if self.base == NULL else self.base.ops.room(self.base)
+
     def release_fd(self):
         """Hand the fd over to another channel (which will close it); return it."""
         cdef int fd = self.base.fd

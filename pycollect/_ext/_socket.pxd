@@ -10,6 +10,7 @@ ctypedef struct SocketStage:
     size_t head
     size_t tail
     size_t sndbuf       # the socket's send buffer (SO_SNDBUF) when the channel was made
+    size_t room_seen    # _room's last look, less what was written since
     char buf[STAGE_BYTES]
 
 cdef class SocketChannel(Channel):

@@ -65,6 +65,14 @@ cdef enum:
 
 
 cdef ssize_t _writev(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
+    cdef SocketStage* s = _stage(c)
+    cdef ssize_t n = _write_out(c, iov, cnt)
+    if n > 0:       # what _room last saw shrinks by what went in since
+        s.room_seen = s.room_seen - <size_t>n if <size_t>n < s.room_seen else 0
+    return n
+
+
+cdef inline ssize_t _write_out(ChannelBase* c, iovec* iov, int cnt) noexcept nogil:
     cdef msghdr msg
     cdef char small[SMALL_SEND]
     if cnt == 2 and iov[0].iov_len + iov[1].iov_len <= SMALL_SEND:
@@ -178,12 +186,22 @@ cdef size_t _room(ChannelBase* c) noexcept nogil:
     """What the socket takes whole now: half its send buffer, less the bytes it holds not
     yet acknowledged by the peer (SIOCOUTQ).  The kernel counts a buffer's bookkeeping
     against SO_SNDBUF as well, hence only half; a socket whose buffer the channel does
-    not know, or that cannot tell, takes nothing for sure."""
+    not know, or that cannot tell, takes nothing for sure.  The look is a system call, so
+    its answer, less what was written since (``_writev``), is served again while it is at
+    least a quarter of the buffer: what the peer acknowledges meanwhile only adds room,
+    so the kept answer never overstates it."""
+    cdef SocketStage* s = _stage(c)
     cdef int queued = 0
-    cdef size_t half = _stage(c).sndbuf // 2
-    if c.eof or half == 0 or ioctl(c.fd, SIOCOUTQ, &queued) < 0 or queued < 0:
+    cdef size_t half = s.sndbuf // 2
+    if c.eof or half == 0:
         return 0
-    return half - <size_t>queued if <size_t>queued < half else 0
+    if s.room_seen >= half // 2:
+        return s.room_seen
+    if ioctl(c.fd, SIOCOUTQ, &queued) < 0 or queued < 0:
+        s.room_seen = 0
+    else:
+        s.room_seen = half - <size_t>queued if <size_t>queued < half else 0
+    return s.room_seen
 
 
 cdef void socket_shut(ChannelBase* c) noexcept nogil:
@@ -228,7 +246,7 @@ cdef class SocketChannel(Channel):
         if self.stage == NULL:
             raise MemoryError()
         self.stage.head = self.stage.tail = 0
-        self.stage.sndbuf = 0
+        self.stage.sndbuf = self.stage.room_seen = 0
         if getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &length) == 0 and sndbuf > 0:
             self.stage.sndbuf = <size_t>sndbuf
         self.sock.state = self.stage
