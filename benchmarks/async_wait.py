@@ -36,13 +36,16 @@ import statistics
 import sys
 import time
 
-from turns import against_mpi, report, summarize, two_ranks_main
+from turns import save_figures, two_ranks_main, two_ranks_table
 
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
         "irecv+send+wait", "irecv+isend+wait_all", "irecv+allreduce+send+wait", "sendrecv",
         "broadcast async+wait")
 BATCH = 100
+TITLE = ("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and receive, "
+         "and by sendrecv, and an async broadcast from rank 0, µs a call (median over %d rounds "
+         "of each run's median batch; fastest batch in brackets)")
 
 
 def _endpoint(peer):
@@ -119,8 +122,11 @@ def _poll(ended):
         pass
 
 
+def _keys(counts):
+    return ["%s %s" % (c, w) for c in counts for w in WAYS]
+
+
 def worker(peer, counts, iters, out):
-    import json
     import numpy as np
     ways_of, rank, close = _endpoint(peer)
     clock = time.perf_counter_ns
@@ -140,23 +146,12 @@ def worker(peer, counts, iters, out):
                                               "best": min(batches)}
     close()
     if rank == 0:
-        with open(out, "w") as f:
-            json.dump(result, f)
-
-
-def _tabulate(args, counts, runs, missing):
-    keys = ["%s %s" % (c, w) for c in counts for w in WAYS]
-    report("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and "
-           "receive, and by sendrecv, and an async broadcast from rank 0, µs a call (median "
-           "over %d rounds "
-           "of each run's median batch; fastest batch in brackets)" % args.rounds,
-           "elements, way", "---", keys, summarize(runs, keys), against_mpi, missing,
-           args.json, {"rounds": args.rounds, "iters": args.iters})
+        save_figures(out, result)
 
 
 def main(argv=None):
     return two_ranks_main(argv, __doc__, __file__, PEERS, 3000, "timed calls per count and way",
-                          worker, _tabulate)
+                          worker, two_ranks_table(TITLE, "elements, way", _keys))
 
 
 if __name__ == "__main__":

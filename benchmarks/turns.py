@@ -157,6 +157,22 @@ def against_mpi(peer):
         else None
 
 
+def two_ranks_table(title, first, keys_of):
+    """A ``tabulate`` for ``two_ranks_main``: the table of ``keys_of(counts)`` (column
+    ``first``) under ``title % rounds``, each pycollect peer beside MPI on its transport."""
+    def tabulate(args, counts, runs, missing):
+        keys = keys_of(counts)
+        report(title % args.rounds, first, "---", keys, summarize(runs, keys), against_mpi,
+               missing, args.json, {"rounds": args.rounds, "iters": args.iters})
+    return tabulate
+
+
+def save_figures(out, figures):
+    """A 2-rank worker's figures (a dict), written as JSON to ``out`` for ``take_turns``."""
+    with open(out, "w") as f:
+        json.dump(figures, f)
+
+
 def two_ranks_main(argv, doc, script, peers, iters, iters_help, worker, tabulate,
                    patterns=None):
     """A 2-rank benchmark's main: parse the shared options; as a worker, run
