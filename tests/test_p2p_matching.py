@@ -447,6 +447,22 @@ def test_a_batchs_receive_of_a_small_message_ends_in_the_progress_that_matches_i
     assert mine[0] or count > 4
 
 
+def test_a_batch_names_an_operation_it_does_not_hold(pair):
+    """``Batch.result`` of an index the batch never handed out raises IndexError naming the
+    index and the batch's size, instead of reading past its operations."""
+    def body(ctx):
+        batch = _p2p.Batch(ctx._transport, _p2p.Mailbox(), 30.0)
+        messages = []
+        for i in (0, -1):
+            with pytest.raises(IndexError) as err:
+                batch.result(i)
+            messages.append(str(err.value))
+        ctx.barrier()
+        return messages
+
+    assert pair.run(body)[0] == ["batch operation 0 of 0", "batch operation -1 of 0"]
+
+
 def test_a_kick_ends_a_batchs_wait_for_heads_at_once(pair):
     """A batch waiting for its receive's head for a slice of 5 s returns as soon as another
     thread kicks the transport (what the runner does when an operation is queued while the

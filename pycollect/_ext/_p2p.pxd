@@ -21,7 +21,6 @@ cdef struct BatchOp:
     int tag                 # the tag asked for, then the message's
     int req                 # the transport request; NOT_POSTED, or FROM_MAILBOX
     Py_ssize_t got          # a receive's element count, once known from the mailbox
-    bint is_recv
     bint waiting            # a receive not matched yet
     bint open               # not reported complete yet
 
@@ -36,10 +35,11 @@ cdef class Batch:
     cdef int first_open     # no operation before it is open
 
     cdef void _attach(self, Transport t, Mailbox box, double timeout)
-    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv) except -1
+    cdef int _append(self, Buffer b, int peer, int tag, int req) except -1
     cdef void _wait_for(self, int i) noexcept
     cdef void _close(self, int i) noexcept
     cdef int _waiting_source(self) noexcept
+    cdef bint _waits_for(self, int src) noexcept
     cdef _from_mailbox(self, int i, object m)
     cdef bint _offer(self, object m) except -1
     cdef int _taker(self, int src, int tag) except -2

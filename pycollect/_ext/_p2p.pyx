@@ -478,11 +478,10 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     batch = Batch.__new__(Batch)
     batch._attach(t, box, timeout)
     if req >= 0:            # a send in flight, or a receive reading its message
-        i = batch._append(b, got if is_recv else peer, pr.desc.root if is_recv else tag, req,
-                          is_recv)
+        i = batch._append(b, got if is_recv else peer, pr.desc.root if is_recv else tag, req)
         return batch, i, False, None
     # A receive whose message has not come (or another's head came first): the Batch's way.
-    i = batch._append(b, peer, tag, NOT_POSTED, True)
+    i = batch._append(b, peer, tag, NOT_POSTED)
     batch._wait_for(i)
     if got >= 0:
         batch._match(pc_now_ns())
@@ -557,13 +556,13 @@ cdef class Batch:
                 req = self.t.post_send_async(dst, b.ptr, b.nbytes)
         if req < 0:
             raise_error(self.t)
-        return self._append(b, dst, tag, req, False)
+        return self._append(b, dst, tag, req)
 
     cpdef int add_recv(self, object buf, int src, int tag, object timeout=None) except -1:
         """Add a receive (matched at once from the mailbox when it can be; ``timeout``: its
         deadline, else the batch's); its index."""
         cdef Buffer b = as_buffer(buf, "recv", "buf", True)
-        cdef int i = self._append(b, src, tag, NOT_POSTED, True)
+        cdef int i = self._append(b, src, tag, NOT_POSTED)
         cdef double tmo = self.timeout if timeout is None else timeout
         with nogil:
             self.t.extend_deadline(tmo)
@@ -574,7 +573,7 @@ cdef class Batch:
             self._wait_for(i)
         return i
 
-    cdef int _append(self, Buffer b, int peer, int tag, int req, bint is_recv) except -1:
+    cdef int _append(self, Buffer b, int peer, int tag, int req) except -1:
         cdef BatchOp* grown
         cdef BatchOp* op
         cdef int cap
@@ -588,7 +587,7 @@ cdef class Batch:
         op = &self.ops[self.n]
         op.ptr, op.nbytes, op.count, op.dtype = b.ptr, b.nbytes, b.count, b.dtype
         op.peer, op.tag, op.req, op.got = peer, tag, req, 0
-        op.is_recv, op.waiting, op.open = is_recv, False, True
+        op.waiting, op.open = False, True
         self.n += 1
         return self.n - 1
 
@@ -640,6 +639,14 @@ cdef class Batch:
                     return -1
         return -1 if src == -2 else src
 
+    cdef bint _waits_for(self, int src) noexcept:
+        """A waiting receive names ``src``."""
+        cdef int i
+        for i in range(self.first_open, self.n):
+            if self.ops[i].waiting and self.ops[i].peer == src:
+                return True
+        return False
+
     cdef int _match(self, int64_t until_ns) except -1:
         """Hand the heads that show up before ``until_ns`` to the waiting receives."""
         cdef BatchOp* op
@@ -652,14 +659,10 @@ cdef class Batch:
                 # A look at any rank's head passes over pairs that ended: look at each
                 # rank a receive waits for, so that one that left is named.
                 for src in range(self.t.size):
-                    for i in range(self.first_open, self.n):
-                        if self.ops[i].waiting and self.ops[i].peer == src:
+                    if self._waits_for(src):
+                        peer = self._head(src, &pr, pc_now_ns())
+                        if peer != -2:
                             break
-                    else:
-                        continue
-                    peer = self._head(src, &pr, pc_now_ns())
-                    if peer != -2:
-                        break
             if peer == -2:
                 return 0
             i = self._taker(peer, pr.desc.root)
@@ -776,10 +779,8 @@ cdef class Batch:
         done = []
         for i in range(self.first_open, self.n):
             if self.ops[i].open and self._ended(i):
-                self.ops[i].open = False
+                self._close(i)
                 done.append(i)
-        while self.first_open < self.n and not self.ops[self.first_open].open:
-            self.first_open += 1
         return done
 
     cpdef tuple result(self, int i):

@@ -268,15 +268,15 @@ cdef enum:
     DEADLINE_LAZY = 0
 
 
-cdef inline int64_t deadline_of(Transport t) noexcept nogil:
-    """``t``'s deadline for the operation in progress, fixed at the first call."""
-    if t.deadline_ns == DEADLINE_LAZY:
-        t.deadline_ns = _deadline_clock() + <int64_t>(t.timeout_s * 1e9)
-    return t.deadline_ns
-
 cdef inline int64_t deadline_from(Transport t, int64_t now) noexcept nogil:
     """``deadline_of`` for a caller that has just read the clock (``now``): a lazy
     deadline is fixed from it, without reading the clock again."""
     if t.deadline_ns == DEADLINE_LAZY:
         t.deadline_ns = now + <int64_t>(t.timeout_s * 1e9)
+    return t.deadline_ns
+
+cdef inline int64_t deadline_of(Transport t) noexcept nogil:
+    """``t``'s deadline for the operation in progress, fixed at the first call."""
+    if t.deadline_ns == DEADLINE_LAZY:
+        return deadline_from(t, _deadline_clock())
     return t.deadline_ns

@@ -2,6 +2,7 @@
 # (_work.pyx), as the compiled call path (_call.pyx) calls them without Python's call.
 from pycollect._ext._doorbell cimport Doorbell
 from pycollect._ext._lock cimport CallLock, sem_t
+from pycollect._ext._p2p cimport Batch
 from pycollect._ext._record cimport Ring
 
 cdef class Completion:
@@ -33,8 +34,8 @@ cdef class P2P:
     @staticmethod
     cdef P2P of(bint is_recv, object buf, int peer, int tag, object owner, object result,
                 object timeout)
-    cpdef Py_ssize_t post(self, object batch) except -1
-    cpdef finish(self, object batch, Py_ssize_t index)
+    cpdef Py_ssize_t post(self, Batch batch) except -1
+    cpdef finish(self, Batch batch, Py_ssize_t index)
 
 cdef class Runner
 

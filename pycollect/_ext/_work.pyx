@@ -116,13 +116,10 @@ cdef class Later:
 
     @staticmethod
     cdef Later of(object status):
-        """``Later(status)`` without Python's call (a receive begun by the call path)."""
+        """``Later(status)`` without Python's call (a receive begun by the call path); its
+        ``status`` stays None where none was given, until ``P2P.finish`` fills a new one
+        (``filled``)."""
         cdef Later later = Later.__new__(Later)
-        cdef Status made
-        if status is None:
-            made = Status.__new__(Status)
-            made.source, made.count, made.tag = -1, 0, -1
-            status = made
         later.status = status
         return later
 
@@ -154,18 +151,18 @@ cdef class P2P:
         op.owner, op.result, op.timeout, op.staged = owner, result, timeout, ()
         return op
 
-    cpdef Py_ssize_t post(self, object batch) except -1:
+    cpdef Py_ssize_t post(self, Batch batch) except -1:
         if self.is_recv:
-            return (<Batch?>batch).add_recv(self.buf, self.peer, self.tag, self.timeout)
-        return (<Batch?>batch).add_send(self.buf, self.peer, self.tag, self.timeout)
+            return batch.add_recv(self.buf, self.peer, self.tag, self.timeout)
+        return batch.add_send(self.buf, self.peer, self.tag, self.timeout)
 
-    cpdef finish(self, object batch, Py_ssize_t index):
+    cpdef finish(self, Batch batch, Py_ssize_t index):
         """It ended as operation ``index`` of ``batch``: a receive's result is filled, and
         tensors staged for it are copied back."""
         cdef Later later
         if self.result is not None:
             later = <Later?>self.result
-            later.value = filled(later.status, (<Batch?>batch).result(index))
+            later.value = filled(later.status, batch.result(index))
         for host in self.staged:
             host.finish()
 
