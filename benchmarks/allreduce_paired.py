@@ -5,9 +5,12 @@ of every algorithm.
         --algorithms direct,halving_doubling,ring --iterations 40
     python benchmarks/allreduce_paired.py --collective broadcast --algorithms direct,binomial
     python benchmarks/allreduce_paired.py --algorithms direct,direct-cma --count 262144
+    python benchmarks/allreduce_paired.py --algorithms direct,direct@262144
 
 "direct-cma" is "direct" with plain buffers never staged in the pool of shared
 buffers (their peers copy them with cross-memory attach, as before staging).
+"direct@N" is the allreduce "direct" with N-byte chunks where every peer's
+buffer is mapped (set_mapped_chunk_bytes).
 
 On a machine other jobs share, a burst of load lands on whichever call runs
 then.  Here every iteration calls each algorithm once, back to back, in an
@@ -32,15 +35,29 @@ def rank_main(args):
     ctx = pc.init(rank=args.rank, size=args.ranks, store=args.store, timeout=args.timeout,
                   transport=args.transport)
     from pycollect.bench import busbw_factor
+    from pycollect._ext._allreduce import set_mapped_chunk_bytes
     from pycollect._ext._direct import set_stage_bytes
+    if args.bind == "core":
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[
+            args.rank % len(os.sched_getaffinity(0))]})
     names = args.algorithms.split(",")
-    buf = np.ones(args.count, np.dtype(args.dtype))
+    if args.pooled:
+        buf = pc.empty(args.count, np.dtype(args.dtype))
+        buf[:] = 1
+    else:
+        buf = np.ones(args.count, np.dtype(args.dtype))
     out = np.empty(args.count * args.ranks, buf.dtype)
     run = {"allreduce": lambda a: ctx.allreduce(buf, algorithm=a),
            "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
            "allgather": lambda a: ctx.allgather(buf, out, algorithm=a)}[args.collective]
 
     def call(name):
+        if name.startswith("direct@"):
+            chunk = set_mapped_chunk_bytes(int(name[len("direct@"):]))
+            try:
+                return run("direct")
+            finally:
+                set_mapped_chunk_bytes(chunk)
         if name != "direct-cma":
             return run(name)
         bound = set_stage_bytes(0)
@@ -87,6 +104,11 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--transport", default="auto")
+    parser.add_argument("--pooled", action="store_true",
+                        help="the buffer from pycollect.empty (shared memory the peers map)")
+    parser.add_argument("--bind", choices=("core", "none"), default="core",
+                        help="core (default): rank r bound to core r %% cores; none: the "
+                        "kernel places the ranks")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)

@@ -203,3 +203,38 @@ def test_a_pool_that_cannot_be_made_leaves_plain_arrays_to_cross_memory_attach(t
         assert len(res["errors"]) == 2, res
         for message in res["errors"]:
             assert "cannot be made" in message and "PYCOLLECT_POOL_BYTES" in message, res
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_every_chunk_size_reduces_exactly(size, stage_bound):
+    """The mapped chunk (set_mapped_chunk_bytes) cut anywhere: one element, a size that is
+    not a multiple of the element, the default, a whole slice; staged and pooled arrays
+    end with the same exact sums."""
+    from pycollect._ext._allreduce import set_mapped_chunk_bytes
+    default = set_mapped_chunk_bytes(0)
+    set_mapped_chunk_bytes(default)
+    assert 4096 <= default <= 65536          # small enough to stay in the first-level cache
+    g = ThreadGroup(size, transport="shm")
+    n = 50021
+    try:
+        for chunk in (1, 12, default, 1 << 20):
+            for pooled in ([False] * size, [True] * size):
+                def body(ctx):
+                    r = ctx.rank
+                    a = pc.empty(n, np.int64) if pooled[r] else np.empty(n, np.int64)
+                    a[:] = np.arange(n) * (r + 1)
+                    ctx.allreduce(a, algorithm="direct")
+                    return a
+
+                before = _hits()
+                old = set_mapped_chunk_bytes(chunk)
+                try:
+                    results = g.run(body)
+                finally:
+                    set_mapped_chunk_bytes(old)
+                want = np.arange(n) * (size * (size + 1) // 2)
+                for a in results:
+                    np.testing.assert_array_equal(a, want)
+                assert _hits() - before >= size * (size - 1), (chunk, pooled)
+    finally:
+        g.close()

@@ -95,6 +95,18 @@ ALGORITHMS = {"recursive_doubling": ALGO_RECURSIVE_DOUBLING,
               "flags": ALGO_FLAGS}
 DEFAULT_BCUBE_BASE = 4
 
+# The chunk of the direct allreduce where every peer's buffer is mapped here.
+cdef size_t _mapped_chunk = DIRECT_CHUNK_BYTES
+
+
+def set_mapped_chunk_bytes(size_t nbytes):
+    """The direct allreduce's chunk where every peer's buffer is mapped here (at least one
+    element); returns the previous one.  For benchmarks that compare chunk sizes."""
+    global _mapped_chunk
+    old = _mapped_chunk
+    _mapped_chunk = nbytes
+    return old
+
 cdef enum:
     MAX_BCUBE_BASE = 16
     MAX_BCUBE_STEPS = 64
@@ -364,8 +376,8 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
     # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer, and
     # write each reduced chunk into every peer's buffer while it is in cache; where every
     # peer is mapped here the copies are plain loads and stores, and the chunk smaller.
-    if _all_viewed(hello, P, r) and chunk > DIRECT_CHUNK_BYTES:
-        chunk = DIRECT_CHUNK_BYTES
+    if _all_viewed(hello, P, r) and chunk > _mapped_chunk:
+        chunk = _mapped_chunk
     chunk = chunk // es if chunk >= es else 1
     other = t.scratch(chunk * es)
     if other == NULL:

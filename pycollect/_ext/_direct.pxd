@@ -9,9 +9,13 @@ from pycollect._ext._pool cimport PoolRef
 from pycollect._ext._transport cimport Transport
 
 cdef enum:
-    # The chunk the direct allreduce works on while it is in cache (read from the peers,
-    # reduced, written to them) where every peer's buffer is mapped here.
-    DIRECT_CHUNK_BYTES = 262144
+    # The chunk the direct allreduce works on (read from the peers, reduced, written to
+    # them) where every peer's buffer is mapped here: small enough that the chunk of its own
+    # buffer and the peer's chunk it was reduced from stay in the core's first-level cache
+    # (32 KiB here) until the reduced chunk is written over the peer's, so that write finds
+    # the peer's lines in the cache it just read them into.  8 KiB took 0.81-0.91 of 256
+    # KiB's time at 2 and 4 ranks (docs/algorithms.md).
+    DIRECT_CHUNK_BYTES = 8192
     # The same where some peer's memory is reached through the kernel (cross-memory
     # attach): a process_vm_readv/writev call costs microseconds beyond its copy (~7 µs
     # here: benchmarks/kernel_copy.py), so such a chunk is larger.
