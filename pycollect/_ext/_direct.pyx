@@ -22,9 +22,10 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    are memcpy too; the rank copies what they wrote back into its buffer once
    they are done.  Two copies in the rank's own cache cost less than the
    kernel's copies of the peers' pages (process_vm_readv pins every page it
-   copies) while the buffers and blocks of every rank fit the last-level
+   copies) while the buffers and blocks of every rank fit half the last-level
    cache together (DIRECT_STAGE_BYTES); above that, cross-memory attach's
-   single copy is the faster.  Allreduce stages; broadcast and allgather do
+   single copy is the faster (at the whole cache, 2 ranks of 2M floats and 4
+   of 1M, it already was: docs/algorithms.md).  Allreduce stages; broadcast and allgather do
    not (staging measured slower there: docs/algorithms.md).
 3. Release (``direct_release``): every rank tells every other that it reads
    and writes nobody's buffer any more, and returns only once every peer has
@@ -71,8 +72,9 @@ def _cache_bytes():
 
 
 # Plain buffers are staged in the pool (direct_stage) while every rank's buffer and
-# staging block fit this many bytes together: the last-level cache.
-DIRECT_STAGE_BYTES = _cache_bytes()
+# staging block fit this many bytes together: half the last-level cache (the rest holds
+# the chunks in flight and whatever else the ranks touch).
+DIRECT_STAGE_BYTES = _cache_bytes() // 2
 cdef size_t _stage_bytes = DIRECT_STAGE_BYTES
 
 
@@ -97,8 +99,8 @@ cdef inline bint _reads_every_peer(Transport t) noexcept nogil:
 
 cdef char* direct_stage(Transport t, const void* buf, size_t nbytes):
     """A block of the pool of at least ``nbytes`` to stage ``buf`` in, or NULL: ``buf`` lies
-    in the pool already, the ranks' buffers and blocks would not fit the cache together
-    (2 x ranks x nbytes > DIRECT_STAGE_BYTES), some peer's memory is not readable (the
+    in the pool already, the ranks' buffers and blocks would not fit half the cache
+    together (2 x ranks x nbytes > DIRECT_STAGE_BYTES), some peer's memory is not readable (the
     algorithm sends messages instead), or the pool has no room.  The block stays on the
     transport for the next call, grown to a power of two when a larger buffer comes."""
     cdef PoolRef ref
