@@ -29,6 +29,8 @@ import time
 
 import numpy as np
 
+from pycollect.plugins.hosts import rank_cpus, started_on
+
 
 def rank_main(args):
     import pycollect as pc
@@ -37,9 +39,6 @@ def rank_main(args):
     from pycollect.bench import busbw_factor
     from pycollect._ext._allreduce import set_mapped_chunk_bytes
     from pycollect._ext._direct import set_stage_bytes
-    if args.bind == "core":
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[
-            args.rank % len(os.sched_getaffinity(0))]})
     names = args.algorithms.split(",")
     if args.pooled:
         buf = pc.empty(args.count, np.dtype(args.dtype))
@@ -51,20 +50,21 @@ def rank_main(args):
            "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
            "allgather": lambda a: ctx.allgather(buf, out, algorithm=a)}[args.collective]
 
-    def call(name):
-        if name.startswith("direct@"):
-            chunk = set_mapped_chunk_bytes(int(name[len("direct@"):]))
-            try:
-                return run("direct")
-            finally:
-                set_mapped_chunk_bytes(chunk)
-        if name != "direct-cma":
-            return run(name)
-        bound = set_stage_bytes(0)
+    def direct_with(setter, value):
+        """"direct" with ``setter``'s value set for this call alone."""
+        before = setter(value)
         try:
             run("direct")
         finally:
-            set_stage_bytes(bound)
+            setter(before)
+
+    def call(name):
+        if name.startswith("direct@"):
+            direct_with(set_mapped_chunk_bytes, int(name[len("direct@"):]))
+        elif name == "direct-cma":
+            direct_with(set_stage_bytes, 0)
+        else:
+            run(name)
     for name in names:
         for _ in range(args.warmup):
             call(name)
@@ -107,8 +107,8 @@ def main(argv=None):
     parser.add_argument("--pooled", action="store_true",
                         help="the buffer from pycollect.empty (shared memory the peers map)")
     parser.add_argument("--bind", choices=("core", "none"), default="core",
-                        help="core (default): rank r bound to core r %% cores; none: the "
-                        "kernel places the ranks")
+                        help="core (default): rank r bound to core r %% cores from its start "
+                        "(pycollect-run --bind core); none: the kernel places the ranks")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
@@ -118,9 +118,12 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         store = "file://" + os.path.join(tmp, "store")
         given = sys.argv[1:] if argv is None else list(argv)
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *given,
-                                   "--rank", str(r), "--store", store])
-                 for r in range(args.ranks)]
+        cpus = rank_cpus(args.ranks) if args.bind == "core" else [None] * args.ranks
+        procs = []
+        for r in range(args.ranks):
+            with started_on(cpus[r]):
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                               *given, "--rank", str(r), "--store", store]))
         deadline = time.monotonic() + args.timeout * 4
         codes = []
         for p in procs:

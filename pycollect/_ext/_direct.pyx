@@ -25,8 +25,8 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    copies) while the buffers and blocks of every rank fit half the last-level
    cache together (DIRECT_STAGE_BYTES); above that, cross-memory attach's
    single copy is the faster (at the whole cache, 2 ranks of 2M floats and 4
-   of 1M, it already was: docs/algorithms.md).  Allreduce stages; broadcast and allgather do
-   not (staging measured slower there: docs/algorithms.md).
+   of 1M, it already was: docs/algorithms.md).  Allreduce stages; broadcast
+   and allgather do not (staging measured slower there: docs/algorithms.md).
 3. Release (``direct_release``): every rank tells every other that it reads
    and writes nobody's buffer any more, and returns only once every peer has
    said the same, so no caller uses a buffer that a peer still reads or
@@ -100,9 +100,10 @@ cdef inline bint _reads_every_peer(Transport t) noexcept nogil:
 cdef char* direct_stage(Transport t, const void* buf, size_t nbytes):
     """A block of the pool of at least ``nbytes`` to stage ``buf`` in, or NULL: ``buf`` lies
     in the pool already, the ranks' buffers and blocks would not fit half the cache
-    together (2 x ranks x nbytes > DIRECT_STAGE_BYTES), some peer's memory is not readable (the
-    algorithm sends messages instead), or the pool has no room.  The block stays on the
-    transport for the next call, grown to a power of two when a larger buffer comes."""
+    together (2 x ranks x nbytes > DIRECT_STAGE_BYTES), some peer's memory is not
+    readable (the algorithm sends messages instead), or the pool has no room.  The block
+    stays on the transport for the next call, grown to a power of two when a larger
+    buffer comes."""
     cdef PoolRef ref
     cdef size_t want = 4096
     if nbytes == 0 or nbytes > _stage_bytes // (2 * <size_t>t.size) or \
