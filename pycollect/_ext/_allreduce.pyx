@@ -75,8 +75,10 @@ from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgat
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
 from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DIRECT_KERNEL_CHUNK_BYTES,
-                                     DirectHello, direct_hello,
-                                     direct_release, direct_stage, direct_write)
+                                     DirectHello, direct_hello, direct_hello_send,
+                                     direct_hello_take, direct_may_begin, direct_release,
+                                     direct_release_send, direct_release_take, direct_stage,
+                                     direct_staged, direct_write)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport (Flags, flags_allreduce, flags_allreduce_end,
                                     flags_ends_at_once, flags_fit, flags_post,
@@ -97,6 +99,14 @@ DEFAULT_BCUBE_BASE = 4
 
 # The chunk of the direct allreduce where every peer's buffer is mapped here.
 cdef size_t _mapped_chunk = DIRECT_CHUNK_BYTES
+
+# An async allreduce run direct is begun in the call (allreduce_begin: the buffer staged
+# and the hello sent), and its polls take the peers' hellos, reduce and release as they
+# find them (allreduce_step), up to this many bytes; a larger one is queued for the
+# context's runner, which reduces it while the caller computes (a look that reduced a
+# larger one would hold its caller as long).
+DIRECT_BEGIN_BYTES = 1 << 20
+cdef size_t _begin_bytes = DIRECT_BEGIN_BYTES
 
 
 def set_mapped_chunk_bytes(size_t nbytes):
@@ -352,30 +362,54 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
 
     Returns 1 when some rank's memory was not readable and halving-doubling ran instead.
     """
-    cdef int P = t.size, r = t.rank, i, p, readable
-    cdef size_t lo, length, off, c, take, tail
+    cdef int P = t.size, readable
     cdef DirectHello* hello
-    cdef char* other
     if P == 1 or n == 0:
         return 0
     hello = <DirectHello*>t.work_area(P * sizeof(DirectHello))
     if hello == NULL:
         return -1
-    lo = chunk_offset(n, P, r)
-    length = chunk_length(n, P, r)
-    tail = (lo + length) * es
-    if stage != NULL:       # the slices the peers reduce, where they may map them
-        memcpy(stage, buf, lo * es)
-        memcpy(stage + tail, buf + tail, n * es - tail)
+    _staged_copy(t, buf, n, es, stage, False)
     # 1. Hello: addresses, and whether direct access works between every pair.
     readable = direct_hello(t, stage if stage != NULL else buf, n * es, hello)
     if readable < 0:
         return -1
     if not readable:
         return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
-    # 2. Reduce our slice, a cache-sized chunk at a time, straight from every peer, and
-    # write each reduced chunk into every peer's buffer while it is in cache; where every
-    # peer is mapped here the copies are plain loads and stores, and the chunk smaller.
+    if _direct_reduce(t, buf, n, es, dtype, op, chunk, hello) < 0:
+        return -1
+    # 3. Nobody returns while a peer may still read or write its buffer.
+    if direct_release(t) < 0:
+        return -1
+    _staged_copy(t, buf, n, es, stage, True)
+    return 0
+
+
+cdef inline void _staged_copy(Transport t, char* buf, size_t n, size_t es, char* stage,
+                              bint out) noexcept nogil:
+    """Copy the slices the peers reduce (all but this rank's) from ``buf`` into ``stage``,
+    or with ``out`` their reduced values back from ``stage`` into ``buf``; nothing where
+    ``stage`` is NULL."""
+    cdef size_t lo, tail
+    cdef char* dst = buf if out else stage
+    cdef char* src = stage if out else buf
+    if stage != NULL:
+        lo = chunk_offset(n, t.size, t.rank)
+        tail = (lo + chunk_length(n, t.size, t.rank)) * es
+        memcpy(dst, src, lo * es)
+        memcpy(dst + tail, src + tail, n * es - tail)
+
+
+cdef int _direct_reduce(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
+                        size_t chunk, DirectHello* hello) noexcept nogil:
+    """Step 2 of the direct allreduce, the peers' hellos in ``hello``: reduce this rank's
+    slice, a cache-sized chunk at a time, straight from every peer, and write each reduced
+    chunk into every peer's buffer while it is in cache; where every peer is mapped here
+    the copies are plain loads and stores, and the chunk smaller.  0, or -1 after
+    set_error."""
+    cdef int P = t.size, r = t.rank, i, p
+    cdef size_t lo = chunk_offset(n, P, r), length = chunk_length(n, P, r), off, c, take
+    cdef char* other
     if _all_viewed(hello, P, r) and chunk > _mapped_chunk:
         chunk = _mapped_chunk
     chunk = chunk // es if chunk >= es else 1
@@ -399,12 +433,6 @@ cdef int direct_allreduce(Transport t, char* buf, size_t n, size_t es, int dtype
             if direct_write(t, p, &hello[p], off, buf + off, take * es) < 0:
                 return -1
         c += take
-    # 3. Nobody returns while a peer may still read or write its buffer.
-    if direct_release(t) < 0:
-        return -1
-    if stage != NULL:       # the peers' reduced slices
-        memcpy(buf, stage, lo * es)
-        memcpy(buf + tail, stage + tail, n * es - tail)
     return 0
 
 
@@ -442,8 +470,7 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
         seg = segment_bytes // es if segment_bytes >= es else 1
         window = 4
     elif algo == ALGO_DIRECT:
-        seg = segment_bytes if segment_bytes < DIRECT_KERNEL_CHUNK_BYTES \
-            else DIRECT_KERNEL_CHUNK_BYTES
+        seg = _direct_chunk(segment_bytes)
         window = 0
         if not t.solo and t.size > 1:
             stage = direct_stage(t, b.ptr, b.nbytes)
@@ -483,15 +510,21 @@ cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned in
     thread), as ``allreduce`` would run it with ``algo``: through the flag area, posting
     this rank's contribution; or, at 2 ranks, recursive doubling (asked for, or flags where
     no area serves, which runs it), whose one exchange starts with this rank's send of
-    ``buf``.  1 when it has ended; 0 when it is posted to the flag area and 2 when it is
-    begun as an exchange, and ``allreduce_end`` (with ALGO_FLAGS or ALGO_RECURSIVE_DOUBLING)
-    must finish it before the next collective; -2 when neither applies or the post would
-    wait for its slot (nothing was done: run ``allreduce``)."""
+    ``buf``; or direct, up to DIRECT_BEGIN_BYTES where this rank may read every peer,
+    whose hello is sent (the buffer staged first where ``allreduce`` would stage it).
+    1 when it has ended; 0 when it is posted to the flag area, 2 when it is begun as an
+    exchange, BEGUN_DIRECT or BEGUN_DIRECT_STAGED when its hello is sent, and
+    ``allreduce_end`` (with ALGO_FLAGS, ALGO_RECURSIVE_DOUBLING or ALGO_DIRECT; for
+    direct, ``allreduce_step`` may run first) must finish it before the next collective;
+    -2 when none applies or the post would wait for its slot (nothing was done: run
+    ``allreduce``)."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
     cdef int rc
+    cdef char* stage
+    cdef DirectHello* hello
     if t.solo or t.size < 2:
         return -2
     if fl != NULL:
@@ -514,6 +547,19 @@ cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned in
                 rc = exchange_post(t, b.ptr, b.nbytes)
             if rc == 0:
                 rc = 2
+    elif algo == ALGO_DIRECT and 0 < b.nbytes <= _begin_bytes and direct_may_begin(t):
+        stage = direct_stage(t, b.ptr, b.nbytes)
+        fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_DIRECT, 0, b.count)
+        with nogil:
+            rc = t.begin(&d, timeout)
+            if rc == 0:
+                hello = <DirectHello*>t.work_area(t.size * sizeof(DirectHello))
+                rc = -1 if hello == NULL else 0
+            if rc == 0:
+                _staged_copy(t, b.ptr, b.count, b.itemsize, stage, False)
+                rc = direct_hello_send(t, stage if stage != NULL else b.ptr, b.nbytes, hello)
+            if rc == 0:
+                rc = BEGUN_DIRECT if stage == NULL else BEGUN_DIRECT_STAGED
     else:
         return -2
     if rc < 0:
@@ -528,24 +574,93 @@ cdef inline bint _exchanges(Transport t, int algo, size_t count):
                                            or algo == ALGO_FLAGS and t.flag_area is None))
 
 
+cpdef int allreduce_step(Transport t, object buf, int op, unsigned int seq, double timeout,
+                         size_t segment_bytes, bint staged) except? -1:
+    """The middle of a direct allreduce that ``allreduce_begin`` began (``staged``: it
+    answered BEGUN_DIRECT_STAGED), for a look that found every peer's hello there (so it
+    waits for nobody): take the hellos, reduce this rank's slice from every peer and write
+    it to them, and tell them so without waiting.  ALGO_DIRECT: ``allreduce_end`` (with
+    ``stepped``) finishes it once the peers have said the same; ALGO_HALVING_DOUBLING: some
+    rank may not read every peer, and halving-doubling ran instead (it has ended)."""
+    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef OpDesc d
+    cdef int rc, algo = ALGO_DIRECT
+    fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_DIRECT, 0, b.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = _direct_step(t, b.ptr, b.count, b.itemsize, b.dtype, op, segment_bytes)
+            if rc == 1:
+                algo = ALGO_HALVING_DOUBLING
+                rc = 0
+                if op == OP_AVG:
+                    divide_by(b.ptr, b.count, b.dtype, t.size)
+    if rc < 0:
+        raise_error(t)
+    return algo
+
+
+cdef int _direct_step(Transport t, char* buf, size_t n, size_t es, int dtype, int op,
+                      size_t segment_bytes) noexcept nogil:
+    """Steps 1 (the peers' half) and 2 of a begun direct allreduce, and this rank's half of
+    step 3.  0; 1 when some rank may not read every peer and halving-doubling ran; -1."""
+    cdef DirectHello* hello = <DirectHello*>t.work_area(t.size * sizeof(DirectHello))
+    cdef int readable
+    if hello == NULL:
+        return -1
+    readable = direct_hello_take(t, n * es, hello)
+    if readable < 0:
+        return -1
+    if not readable:
+        return -1 if halving_doubling_allreduce(t, buf, n, es, dtype, op) < 0 else 1
+    if _direct_reduce(t, buf, n, es, dtype, op, _direct_chunk(segment_bytes), hello) < 0:
+        return -1
+    return direct_release_send(t)
+
+
+cdef inline size_t _direct_chunk(size_t segment_bytes) noexcept nogil:
+    """The direct allreduce's chunk: the segment, at most DIRECT_KERNEL_CHUNK_BYTES
+    (``_direct_reduce`` takes the mapped chunk where every peer is mapped)."""
+    return segment_bytes if segment_bytes < DIRECT_KERNEL_CHUNK_BYTES \
+        else DIRECT_KERNEL_CHUNK_BYTES
+
+
 cpdef int allreduce_end(Transport t, object buf, int op, int algo, unsigned int seq,
-                        double timeout) except? -1:
+                        double timeout, size_t segment_bytes=0, bint staged=False,
+                        bint stepped=False) except? -1:
     """Finish the allreduce ``allreduce_begin`` began, ``algo`` saying how (ALGO_FLAGS: it
-    posted to the flag area; else it began an exchange), its deadline counting from now:
-    wait for every flag and reduce, or receive the peer's buffer and reduce it with this
-    one, lower rank first; the algorithm's code."""
+    posted to the flag area; ALGO_DIRECT: it sent a direct allreduce's hello, ``staged``
+    as it answered, and ``stepped``: ``allreduce_step`` ran since, with ALGO_DIRECT;
+    else it began an exchange), its deadline counting from now: wait for every flag and
+    reduce; finish the direct allreduce (``allreduce_step``'s work unless ``stepped``,
+    then wait for the peers' release and copy their slices out of the stage); or receive
+    the peer's buffer and reduce it with this one, lower rank first.  The algorithm's
+    code."""
     cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
+    cdef char* stage = direct_staged(t) if algo == ALGO_DIRECT and staged else NULL
     cdef OpDesc d
     cdef int rc
     cdef char* other
-    if fl == NULL:
+    if fl == NULL and algo != ALGO_DIRECT:
         algo = ALGO_RECURSIVE_DOUBLING
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, algo, 0, b.count)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:
             rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
+        elif rc == 0 and algo == ALGO_DIRECT:
+            if not stepped:
+                rc = _direct_step(t, b.ptr, b.count, b.itemsize, b.dtype, op, segment_bytes)
+            if rc == 1:         # halving-doubling ran instead
+                algo = ALGO_HALVING_DOUBLING
+                rc = 0
+            elif rc == 0:
+                rc = direct_release_take(t)
+                if rc == 0:
+                    _staged_copy(t, b.ptr, b.count, b.itemsize, stage, True)
+            if rc == 0 and op == OP_AVG:
+                divide_by(b.ptr, b.count, b.dtype, t.size)
         elif rc == 0:
             other = t.scratch(b.nbytes)
             rc = -1 if other == NULL else exchange_finish(t, other, b.nbytes)

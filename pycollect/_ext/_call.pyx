@@ -35,7 +35,8 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
-from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end
+from pycollect._ext._allreduce cimport (BEGUN_DIRECT, BEGUN_DIRECT_STAGED, allreduce_begin,
+                                        allreduce_end, allreduce_step)
 from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
@@ -49,7 +50,8 @@ from pycollect._ext._p2p cimport probe_beside as _probe_beside
 from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._p2p cimport stash_to
 from pycollect._ext._record cimport NONE, Ring
-from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DISSEMINATION, ALGO_FLAGS,
+from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DIRECT, ALGO_DISSEMINATION,
+                                        ALGO_FLAGS, ALGO_HALVING_DOUBLING,
                                         ALGO_RECURSIVE_DOUBLING, OpState, Transport)
 
 from os import sched_yield as _sched_yield
@@ -212,6 +214,14 @@ cdef inline int _sent_by(int kind) noexcept:
     return ALGO_BINOMIAL if kind == K_BROADCAST else ALGO_DISSEMINATION
 
 
+cdef enum:
+    # How far a direct allreduce begun by an async call is (Queued.stage): its hello sent;
+    # the peers' hellos taken, its slice reduced and released (allreduce_step); ended.
+    DIRECT_HELLO_SENT = 1
+    DIRECT_RELEASED = 2
+    DIRECT_ENDED = 3
+
+
 cdef class Queued:
     """A compiled call made with ``async_op=True``, checked and planned when it was made:
     the context's runner, or a thread that waits for it, runs it as ``op(seq)``, as it runs
@@ -233,12 +243,27 @@ cdef class Queued:
     cdef bint begun             # an allreduce, broadcast or barrier begun as number ``seq``
     cdef unsigned int seq       # (CallPath.begin_posted): running it ends it; ``code`` says
                                 # how it began (ALGO_FLAGS: posted to the flag area)
+    cdef bint staged            # a begun direct allreduce: its buffer was staged,
+    cdef int stage              # how far it is (DIRECT_HELLO_SENT, _RELEASED, _ENDED),
+    cdef object error           # and what its step failed with, raised by its end
 
     def __call__(self, unsigned int seq):
         cdef int kind = self.kind
+        cdef int code
         if self.begun:
             if kind == K_ALLREDUCE:
-                return allreduce_end(self.t, self.buf, self.op, self.code, seq, self.timeout)
+                if self.code != ALGO_DIRECT:
+                    return allreduce_end(self.t, self.buf, self.op, self.code, seq,
+                                         self.timeout)
+                if self.error is not None:
+                    raise self.error
+                if self.stage == DIRECT_ENDED:      # a step ran halving-doubling instead
+                    return ALGO_HALVING_DOUBLING
+                code = allreduce_end(self.t, self.buf, self.op, ALGO_DIRECT, seq,
+                                     self.timeout, self.seg, self.staged,
+                                     self.stage == DIRECT_RELEASED)
+                self.stage = DIRECT_ENDED
+                return code
             if kind == K_BROADCAST:
                 return broadcast_end(self.t, self.buf, self.root, self.code, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
@@ -267,17 +292,32 @@ cdef class Queued:
         nobody (``Runner.poll``).  An allreduce or barrier begun as the exchange of two
         ranks (over TCP, or without a flag area) ends at once where the peer's message has
         come (its header is at the head of the pair's stream, ``Transport.head_here``) and
-        is small (up to EXCHANGE_LOOK_BYTES: the rest of it comes with its header).  None
-        where that cannot be told without running it: a broadcast's root, a larger
-        exchange, or the context's lock held by another thread."""
+        is small (up to EXCHANGE_LOOK_BYTES: the rest of it comes with its header).  A
+        direct allreduce begun in steps ends at once once its step ran (``advance``) and
+        every peer's release has come.  None where that cannot be told without running
+        it: a broadcast's root, a larger exchange, or the context's lock held by another
+        thread."""
         if not self.begun:
             return False
         if self.code == ALGO_FLAGS:
             return _posts_complete(self.t, self.root if self.kind == K_BROADCAST else -1)
+        if self.code == ALGO_DIRECT:
+            return self.stage == DIRECT_ENDED or self.error is not None or (
+                self.stage == DIRECT_RELEASED and self.ctx.heads_here())
         if self.kind == K_BROADCAST or self.t.size != 2 or (
                 self.buf is not None and self.buf.nbytes > EXCHANGE_LOOK_BYTES):
             return None
         return self.ctx.head_here(1 - self.t.rank)
+
+    def advance(self):
+        """A look at a begun direct allreduce whose hello is out: where every peer's hello
+        has come, take them, reduce this rank's slice and release it
+        (``_allreduce.allreduce_step``), which waits for nobody; its end then waits only
+        for the peers' releases (``ends_at_once``).  Whether it moved; None where the
+        context's lock is held by another thread."""
+        if not self.begun or self.code != ALGO_DIRECT:
+            return False
+        return self.ctx.step_direct(self)
 
 
 cdef class CallPath:
@@ -956,6 +996,53 @@ cdef class CallPath:
         finally:
             lock.give()
 
+    cdef object heads_here(self):
+        """``head_here`` for every peer at once: whether the next message of each has
+        come; None where another thread holds the lock."""
+        cdef CallLock lock = self._lock
+        cdef Transport t = self._transport
+        cdef int p
+        if not lock.try_take():
+            return None
+        try:
+            for p in range(t.size):
+                if p != t.rank and not t.head_here(p):
+                    return False
+            return True
+        finally:
+            lock.give()
+
+    cdef object step_direct(self, Queued q):
+        """``Queued.advance``: under the context's lock, a begun direct allreduce whose
+        hello is out and whose peers' hellos have all come takes its step
+        (``allreduce_step``); whether it did, None where another thread holds the lock.
+        A step that fails fails the context where the transport did (``note_failure``),
+        and the allreduce's end raises the error."""
+        cdef CallLock lock = self._lock
+        cdef Transport t = q.t
+        cdef int p, code
+        if not lock.try_take():
+            return None
+        try:
+            if q.stage != DIRECT_HELLO_SENT or q.error is not None:
+                return False
+            for p in range(t.size):
+                if p != t.rank and not t.head_here(p):
+                    return False
+            self._busy = True
+            try:
+                code = allreduce_step(t, q.buf, q.op, q.seq, q.timeout, q.seg, q.staged)
+            except BaseException as exc:
+                q.error = exc
+                self.note_failure(exc)
+                return True
+            finally:
+                self._busy = False
+            q.stage = DIRECT_RELEASED if code == ALGO_DIRECT else DIRECT_ENDED
+            return True
+        finally:
+            lock.give()
+
     cdef void note_failure(self, object exc) except *:
         """The context fails with ``exc`` where the transport failed under it (a
         KeyboardInterrupt too); an error that left the transport sound does not."""
@@ -1029,7 +1116,7 @@ cdef class CallPath:
         cdef Queued q
         cdef Ring rec = self._recorder
         if kind == K_BARRIER or (kind == K_ALLREDUCE and (
-                code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING)) or (
+                code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING or code == ALGO_DIRECT)) or (
                 kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
                                          and root == self._rank)):
             work = self.begin_posted(kind, buf, code, op, root, timeout, result)
@@ -1069,7 +1156,10 @@ cdef class CallPath:
         to FLAGS_OUTSTANDING posted and not ended); at 2 ranks without one, an allreduce by
         recursive doubling (``code``) and a barrier send their one message of the exchange
         (``allreduce_begin``, ``barrier_begin``), and the root of a binomial broadcast sends
-        to its children at any size (``broadcast_begin``).  Where no earlier one waits for
+        to its children at any size (``broadcast_begin``); a direct allreduce (up to
+        ``_allreduce.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
+        sends its hello, and a poll that finds every peer's hello takes its step
+        (``Queued.advance``).  Where no earlier one waits for
         its end and every peer it waits for had posted already (a broadcast's root waits
         for nobody) the operation ends here; else its end waits in the runner's queue
         behind those (``Runner.begun_collective``) for its wait, a poll that finds every
@@ -1085,7 +1175,10 @@ cdef class CallPath:
         cdef Queued q
         cdef Runner runner = self._started_runner() if self._runner is None else self._runner
         cdef Work work
-        if len(self._mailbox) or not runner.claim_post(_OUTSTANDING):
+        # A direct allreduce is begun only with nothing else begun (and nothing is begun
+        # behind it: begun_collective's ``alone``).
+        if len(self._mailbox) or not runner.claim_post(1 if code == ALGO_DIRECT
+                                                       else _OUTSTANDING):
             return None
         exception = None
         lock.take()
@@ -1136,8 +1229,12 @@ cdef class CallPath:
         q.entry = entry
         q.begun = True
         q.seq = seq
+        if state == BEGUN_DIRECT or state == BEGUN_DIRECT_STAGED:
+            q.code = ALGO_DIRECT
+            q.staged = state == BEGUN_DIRECT_STAGED
+            q.stage = DIRECT_HELLO_SENT
         work = Work(what, result)
-        runner.begun_collective(q, work)
+        runner.begun_collective(q, work, q.code == ALGO_DIRECT)
         return work
 
     cdef str what(self, int kind):

@@ -39,3 +39,12 @@ cdef int direct_read(Transport t, int peer, const DirectHello* theirs, size_t of
 cdef int direct_write(Transport t, int peer, const DirectHello* theirs, size_t off,
                       const void* src, size_t nbytes) noexcept nogil
 cdef int direct_release(Transport t) noexcept nogil
+# A direct algorithm begun by an async call sends its hello in the call and receives the
+# peers' later (direct_hello's halves), and likewise its release (see _direct.pyx).
+cdef bint direct_may_begin(Transport t) noexcept nogil
+cdef int direct_hello_send(Transport t, const void* addr, size_t nbytes,
+                           DirectHello* hello) noexcept nogil
+cdef int direct_hello_take(Transport t, size_t nbytes, DirectHello* hello) noexcept nogil
+cdef int direct_release_send(Transport t) noexcept nogil
+cdef int direct_release_take(Transport t) noexcept nogil
+cdef char* direct_staged(Transport t)

@@ -31,6 +31,11 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    and writes nobody's buffer any more, and returns only once every peer has
    said the same, so no caller uses a buffer that a peer still reads or
    writes.
+An algorithm begun by an async call (the allreduce: ``_allreduce.allreduce_begin``)
+sends its hello in the call and takes the peers' later, as a poll finds them there
+(``direct_hello_send``, ``direct_hello_take``), and its release likewise
+(``direct_release_send``, ``direct_release_take``): the messages on the wire are the
+same, so a rank that runs the operation whole meets one that runs it in steps.
 """
 
 from libc.string cimport memcpy
@@ -138,7 +143,7 @@ cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
 
     Returns 1 when every rank may read every other's memory, 0 when some may not, -1 on error.
     """
-    cdef int P = t.size, r = t.rank, p, all_readable
+    cdef int P = t.size, r = t.rank, p
     cdef DirectHello* mine = &hello[r]
     direct_offer(mine, addr, nbytes)
     mine.readable = _reads_every_peer(t)
@@ -148,7 +153,48 @@ cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
             return -1
     if t.wait_all() < 0:
         return -1
-    all_readable = 1
+    return _agree(t, nbytes, hello)
+
+
+cdef bint direct_may_begin(Transport t) noexcept nogil:
+    """Whether a direct algorithm may be begun by an async call (``direct_hello_send``):
+    this rank may read every peer's memory, so that its peers' hellos will most likely say
+    the same and the rest runs without messages."""
+    return t.size > 1 and _reads_every_peer(t)
+
+
+cdef int direct_hello_send(Transport t, const void* addr, size_t nbytes,
+                           DirectHello* hello) noexcept nogil:
+    """The first half of ``direct_hello``, for a direct algorithm begun by an async call
+    (after ``t.begin``): this rank's hello into ``hello[rank]`` (which must stay untouched
+    until the next ``t.begin``, which finishes what the channel did not take) and sent to
+    every peer without waiting.  0, or -1 after set_error."""
+    cdef int P = t.size, r = t.rank, p
+    cdef DirectHello* mine = &hello[r]
+    direct_offer(mine, addr, nbytes)
+    mine.readable = _reads_every_peer(t)
+    for p in range(P):
+        if p != r and t.post_send_async(p, mine, sizeof(DirectHello)) < 0:
+            return -1
+    return 0
+
+
+cdef int direct_hello_take(Transport t, size_t nbytes, DirectHello* hello) noexcept nogil:
+    """The second half (after ``t.begin`` again): receive every peer's hello; as
+    ``direct_hello`` returns."""
+    cdef int P = t.size, r = t.rank, p
+    for p in range(P):
+        if p != r and t.post_recv(p, &hello[p], sizeof(DirectHello)) < 0:
+            return -1
+    if t.wait_all() < 0:
+        return -1
+    return _agree(t, nbytes, hello)
+
+
+cdef int _agree(Transport t, size_t nbytes, DirectHello* hello) noexcept nogil:
+    """Whether every rank's hello says it may read every peer (every rank comes to the same
+    answer); if so, map the peers' buffers that lie in a pool."""
+    cdef int P = t.size, r = t.rank, p, all_readable = 1
     for p in range(P):
         if not hello[p].readable:
             all_readable = 0
@@ -202,3 +248,28 @@ cdef int direct_release(Transport t) noexcept nogil:
         if p != t.rank and (t.post_send(p, NULL, 0) < 0 or t.post_recv(p, NULL, 0) < 0):
             return -1
     return t.wait_all()
+
+
+cdef int direct_release_send(Transport t) noexcept nogil:
+    """The first half of ``direct_release``, for a direct algorithm begun by an async call:
+    tell every peer this rank reads no more, without waiting.  0, or -1 after set_error."""
+    cdef int p
+    for p in range(t.size):
+        if p != t.rank and t.post_send_async(p, NULL, 0) < 0:
+            return -1
+    return 0
+
+
+cdef int direct_release_take(Transport t) noexcept nogil:
+    """The second half (after ``t.begin`` again): return once every peer has said so."""
+    cdef int p
+    for p in range(t.size):
+        if p != t.rank and t.post_recv(p, NULL, 0) < 0:
+            return -1
+    return t.wait_all()
+
+
+cdef char* direct_staged(Transport t):
+    """The staging block ``direct_stage`` last gave, or NULL: for the later steps of a
+    direct algorithm begun by an async call.  Called with the GIL."""
+    return NULL if t.staging is None else block_address(t.staging)

@@ -59,7 +59,7 @@ cdef class Work:
 cdef class Runner:
     cdef public object _execute, _kick
     cdef CallLock _wanted
-    cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping
+    cdef public bint _yielded, busy, _parked, _runner_waits, _handed, _stopping, _alone
     cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _thread
     cdef public Doorbell _bell
     cdef public Py_ssize_t _in_batch, backlog, _begun
@@ -79,7 +79,7 @@ cdef class Runner:
     cpdef object batch_alone(self)
     cpdef bint claim_batch(self, object owner) except -1
     cpdef Work join(self, P2P op, object description, bint wait)
-    cpdef begun_collective(self, object op, Work work)
+    cpdef begun_collective(self, object op, Work work, bint alone=*)
     cpdef run_until(self, Work work)
     cdef _run_while_not(self, object until)
     cdef object _take_next(self)

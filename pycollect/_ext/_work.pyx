@@ -304,8 +304,10 @@ cdef class Work:
         interval.  An allreduce, broadcast or barrier that this rank posted when it was
         called (the shared-memory flags, or a small exchange of two ranks:
         ``Runner.begun_collective``) ends in the look that finds the peers' posts or the
-        peer's message there, on the polling thread; a send or receive parked in its batch
-        is moved one pass by each look (``Runner._poll_batch``)."""
+        peer's message there, on the polling thread; a direct allreduce begun in the call
+        takes its step in the look that finds every peer's hello, and ends in the one that
+        finds their releases; a send or receive parked in its batch is moved one pass by
+        each look (``Runner._poll_batch``)."""
         if self._end.done:
             return True
         if self._runner is not None:
@@ -540,6 +542,7 @@ cdef class Runner:
                                 # token for whoever drives it next
         self._begun = 0         # collectives at the head of the queue that callers'
                                 # threads posted (begun_collective), not yet taken
+        self._alone = False     # the one begun stands alone: none may be begun behind it
         self._mutex = CallLock()    # guards the queue, busy and _in_batch
         if sem_init(&self._handoff, 0, 0) != 0:
             raise MemoryError()
@@ -615,11 +618,11 @@ cdef class Runner:
         """``claim`` for a collective that the calling thread begins without waiting
         (``begun_collective``): it may also while the queue holds nothing but the ends of
         fewer than ``limit`` collectives begun that way, behind which the new one's end
-        then goes.  The caller ends the claim with ``begun_collective`` or
-        ``unclaim(hurry=False)``."""
+        then goes, and the one begun last does not stand alone (``begun_collective``).
+        The caller ends the claim with ``begun_collective`` or ``unclaim(hurry=False)``."""
         self._mutex.take()
         if (self.busy or len(self._queue) != self._begun or self._begun >= limit
-                or self._batch is not None or self._stopping):
+                or self._alone or self._batch is not None or self._stopping):
             self._mutex.give()
             return False
         self.busy = True
@@ -699,16 +702,19 @@ cdef class Runner:
         self._run_next(None, work._end if wait else _ENDED, _SLICE_S if wait else 0.0)
         return work
 
-    cpdef begun_collective(self, object op, Work work):
+    cpdef begun_collective(self, object op, Work work, bint alone=False):
         """End a claim (``claim_post``) under which the calling thread posted the
         collective ``op`` (an allreduce, broadcast or barrier through the shared-memory
         flags, begun without waiting) that has not ended: its end goes into the queue
         behind the ends of those posted before it, ahead of anything else, for the next
         driver: the wait that follows, a poll that finds the peers' posts there
         (``op.ends_at_once()`` says so: ``poll``), or the runner at its next look (not
-        woken now, as for a queued operation)."""
+        woken now, as for a queued operation).  ``alone``: nothing may be begun behind it
+        until its end is taken (a direct allreduce, whose later messages and staging
+        block another one begun would get in the way of)."""
         work._runner = self
         self._mutex.take()
+        self._alone = alone
         # Behind the ends posted before it, ahead of whatever another thread queued
         # since the claim (numbered when it runs: after this one).
         self._queue.insert(self._begun, (op, work, None))
@@ -727,13 +733,16 @@ cdef class Runner:
         two ranks), end it here, and the begun ones before it, one by one while nothing
         runs and the one at the head waits for nobody (every peer has posted it, or the
         peer's message has come: ``Queued.ends_at_once``), as MPI's Test completes a
-        request whose peers are there; the runner is left to its next look.  Anything else
+        request whose peers are there; a direct allreduce begun in steps at the head
+        takes its next step where the peers' messages for it have come
+        (``Queued.advance``), once a look; the runner is left to its next look.  Anything else
         (queued, or begun where a look cannot tell: a broadcast's root, a large exchange):
         wake the runner for it on the first look (``first``)."""
-        cdef bint posted = False
+        cdef bint posted = False, stepped = False
         cdef Py_ssize_t n, i
         ready = False
         while True:
+            step = None
             self._mutex.take()
             try:
                 n = self._begun
@@ -749,9 +758,19 @@ cdef class Runner:
                     break
                 ready = head[0].ends_at_once()
                 if not ready:
-                    break
+                    if stepped:
+                        break
+                    step = head[0]
             finally:
                 self._mutex.give()
+            if step is not None:
+                # A direct allreduce begun in steps moves one where the peers' messages
+                # are there (``advance``, under the context's lock, not this mutex:
+                # it reduces); its end may be there at once.
+                stepped = True
+                if not step.advance():
+                    break
+                continue
             self._run_while_not((<Work>head[1])._end)
             if work._end.done:
                 return
@@ -844,6 +863,8 @@ cdef class Runner:
         self._bell.take()
         if self._begun:
             self._begun -= 1        # the head is the oldest posted collective's end
+            if not self._begun:
+                self._alone = False
         return self._queue[0]
 
     cdef bint _beside_head(self) except -1:
