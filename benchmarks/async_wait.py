@@ -22,7 +22,9 @@ waits), the same exchange blocking, ``sendrecv``
 (``ctx.sendrecv(buf, peer, other, peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other,
 peer, 3)``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
-``Ibcast(buf, 0).Wait()``).  The figure is the median
+``Ibcast(buf, 0).Wait()``), and an allgather of the buffer, blocking
+(``ctx.allgather(buf, out)``; ``Allgather(buf, out)``) and async, waited on and polled
+(``ctx.allgather(buf, out, async_op=True)``; ``Iallgather(buf, out)``).  The figure is the median
 over batches of 100 calls
 (one clock read per batch), per call.  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
@@ -41,10 +43,12 @@ from turns import save_figures, two_ranks_main, two_ranks_table
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
         "irecv+send+wait", "irecv+isend+wait_all", "irecv+allreduce+send+wait", "sendrecv",
-        "broadcast async+wait")
+        "broadcast async+wait", "allgather blocking", "allgather async+wait",
+        "allgather async+poll")
 BATCH = 100
 TITLE = ("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and receive, "
-         "and by sendrecv, and an async broadcast from rank 0, µs a call (median over %d rounds "
+         "and by sendrecv, an async broadcast from rank 0 and an allgather, µs a call "
+         "(median over %d rounds "
          "of each run's median batch; fastest batch in brackets)")
 
 
@@ -60,6 +64,7 @@ def _endpoint(peer):
 
         def ways(buf):
             other, peer = np.empty_like(buf), 1 - ctx.rank
+            gathered = np.empty(2 * buf.size, buf.dtype)
             return {"blocking": lambda: ctx.allreduce(buf),
                     "async+wait": lambda: ctx.allreduce(buf, async_op=True).wait(),
                     "async+poll": lambda: _poll(ctx.allreduce(buf, async_op=True).is_completed),
@@ -77,13 +82,19 @@ def _endpoint(peer):
                         ctx.recv(other, peer, 3, async_op=True),
                         lambda: (ctx.allreduce(buf), ctx.send(buf, peer, 3))),
                     "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
-                    "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait()}
+                    "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait(),
+                    "allgather blocking": lambda: ctx.allgather(buf, gathered),
+                    "allgather async+wait": lambda: ctx.allgather(buf, gathered,
+                                                                  async_op=True).wait(),
+                    "allgather async+poll": lambda: _poll(
+                        ctx.allgather(buf, gathered, async_op=True).is_completed)}
         return ways, ctx.rank, ctx.close
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
 
     def ways(buf):
         other, peer = np.empty_like(buf), 1 - comm.rank
+        gathered = np.empty(2 * buf.size, buf.dtype)
         return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
                 "async+wait": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
                 "async+poll": lambda: _poll(comm.Iallreduce(MPI.IN_PLACE, buf).Test),
@@ -100,7 +111,10 @@ def _endpoint(peer):
                     comm.Irecv(other, peer, 3),
                     lambda: (comm.Allreduce(MPI.IN_PLACE, buf), comm.Send(buf, peer, 3)), "Wait"),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
-                "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait()}
+                "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait(),
+                "allgather blocking": lambda: comm.Allgather(buf, gathered),
+                "allgather async+wait": lambda: comm.Iallgather(buf, gathered).Wait(),
+                "allgather async+poll": lambda: _poll(comm.Iallgather(buf, gathered).Test)}
     return ways, comm.rank, lambda: None
 
 

@@ -1,9 +1,10 @@
-"""An async direct allreduce begun in steps (pycollect/_ext/_allreduce.pyx:
-``allreduce_begin``, ``allreduce_step``, ``allreduce_end``): the call stages the buffer
-and sends its hello; a poll that finds every peer's hello reduces this rank's slice and
+"""Async direct allreduces and allgathers begun in steps (pycollect/_ext/_allreduce.pyx:
+``allreduce_begin``, ``allreduce_step``, ``allreduce_end``; _allgather.pyx likewise): the
+call stages the buffer (an allreduce's) and sends its hello; a poll that finds every peer's
+hello reduces this rank's slice, or writes this rank's block into every peer's recvbuf, and
 releases it (``Queued.advance``); a poll that finds every peer's release ends it.  The
-messages are the blocking direct allreduce's, so a rank that runs it whole meets one that
-runs it in steps; nothing else is begun behind it until it ends."""
+messages are the blocking call's, so a rank that runs it whole meets one that runs it in
+steps; nothing else is begun behind it until it ends."""
 
 import threading
 import time
@@ -226,3 +227,66 @@ def test_it_fails_as_a_blocking_one_would(end, monkeypatch):
         assert took < 5, res
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pc.empty"])
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_polls_alone_end_a_direct_allgather(size, pooled, monkeypatch):
+    """Allgathers run direct (asked for, and auto's pick), dtypes, the in-place form (the
+    send block is this rank's block of recvbuf), each rank late in turn, no runner: polls
+    alone end every call, on the polling thread, with every block in place."""
+    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    cases = [(np.float32, 4096, "direct", False), (np.int64, 4097, "auto", False),
+             (np.float64, 3, "direct", True), (np.uint8, 70001, "direct", False)]
+    g = ThreadGroup(size, timeout=30)
+    try:
+        def body(ctx):
+            out = []
+            for i, (dtype, n, algorithm, in_place) in enumerate(cases):
+                ctx.barrier()
+                if ctx.rank == i % size:
+                    time.sleep(0.05)
+                recv = pc.empty(n * size, dtype) if pooled else np.empty(n * size, dtype)
+                recv[:] = 0
+                mine = recv[ctx.rank * n:(ctx.rank + 1) * n] if in_place else np.empty(n, dtype)
+                mine[:] = (np.arange(n) + 7 * ctx.rank) % 100
+                work = ctx.allgather(mine, recv, algorithm=algorithm, async_op=True)
+                ended = _poll(work, 10)
+                work.wait(timeout=1)
+                want = np.concatenate([(np.arange(n) + 7 * r) % 100 for r in range(size)])
+                out.append((ended == [threading.current_thread()], work.algorithm,
+                            bool(np.array_equal(recv, want.astype(dtype)))))
+            return out
+
+        assert g.run(body) == [[(True, "direct", True)] * len(cases)] * size
+    finally:
+        g.close()
+
+
+def test_a_begun_allgather_meets_blocking_calls_and_queued_ones(group):
+    """One rank runs the allgather blocking, the others begin it; an allreduce and a second
+    allgather made behind a begun one are queued; every value right."""
+    size = group.size
+
+    def body(ctx):
+        out = []
+        for blocking in range(size):
+            send = np.full(512, ctx.rank + 1.0, np.float32)
+            recv = np.zeros(512 * size, np.float32)
+            if ctx.rank == blocking:
+                ctx.allgather(send, recv, algorithm="direct")
+                first = None
+            else:
+                first = ctx.allgather(send, recv, algorithm="direct", async_op=True)
+            behind = [ctx.allreduce(np.full(4096, 1.0, np.float32), async_op=True),
+                      ctx.allgather(np.full(3, float(ctx.rank)), np.zeros(3 * size),
+                                    algorithm="direct", async_op=True)]
+            total, gathered = behind[0].wait(timeout=20), behind[1].wait(timeout=20)
+            if first is not None:
+                first.wait(timeout=20)
+            out.append((bool(np.array_equal(recv, np.repeat(np.arange(1.0, size + 1), 512))),
+                        bool(np.all(total == size)),
+                        gathered.tolist() == [float(r) for r in range(size) for _ in range(3)]))
+        return out
+
+    assert group.run(body) == [[(True, True, True)] * size] * size

@@ -1,5 +1,5 @@
-"""The small-message path of one host: barrier, broadcast and allreduce through the
-shared-memory flag area (pycollect/_ext/_flags.pyx), its results and its failures."""
+"""The small-message path of one host: barrier, broadcast, allreduce and allgather through
+the shared-memory flag area (pycollect/_ext/_flags.pyx), its results and its failures."""
 
 import threading
 import time
@@ -104,6 +104,46 @@ def test_broadcast_and_barrier(local_group):
     assert all(a - b == 8 for a, b in zip(_operations(g), before))
 
 
+def test_allgather(local_group):
+    """Blocks of 1 to MAX_BYTES bytes, several dtypes, the in-place form (the send block is
+    this rank's block of recvbuf), blocking, async waited on and async polled: every block
+    in place, named flags, one flags operation each; auto takes flags below 16 KiB (4 KiB
+    at 2 ranks)."""
+    g, size = local_group, local_group.size
+    cases = [(np.uint8, 1, False), (np.float32, 3, True), (np.int64, 100, False),
+             (np.float64, MAX_BYTES // 8, True), (np.uint8, MAX_BYTES, False)]
+    ways = ("blocking", "wait", "poll")
+    before = _operations(g)
+
+    def body(ctx):
+        out = []
+        for (dtype, n, in_place) in cases:
+            for way in ways:
+                recv = np.zeros(n * size, dtype)
+                mine = recv[ctx.rank * n:(ctx.rank + 1) * n] if in_place else np.empty(n, dtype)
+                mine[:] = (np.arange(n) * 3 + ctx.rank) % 97
+                assert ctx.plan("allgather", mine).name == (
+                    "direct" if mine.nbytes >= 16384 else
+                    "ring" if size == 2 and mine.nbytes >= 4096 else "flags")
+                if way == "blocking":
+                    ctx.allgather(mine, recv, algorithm="flags")
+                    algorithm = "flags"
+                else:
+                    work = ctx.allgather(mine, recv, algorithm="flags", async_op=True)
+                    deadline = time.monotonic() + 30
+                    while way == "poll" and not work.is_completed() \
+                            and time.monotonic() < deadline:
+                        pass
+                    assert work.wait(timeout=60) is recv
+                    algorithm = work.algorithm
+                want = np.concatenate([(np.arange(n) * 3 + r) % 97 for r in range(size)])
+                out.append((algorithm, bool(np.array_equal(recv, want.astype(dtype)))))
+        return out
+
+    assert g.run(body) == [[("flags", True)] * (len(cases) * len(ways))] * size
+    assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
+
+
 def test_larger_messages_take_the_message_path(local_group):
     def body(ctx):
         big = np.ones(MAX_BYTES // 4 + 1, np.float32)
@@ -111,9 +151,14 @@ def test_larger_messages_take_the_message_path(local_group):
         work.wait(timeout=60)
         bcast = ctx.broadcast(np.ones(MAX_BYTES + 1, np.uint8), async_op=True)
         bcast.wait(timeout=60)
-        return work.algorithm, bcast.algorithm, big[0]
-    for ran, bcast, first in local_group.run(body):
+        gathered = ctx.allgather(np.ones(MAX_BYTES + 1, np.uint8),
+                                 np.zeros((MAX_BYTES + 1) * ctx.size, np.uint8),
+                                 algorithm="flags", async_op=True)
+        gathered.wait(timeout=60)
+        return work.algorithm, bcast.algorithm, gathered.algorithm, big[0]
+    for ran, bcast, gathered, first in local_group.run(body):
         assert ran != "flags" and bcast != "flags" and first == local_group.size
+        assert gathered == "ring"
 
 
 def test_back_to_back_calls_never_overtake_a_slow_reader():

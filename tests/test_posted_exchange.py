@@ -311,3 +311,51 @@ def test_a_poll_ends_a_begun_exchange_whose_peer_left(monkeypatch):
         assert g.run(body)[0] is True
     finally:
         g.close()
+
+
+class _Idle(Runner):
+    """A runner whose thread returns at once: only the calling threads end anything."""
+
+    def _loop(self):
+        return None
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_small_allgather_of_two_ranks_begins_its_exchange(transport, monkeypatch):
+    """An async ring allgather of 2 ranks whose block goes in one message places its block
+    and sends it in the call; a poll that finds the peer's block receives it into place.
+    No runner runs here: polls alone end every call (on the polling thread), each rank
+    late in turn, dtypes, the in-place form, and one rank's blocking allgather meets the
+    other's begun one; every block in place, named ring."""
+    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    g = ThreadGroup(2, transport=transport, timeout=30)
+    try:
+        def body(ctx):
+            out = []
+            cases = [(np.float32, 1, False), (np.int64, 100, True), (np.uint8, 3000, False)]
+            for i, (dtype, n, in_place) in enumerate(cases * 3):
+                blocking = i >= 2 * len(cases) and ctx.rank == i % 2
+                if ctx.rank == i % 2:
+                    time.sleep(0.05)        # the peer's block is here before this one begins
+                recv = np.zeros(2 * n, dtype)
+                mine = recv[ctx.rank * n:(ctx.rank + 1) * n] if in_place else np.empty(n, dtype)
+                mine[:] = (np.arange(n) + 10 * ctx.rank) % 50
+                if blocking:
+                    ctx.allgather(mine, recv, algorithm="ring")
+                    polled, algorithm = True, "ring"
+                else:
+                    work = ctx.allgather(mine, recv, algorithm="ring", async_op=True)
+                    ended = []
+                    work.add_done_callback(lambda w: ended.append(threading.current_thread()))
+                    deadline = time.monotonic() + 10
+                    while not work.is_completed() and time.monotonic() < deadline:
+                        pass
+                    work.wait(timeout=1)
+                    polled, algorithm = ended == [threading.current_thread()], work.algorithm
+                want = np.concatenate([(np.arange(n) + 10 * r) % 50 for r in (0, 1)])
+                out.append((polled, algorithm, bool(np.array_equal(recv, want.astype(dtype)))))
+            return out
+
+        assert g.run(body) == [[(True, "ring", True)] * 9] * 2
+    finally:
+        g.close()

@@ -203,7 +203,9 @@ def test_a_wait_with_a_timeout_has_the_runner_run_the_queue_now(fresh_pair, how)
 
 def test_the_first_poll_of_a_pending_operation_wakes_the_runner_once(fresh_pair):
     """is_completed() on a queued operation has the runner start it now (as MPI's Test
-    progresses a request), once per handle; the waits' own looks do not."""
+    progresses a request), once per handle; the waits' own looks do not.  (A poll that
+    finds the peer in the call already runs it on its own thread instead:
+    tests/test_poll_entered.py.)"""
     def body(ctx):
         ctx.barrier(async_op=True).wait()       # the runner exists
         log = []
@@ -223,10 +225,15 @@ def test_the_first_poll_of_a_pending_operation_wakes_the_runner_once(fresh_pair)
             pc.wait_all([again])                # its checks do not hurry
         finally:
             runner._bell = real
-        return hurried, log.count("hurry"), seen == [runner._thread], work.wait().tolist()
+        here = seen == [threading.current_thread()]
+        return (hurried, log.count("hurry"), seen == [runner._thread], here,
+                work.wait().tolist())
 
-    for hurried, total, by_runner, value in fresh_pair.run(body):
-        assert hurried == 1 and total == 1 and by_runner and value == [3.0, 3.0]
+    for hurried, total, by_runner, here, value in fresh_pair.run(body):
+        # Run by the runner, which the first poll woke; or on this thread, by a poll that
+        # found the peer in it (the first, which then woke nobody, or a later one).
+        assert hurried == total and (hurried == 1 if by_runner else here and hurried <= 1)
+        assert value == [3.0, 3.0]
 
 
 def test_a_collective_nobody_waits_for_still_runs(pair):

@@ -10,10 +10,3 @@ cpdef int allreduce_step(Transport t, object buf, int op, unsigned int seq, doub
 cpdef int allreduce_end(Transport t, object buf, int op, int algo, unsigned int seq,
                         double timeout, size_t segment_bytes=*, bint staged=*,
                         bint stepped=*) except? -1
-
-cdef enum:
-    # allreduce_begin's answers for a direct allreduce whose hello it sent: of the buffer
-    # itself, or of its staged copy (beside 0: posted to the flag area, 1: ended, 2: begun
-    # as an exchange).
-    BEGUN_DIRECT = 3
-    BEGUN_DIRECT_STAGED = 4

@@ -74,7 +74,8 @@ from pycollect._ext._algo cimport chunk_length, chunk_offset, exchange_finish, e
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
-from pycollect._ext._direct cimport (DIRECT_CHUNK_BYTES, DIRECT_KERNEL_CHUNK_BYTES,
+from pycollect._ext._direct cimport (BEGUN_DIRECT, BEGUN_DIRECT_STAGED, DIRECT_BEGIN_BYTES,
+                                     DIRECT_CHUNK_BYTES, DIRECT_KERNEL_CHUNK_BYTES,
                                      DirectHello, direct_hello, direct_hello_send,
                                      direct_hello_take, direct_may_begin, direct_release,
                                      direct_release_send, direct_release_take, direct_stage,
@@ -99,14 +100,6 @@ DEFAULT_BCUBE_BASE = 4
 
 # The chunk of the direct allreduce where every peer's buffer is mapped here.
 cdef size_t _mapped_chunk = DIRECT_CHUNK_BYTES
-
-# An async allreduce run direct is begun in the call (allreduce_begin: the buffer staged
-# and the hello sent), and its polls take the peers' hellos, reduce and release as they
-# find them (allreduce_step), up to this many bytes; a larger one is queued for the
-# context's runner, which reduces it while the caller computes (a look that reduced a
-# larger one would hold its caller as long).
-DIRECT_BEGIN_BYTES = 1 << 20
-cdef size_t _begin_bytes = DIRECT_BEGIN_BYTES
 
 
 def set_mapped_chunk_bytes(size_t nbytes):
@@ -547,7 +540,7 @@ cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned in
                 rc = exchange_post(t, b.ptr, b.nbytes)
             if rc == 0:
                 rc = 2
-    elif algo == ALGO_DIRECT and 0 < b.nbytes <= _begin_bytes and direct_may_begin(t):
+    elif algo == ALGO_DIRECT and 0 < b.nbytes <= DIRECT_BEGIN_BYTES and direct_may_begin(t):
         stage = direct_stage(t, b.ptr, b.nbytes)
         fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_DIRECT, 0, b.count)
         with nogil:

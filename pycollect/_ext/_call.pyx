@@ -35,8 +35,9 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
-from pycollect._ext._allreduce cimport (BEGUN_DIRECT, BEGUN_DIRECT_STAGED, allreduce_begin,
-                                        allreduce_end, allreduce_step)
+from pycollect._ext._allgather cimport allgather_begin, allgather_end, allgather_step
+from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end, allreduce_step
+from pycollect._ext._direct cimport BEGUN_DIRECT, BEGUN_DIRECT_STAGED
 from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
@@ -52,7 +53,7 @@ from pycollect._ext._p2p cimport stash_to
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DIRECT, ALGO_DISSEMINATION,
                                         ALGO_FLAGS, ALGO_HALVING_DOUBLING,
-                                        ALGO_RECURSIVE_DOUBLING, OpState, Transport)
+                                        ALGO_RECURSIVE_DOUBLING, ALGO_RING, OpState, Transport)
 
 from os import sched_yield as _sched_yield
 from time import monotonic as _monotonic, sleep as _sleep
@@ -208,9 +209,11 @@ cdef object _run_other(int kind, Transport t, object buf, object recv, int code,
 cdef inline int _sent_by(int kind) noexcept:
     """The algorithm of a collective of ``kind`` begun with its sends (not through the flag
     area): ``_allreduce.allreduce_begin``, ``_broadcast.broadcast_begin`` (a root),
-    ``_barrier.barrier_begin``."""
+    ``_barrier.barrier_begin``, ``_allgather.allgather_begin`` (the ring of 2)."""
     if kind == K_ALLREDUCE:
         return ALGO_RECURSIVE_DOUBLING
+    if kind == K_ALLGATHER:
+        return ALGO_RING
     return ALGO_BINOMIAL if kind == K_BROADCAST else ALGO_DISSEMINATION
 
 
@@ -264,6 +267,15 @@ cdef class Queued:
                                      self.stage == DIRECT_RELEASED)
                 self.stage = DIRECT_ENDED
                 return code
+            if kind == K_ALLGATHER:     # direct, begun as the allreduce above, or the ring
+                if self.error is not None:
+                    raise self.error
+                if self.stage == DIRECT_ENDED:      # a step ran the ring instead
+                    return ALGO_RING
+                code = allgather_end(self.t, self.buf, self.recv, self.code, seq,
+                                      self.timeout, self.seg, self.stage == DIRECT_RELEASED)
+                self.stage = DIRECT_ENDED
+                return code
             if kind == K_BROADCAST:
                 return broadcast_end(self.t, self.buf, self.root, self.code, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
@@ -309,11 +321,23 @@ cdef class Queued:
             return None
         return self.ctx.head_here(1 - self.t.rank)
 
+    def peers_entered(self):
+        """A queued collective (not begun) that every peer has entered: the head of each
+        peer's stream is a message of it (``Transport.head_of``, with the number it would
+        take if it ran now), so running it now waits only for the peers' parts of it,
+        not for their arrival (``Runner.poll`` runs it then).  An algorithm in which
+        some peer sends this rank nothing first (a ring of more than 2, a gather's root's
+        peers) never looks entered here; None where another thread holds the lock."""
+        if self.begun:
+            return False
+        return self.ctx.peers_entered(self.t)
+
     def advance(self):
-        """A look at a begun direct allreduce whose hello is out: where every peer's hello
-        has come, take them, reduce this rank's slice and release it
-        (``_allreduce.allreduce_step``), which waits for nobody; its end then waits only
-        for the peers' releases (``ends_at_once``).  Whether it moved; None where the
+        """A look at a begun direct allreduce or allgather whose hello is out: where every
+        peer's hello has come, take them, reduce this rank's slice and release it
+        (``_allreduce.allreduce_step``), or place and write this rank's block and release
+        it (``_allgather.allgather_step``), which waits for nobody; its end then waits
+        only for the peers' releases (``ends_at_once``).  Whether it moved; None where the
         context's lock is held by another thread."""
         if not self.begun or self.code != ALGO_DIRECT:
             return False
@@ -1012,12 +1036,29 @@ cdef class CallPath:
         finally:
             lock.give()
 
+    cdef object peers_entered(self, Transport t):
+        """``Queued.peers_entered`` under the context's lock (None where another thread
+        holds it): every peer's next message is of the collective that runs next."""
+        cdef CallLock lock = self._lock
+        cdef unsigned int seq
+        cdef int p
+        if not lock.try_take():
+            return None
+        try:
+            seq = self.seq_ + 1
+            for p in range(t.size):
+                if p != t.rank and not t.head_of(p, 0, seq):
+                    return False
+            return t.size > 1
+        finally:
+            lock.give()
+
     cdef object step_direct(self, Queued q):
-        """``Queued.advance``: under the context's lock, a begun direct allreduce whose
-        hello is out and whose peers' hellos have all come takes its step
-        (``allreduce_step``); whether it did, None where another thread holds the lock.
-        A step that fails fails the context where the transport did (``note_failure``),
-        and the allreduce's end raises the error."""
+        """``Queued.advance``: under the context's lock, a begun direct allreduce or
+        allgather whose hello is out and whose peers' hellos have all come takes its step
+        (``allreduce_step``, ``allgather_step``); whether it did, None where another
+        thread holds the lock.  A step that fails fails the context where the transport
+        did (``note_failure``), and the call's end raises the error."""
         cdef CallLock lock = self._lock
         cdef Transport t = q.t
         cdef int p, code
@@ -1031,7 +1072,10 @@ cdef class CallPath:
                     return False
             self._busy = True
             try:
-                code = allreduce_step(t, q.buf, q.op, q.seq, q.timeout, q.seg, q.staged)
+                if q.kind == K_ALLGATHER:
+                    code = allgather_step(t, q.buf, q.recv, q.seq, q.timeout, q.seg)
+                else:
+                    code = allreduce_step(t, q.buf, q.op, q.seq, q.timeout, q.seg, q.staged)
             except BaseException as exc:
                 q.error = exc
                 self.note_failure(exc)
@@ -1117,9 +1161,11 @@ cdef class CallPath:
         cdef Ring rec = self._recorder
         if kind == K_BARRIER or (kind == K_ALLREDUCE and (
                 code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING or code == ALGO_DIRECT)) or (
+                kind == K_ALLGATHER and (code == ALGO_FLAGS or code == ALGO_DIRECT
+                                         or code == ALGO_RING)) or (
                 kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
                                          and root == self._rank)):
-            work = self.begin_posted(kind, buf, code, op, root, timeout, result)
+            work = self.begin_posted(kind, buf, code, op, root, timeout, result, recv)
             if work is not None:
                 return work
         q = self.queued(kind, buf, recv, code, op, root, timeout)
@@ -1148,7 +1194,7 @@ cdef class CallPath:
         return q
 
     cdef object begin_posted(self, int kind, object buf, int code, int op, int root,
-                             double timeout, object result):
+                             double timeout, object result, object recv=None):
         """An async allreduce, broadcast or barrier begun on the calling thread, as MPI's
         Iallreduce begins, when the context's runner has nothing queued, in flight or running
         but the ends of calls begun this way (``Runner.claim_post``) and no point-to-point
@@ -1157,9 +1203,9 @@ cdef class CallPath:
         recursive doubling (``code``) and a barrier send their one message of the exchange
         (``allreduce_begin``, ``barrier_begin``), and the root of a binomial broadcast sends
         to its children at any size (``broadcast_begin``); a direct allreduce (up to
-        ``_allreduce.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
-        sends its hello, and a poll that finds every peer's hello takes its step
-        (``Queued.advance``).  Where no earlier one waits for
+        ``_direct.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
+        sends its hello, as does a direct allgather (its ``recvbuf``), and a poll that
+        finds every peer's hello takes its step (``Queued.advance``).  Where no earlier one waits for
         its end and every peer it waits for had posted already (a broadcast's root waits
         for nobody) the operation ends here; else its end waits in the runner's queue
         behind those (``Runner.begun_collective``) for its wait, a poll that finds every
@@ -1191,6 +1237,9 @@ cdef class CallPath:
             try:
                 if kind == K_ALLREDUCE:
                     state = allreduce_begin(t, buf, op, code, seq, timeout)
+                elif kind == K_ALLGATHER:
+                    state = allgather_begin(t, buf, recv, code, seq, timeout,
+                                             self._segment_bytes)
                 elif kind == K_BROADCAST:
                     state = broadcast_begin(t, buf, root, code, seq, timeout)
                 else:
@@ -1207,7 +1256,8 @@ cdef class CallPath:
                 return None
             self.numbered(seq)      # numbered, as run numbers a collective that ran
             if rec is not None:
-                entry = _note(rec, kind, buf, root, None, True, seq)
+                entry = _note(rec, kind, recv if kind == K_ALLGATHER else buf, root, None,
+                              True, seq)
             if exception is not None:
                 self.failed(exception, entry)
         except BaseException:
@@ -1224,7 +1274,7 @@ cdef class CallPath:
                 if entry >= 0:
                     rec.end(entry, work.algorithm, None)
             return work
-        q = self.queued(kind, buf, None, ALGO_FLAGS if state == 0 else _sent_by(kind), op,
+        q = self.queued(kind, buf, recv, ALGO_FLAGS if state == 0 else _sent_by(kind), op,
                         root, timeout)
         q.entry = entry
         q.begun = True

@@ -20,6 +20,17 @@ cdef enum:
     # attach): a process_vm_readv/writev call costs microseconds beyond its copy (~7 µs
     # here: benchmarks/kernel_copy.py), so such a chunk is larger.
     DIRECT_KERNEL_CHUNK_BYTES = 1048576
+    # An async direct allreduce or allgather of up to this many bytes (the allreduce's
+    # buffer, the allgather's recvbuf) is begun in the call: its hello sent, its polls
+    # take the later steps as the peers' messages come (_direct.pyx).  A larger one is
+    # queued for the context's runner, which moves it while the caller computes (a look
+    # that moved a larger one would hold its caller as long).
+    DIRECT_BEGIN_BYTES = 1048576
+    # What the algorithms' begin functions answer when they sent the hello: of the
+    # buffer itself, or of its staged copy (beside 0: posted to the flag area, 1: ended,
+    # 2: begun as an exchange).
+    BEGUN_DIRECT = 3
+    BEGUN_DIRECT_STAGED = 4
 
 cdef struct DirectHello:
     uint64_t addr       # the sender's buffer

@@ -747,6 +747,20 @@ cdef class Engine(Transport):
         return pr.ch.eof or pr.lost or pr.ch.fd < 0
 
     cdef bint head_here(self, int peer) noexcept nogil:
+        return self._head(peer, NULL) != 0
+
+    cdef bint head_of(self, int peer, uint32_t group_id, uint32_t seq) noexcept nogil:
+        cdef MsgHeader h
+        cdef int got = self._head(peer, &h)
+        if got != 2:
+            return got == 1
+        return ((h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS) and h.seq == seq
+                and h.word.group_id == group_id and h.coll != COLL_P2P)
+
+    cdef int _head(self, int peer, MsgHeader* out) noexcept nogil:
+        """head_here's look: 2 where a whole frame header is at the head of ``peer``'s
+        stream (copied into ``out`` unless NULL), 1 at its end or this engine's failure,
+        0 where nothing is there yet or a frame is half read."""
         cdef MsgHeader h
         cdef Pair* pr
         cdef int n
@@ -760,7 +774,11 @@ cdef class Engine(Transport):
         if pr.skip or pr.fill != NULL or pr.recv_head >= 0:
             return 0            # inside a frame: only its receive can tell
         n = pr.ch.ops.peek(pr.ch, &h)
-        return n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno))
+        if n == HDR_BYTES:
+            if out != NULL:
+                out[0] = h
+            return 2
+        return 1 if n == 0 or (n < 0 and not _would_block(errno)) else 0
 
     cdef bint can_stash(self) noexcept nogil:
         return 1

@@ -39,12 +39,13 @@ FLAGS_OUTSTANDING), rank r
    by then);
 6. reads what it needs from the peers' posts: allreduce reduces every rank's
    contribution, in rank order, into its output (so all ranks get the same
-   bits); broadcast copies the root's; barrier reads nothing.
+   bits); allgather copies every rank's block into its place; broadcast copies
+   the root's; barrier reads nothing.
 
-An async allreduce, broadcast or barrier begun on the caller's thread
+An async allreduce, allgather, broadcast or barrier begun on the caller's thread
 (``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
-next, with ``flags_allreduce_end``, ``flags_broadcast_end`` or
-``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
+next, with ``flags_allreduce_end``, ``flags_allgather_end``, ``flags_broadcast_end``
+or ``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
 not ended (``flags_slot_free`` says whether one more may), and they end in the
 order of their posts (``Flags.ended``: the next to end), each before any
 operation that runs without being posted this way; ``flags_ends_at_once``
@@ -543,4 +544,26 @@ cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t 
     reduce_into(buf, _data(f, 0, k, n * es), _data(f, 1, k, n * es), n, dtype, op)
     for p in range(2, f.n):
         reduce_into(buf, buf, _data(f, p, k, n * es), n, dtype, op)
+    return 0
+
+
+cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
+                         size_t nbytes) noexcept nogil:
+    """Every rank copies its block ``src`` of ``nbytes`` into its slot; once all have
+    posted each copies every rank's block, in rank order, into ``recv``."""
+    if flags_post(t, f, src, nbytes) < 0:
+        return -1
+    return flags_allgather_end(t, f, recv, nbytes)
+
+
+cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil:
+    """The rest of an allgather that ``flags_post`` began with this rank's block: wait for
+    every post, then copy every rank's block, in rank order, into ``recv``."""
+    cdef uint64_t k
+    cdef int p
+    if _enter_wait(t, f, WAIT_ALL) < 0:
+        return -1
+    k = f.ended - 1
+    for p in range(f.n):
+        memcpy(recv + p * nbytes, _data(f, p, k, nbytes), nbytes)
     return 0

@@ -119,6 +119,13 @@ cdef class GroupTransport(Transport):
             return 1
         return 0 <= peer < self.size and self.parent.head_here(self.members[peer])
 
+    cdef bint head_of(self, int peer, uint32_t group_id, uint32_t seq) noexcept nogil:
+        if self.failed:
+            return 1
+        # The innermost group's id, as set_op keeps it.
+        return 0 <= peer < self.size and self.parent.head_of(
+            self.members[peer], group_id if group_id else self.group_id, seq)
+
     cdef int set_op(self, const OpDesc* op) noexcept nogil:
         self.op = op[0]
         if self.op.group_id == 0:

@@ -217,6 +217,11 @@ cdef class Transport:
     # transport's failure (the receive then reports it); 0 where nothing is there yet, a
     # frame is half read, or the transport cannot tell.  A look only: nothing is consumed.
     cdef bint head_here(self, int peer) noexcept nogil
+    # head_here, where the frame at the head is a data message of collective number ``seq``
+    # of the group ``group_id`` (0: this transport's own operations; a group transport
+    # asks its parent with its own id): ``peer`` has entered that collective.  1 also at
+    # the stream's end or this transport's failure; 0 where the transport cannot tell.
+    cdef bint head_of(self, int peer, uint32_t group_id, uint32_t seq) noexcept nogil
     cdef void ring_bell(self, int peer) noexcept nogil
     # This rank refused its arguments to collective ``op`` (which it will not run): tell
     # the peers (``peers``, ``npeers`` of them; NULL: every peer) why, in ``reason``

@@ -205,6 +205,9 @@ cdef class Transport:
     cdef bint head_here(self, int peer) noexcept nogil:
         return 0
 
+    cdef bint head_of(self, int peer, uint32_t group_id, uint32_t seq) noexcept nogil:
+        return 0
+
     cdef void ring_bell(self, int peer) noexcept nogil:
         pass
 

@@ -88,6 +88,7 @@ cdef class Runner:
     cdef _run_head(self, object head)
     cdef _done_running(self, bint goes_on, bint park=*)
     cpdef bint move_batch(self) except -1
+    cdef bint _run_entered(self, Work work) except -1
     cdef bint _poll_batch(self, Work work) except -1
     cdef void _notify_runner(self, bint handed) noexcept
     cdef list _take_p2p(self, object owner)

@@ -774,10 +774,35 @@ cdef class Runner:
             self._run_while_not((<Work>head[1])._end)
             if work._end.done:
                 return
-        if not posted and self._poll_batch(work):
+        if not posted and (self._poll_batch(work) or self._run_entered(work)):
             return
         if first and (not posted or ready is None):
             self._bell.hurry()      # queued, or begun as an exchange: the runner ends it
+
+    cdef bint _run_entered(self, Work work) except -1:
+        """``poll``'s look at a queued collective at the head of the queue (nothing running,
+        begun or in flight): where every peer has entered it already (``op.peers_entered()``:
+        each peer's next message is of it), run it on the polling thread, as a wait would:
+        it waits only for the peers' parts, and the runner's hand-off (a wake, the GIL to
+        and fro, the core shared with the poller) costs more than the operation.  Whether
+        it ran."""
+        self._mutex.take()
+        try:
+            if (self.busy or self._begun or self._batch is not None or not self._queue
+                    or self._posting or self._queue[0][1] is not work
+                    or (self._wanted is not None and self._wanted.held)):
+                return False
+            op = self._queue[0][0]
+        finally:
+            self._mutex.give()
+        try:
+            entered = op.peers_entered
+        except AttributeError:      # not a compiled call
+            return False
+        if not entered():
+            return False
+        self._run_while_not(work._end)
+        return True
 
     cpdef bint move_batch(self) except -1:
         """One pass of the parked batch on the calling thread, as ``_poll_batch`` makes for
