@@ -1205,9 +1205,10 @@ cdef class CallPath:
         to its children at any size (``broadcast_begin``); a direct allreduce (up to
         ``_direct.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
         sends its hello, as does a direct allgather (its ``recvbuf``), and a poll that
-        finds every peer's hello takes its step (``Queued.advance``).  Where no earlier one waits for
-        its end and every peer it waits for had posted already (a broadcast's root waits
-        for nobody) the operation ends here; else its end waits in the runner's queue
+        finds every peer's hello takes its step (``Queued.advance``); an allgather begins
+        through the flags, or at 2 ranks as the ring's one exchange.  Where no earlier
+        one waits for its end and every peer it waits for had posted already (a
+        broadcast's root waits for nobody) the operation ends here; else its end waits in the runner's queue
         behind those (``Runner.begun_collective``) for its wait, a poll that finds every
         post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or None
         where the call is queued as usual (the runner has other work, neither way applies,

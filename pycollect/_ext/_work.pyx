@@ -304,10 +304,11 @@ cdef class Work:
         interval.  An allreduce, broadcast or barrier that this rank posted when it was
         called (the shared-memory flags, or a small exchange of two ranks:
         ``Runner.begun_collective``) ends in the look that finds the peers' posts or the
-        peer's message there, on the polling thread; a direct allreduce begun in the call
-        takes its step in the look that finds every peer's hello, and ends in the one that
-        finds their releases; a send or receive parked in its batch is moved one pass by
-        each look (``Runner._poll_batch``)."""
+        peer's message there, on the polling thread; a direct allreduce or allgather begun
+        in the call takes its step in the look that finds every peer's hello, and ends in
+        the one that finds their releases; a queued call that every peer has entered runs
+        in the look (``Runner._run_entered``); a send or receive parked in its batch is
+        moved one pass by each look (``Runner._poll_batch``)."""
         if self._end.done:
             return True
         if self._runner is not None:
@@ -710,8 +711,8 @@ cdef class Runner:
         driver: the wait that follows, a poll that finds the peers' posts there
         (``op.ends_at_once()`` says so: ``poll``), or the runner at its next look (not
         woken now, as for a queued operation).  ``alone``: nothing may be begun behind it
-        until its end is taken (a direct allreduce, whose later messages and staging
-        block another one begun would get in the way of)."""
+        until its end is taken (a direct allreduce or allgather, whose later messages and
+        staging block another one begun would get in the way of)."""
         work._runner = self
         self._mutex.take()
         self._alone = alone
@@ -733,11 +734,12 @@ cdef class Runner:
         two ranks), end it here, and the begun ones before it, one by one while nothing
         runs and the one at the head waits for nobody (every peer has posted it, or the
         peer's message has come: ``Queued.ends_at_once``), as MPI's Test completes a
-        request whose peers are there; a direct allreduce begun in steps at the head
-        takes its next step where the peers' messages for it have come
-        (``Queued.advance``), once a look; the runner is left to its next look.  Anything else
-        (queued, or begun where a look cannot tell: a broadcast's root, a large exchange):
-        wake the runner for it on the first look (``first``)."""
+        request whose peers are there; a direct allreduce or allgather begun in steps at
+        the head takes its next step where the peers' messages for it have come
+        (``Queued.advance``), once a look; the runner is left to its next look.  A queued
+        call at the head that every peer has entered runs here (``_run_entered``).
+        Anything else (queued, or begun where a look cannot tell: a broadcast's root, a
+        large exchange): wake the runner for it on the first look (``first``)."""
         cdef bint posted = False, stepped = False
         cdef Py_ssize_t n, i
         ready = False
@@ -764,7 +766,7 @@ cdef class Runner:
             finally:
                 self._mutex.give()
             if step is not None:
-                # A direct allreduce begun in steps moves one where the peers' messages
+                # A direct call begun in steps moves one where the peers' messages
                 # are there (``advance``, under the context's lock, not this mutex:
                 # it reduces); its end may be there at once.
                 stepped = True
