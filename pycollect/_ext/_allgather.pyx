@@ -198,7 +198,7 @@ cpdef int allgather_begin(Transport t, object sendbuf, object recvbuf, int algo,
     if t.solo or t.size < 2 or sb.count == 0 or not (
             fl != NULL and flags_slot_free(fl)
             or state == BEGUN_DIRECT and rb.nbytes <= DIRECT_BEGIN_BYTES and direct_may_begin(t)
-            or algo == ALGO_RING and t.size == 2 and sb.nbytes <= segment_bytes):
+            or algo == ALGO_RING and t.size == 2 and <size_t>sb.nbytes <= segment_bytes):
         return -2
     fill_desc(&d, seq, COLL_ALLGATHER, sb.dtype, 0, algo, 0, sb.count)
     with nogil:
