@@ -9,6 +9,8 @@ import itertools
 import threading
 
 import pycollect as pc
+import pycollect.context
+from pycollect.work import Runner
 
 _names = itertools.count()
 
@@ -45,6 +47,19 @@ def outcomes(size, fn, timeout=120.0):
         except pc.Error as exc:
             return exc
     return run_ranks(size, wrapped, timeout)
+
+
+class IdleRunner(Runner):
+    """A context's runner whose thread returns at once: only the calling threads' waits
+    and polls end anything (tests of what a call or a look does on its own)."""
+
+    def _loop(self):
+        return None
+
+
+def without_runner(monkeypatch):
+    """The contexts this test makes from now on get an IdleRunner."""
+    monkeypatch.setattr(pycollect.context, "Runner", IdleRunner)
 
 
 class ThreadGroup:

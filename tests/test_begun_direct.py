@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-import pycollect.context
-from group import ThreadGroup
+from group import ThreadGroup, without_runner
 from jobs import last_json, run_script
-from pycollect.work import Runner
 
 
 def _poll(work, seconds=20):
@@ -36,21 +34,13 @@ def group(request):
     g.close()
 
 
-class _Idle(Runner):
-    """A runner whose thread returns at once: only the calling threads' polls and waits
-    end anything."""
-
-    def _loop(self):
-        return None
-
-
 @pytest.mark.parametrize("pooled", [False, True], ids=["plain", "pc.empty"])
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_polls_alone_end_it_with_every_value_right(size, pooled, monkeypatch):
     """Dtypes and ops, plain (staged) and pc.empty buffers, sizes that split unevenly,
     each rank late in turn, no runner: polls alone end every call (its callback runs on
     the polling thread), named direct, with the blocking allreduce's values."""
-    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    without_runner(monkeypatch)
     cases = [(np.float32, pc.SUM, 4096), (np.int64, pc.PRODUCT, 1001), (np.float64, pc.AVG, 3),
              (np.int32, pc.MAX, 70001), (np.float32, pc.SUM, 1 << 18)]
     g = ThreadGroup(size, timeout=30)
@@ -192,7 +182,7 @@ def test_it_fails_as_a_blocking_one_would(end, monkeypatch):
     thread fails it at once; a peer that closes instead fails it with PeerError naming the
     peer, found by a poll (the runner never runs here).  Nothing hangs."""
     if end == "peer closes":
-        monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+        without_runner(monkeypatch)
     g = ThreadGroup(2, timeout=30)
     try:
         gone = threading.Event()
@@ -235,7 +225,7 @@ def test_polls_alone_end_a_direct_allgather(size, pooled, monkeypatch):
     """Allgathers run direct (asked for, and auto's pick), dtypes, the in-place form (the
     send block is this rank's block of recvbuf), each rank late in turn, no runner: polls
     alone end every call, on the polling thread, with every block in place."""
-    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    without_runner(monkeypatch)
     cases = [(np.float32, 4096, "direct", False), (np.int64, 4097, "auto", False),
              (np.float64, 3, "direct", True), (np.uint8, 70001, "direct", False)]
     g = ThreadGroup(size, timeout=30)

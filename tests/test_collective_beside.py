@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-import pycollect.context
-from group import ThreadGroup
-from pycollect.work import Runner
+from group import ThreadGroup, without_runner
 
 
 @pytest.fixture(params=[("shm", 2), ("shm", 3), ("tcp", 2), ("tcp", 3)],
@@ -265,11 +263,7 @@ def test_over_tcp_messages_sent_before_the_collective_reach_the_waiting_receives
     point-to-point message comes first: it is read aside and handed to the receive, whose
     handle has ended when the collective returns (the call moves the batch once, on its own
     thread: the runners here never run, and nothing looks at the handle before)."""
-    class Idle(Runner):
-        def _loop(self):
-            return None
-
-    monkeypatch.setattr(pycollect.context, "Runner", Idle)
+    without_runner(monkeypatch)
     g = ThreadGroup(2, timeout=8, transport="tcp")
     try:
         def body(ctx):

@@ -11,7 +11,7 @@ import pytest
 
 import pycollect as pc
 import pycollect.context
-from group import ThreadGroup
+from group import ThreadGroup, without_runner
 from jobs import last_json, run_script
 from pycollect._ext import _p2p
 from pycollect.work import Runner
@@ -316,11 +316,7 @@ def test_polls_of_an_async_receive_move_it_themselves(pair, monkeypatch):
     its batch one pass on the polling thread, so the receive ends in a poll.  The runners
     here never run (their thread returns at once): with polls that only woke the runner the
     loop below would never end.  Several rounds, messages of two sizes, both ranks."""
-    class Idle(Runner):
-        def _loop(self):
-            return None
-
-    monkeypatch.setattr(pycollect.context, "Runner", Idle)
+    without_runner(monkeypatch)
 
     def body(ctx):
         peer, out = 1 - ctx.rank, []

@@ -9,17 +9,7 @@ import time
 import numpy as np
 import pytest
 
-import pycollect as pc
-import pycollect.context
-from group import ThreadGroup
-from pycollect.work import Runner
-
-
-class _Idle(Runner):
-    """A runner whose thread returns at once: only the calling threads end anything."""
-
-    def _loop(self):
-        return None
+from group import ThreadGroup, without_runner
 
 
 def _poll(work, seconds):
@@ -44,7 +34,7 @@ def test_the_late_rank_runs_it_in_its_poll(size, kind, monkeypatch):
     in the call and runs it, every value right.  Its polls before the peers enter return
     at once.  (The direct allgather starts with a hello to every peer; a broadcast of more
     than 2 ranks does not, and is left to the runner.)"""
-    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    without_runner(monkeypatch)
     g = ThreadGroup(size, timeout=30)
     try:
         def body(ctx):
@@ -83,7 +73,7 @@ def test_the_late_rank_runs_it_in_its_poll(size, kind, monkeypatch):
 def test_a_sub_group_runs_it_in_its_poll(monkeypatch):
     """The same in a sub-group of a shared-memory job (its messages carry the group's id
     on the parent's streams): the late member's poll runs the group's allgather."""
-    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    without_runner(monkeypatch)
     g = ThreadGroup(3, timeout=30)
     try:
         def body(ctx):

@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-import pycollect.context
-from group import ThreadGroup
+from group import ThreadGroup, without_runner
 from pycollect._ext._doorbell import Doorbell
-from pycollect.work import Runner
 from jobs import last_json, run_script
 
 
@@ -285,11 +283,7 @@ def test_a_poll_ends_a_begun_exchange_whose_peer_left(monkeypatch):
     (``head_here`` answers yes), runs the end, and the call fails with PeerError naming the
     peer.  The runner never runs here (its thread returns at once), so only the poll can
     end it."""
-    class Idle(Runner):
-        def _loop(self):
-            return None
-
-    monkeypatch.setattr(pycollect.context, "Runner", Idle)
+    without_runner(monkeypatch)
     g = ThreadGroup(2, transport="tcp", timeout=10)
     try:
         gone = threading.Event()
@@ -313,13 +307,6 @@ def test_a_poll_ends_a_begun_exchange_whose_peer_left(monkeypatch):
         g.close()
 
 
-class _Idle(Runner):
-    """A runner whose thread returns at once: only the calling threads end anything."""
-
-    def _loop(self):
-        return None
-
-
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_small_allgather_of_two_ranks_begins_its_exchange(transport, monkeypatch):
     """An async ring allgather of 2 ranks whose block goes in one message places its block
@@ -327,7 +314,7 @@ def test_a_small_allgather_of_two_ranks_begins_its_exchange(transport, monkeypat
     No runner runs here: polls alone end every call (on the polling thread), each rank
     late in turn, dtypes, the in-place form, and one rank's blocking allgather meets the
     other's begun one; every block in place, named ring."""
-    monkeypatch.setattr(pycollect.context, "Runner", _Idle)
+    without_runner(monkeypatch)
     g = ThreadGroup(2, transport=transport, timeout=30)
     try:
         def body(ctx):

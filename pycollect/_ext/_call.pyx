@@ -217,6 +217,15 @@ cdef inline int _sent_by(int kind) noexcept:
     return ALGO_BINOMIAL if kind == K_BROADCAST else ALGO_DISSEMINATION
 
 
+cdef inline bint _every_head_here(Transport t) noexcept:
+    """``Transport.head_here`` for every peer of ``t`` (under the context's lock)."""
+    cdef int p
+    for p in range(t.size):
+        if p != t.rank and not t.head_here(p):
+            return False
+    return True
+
+
 cdef enum:
     # How far a direct allreduce begun by an async call is (Queued.stage): its hello sent;
     # the peers' hellos taken, its slice reduced and released (allreduce_step); ended.
@@ -1024,15 +1033,10 @@ cdef class CallPath:
         """``head_here`` for every peer at once: whether the next message of each has
         come; None where another thread holds the lock."""
         cdef CallLock lock = self._lock
-        cdef Transport t = self._transport
-        cdef int p
         if not lock.try_take():
             return None
         try:
-            for p in range(t.size):
-                if p != t.rank and not t.head_here(p):
-                    return False
-            return True
+            return _every_head_here(self._transport)
         finally:
             lock.give()
 
@@ -1061,15 +1065,12 @@ cdef class CallPath:
         did (``note_failure``), and the call's end raises the error."""
         cdef CallLock lock = self._lock
         cdef Transport t = q.t
-        cdef int p, code
+        cdef int code
         if not lock.try_take():
             return None
         try:
-            if q.stage != DIRECT_HELLO_SENT or q.error is not None:
+            if q.stage != DIRECT_HELLO_SENT or q.error is not None or not _every_head_here(t):
                 return False
-            for p in range(t.size):
-                if p != t.rank and not t.head_here(p):
-                    return False
             self._busy = True
             try:
                 if q.kind == K_ALLGATHER:
@@ -1160,7 +1161,8 @@ cdef class CallPath:
         cdef Queued q
         cdef Ring rec = self._recorder
         if kind == K_BARRIER or (kind == K_ALLREDUCE and (
-                code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING or code == ALGO_DIRECT)) or (
+                code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING
+                or code == ALGO_DIRECT)) or (
                 kind == K_ALLGATHER and (code == ALGO_FLAGS or code == ALGO_DIRECT
                                          or code == ALGO_RING)) or (
                 kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
@@ -1208,10 +1210,10 @@ cdef class CallPath:
         finds every peer's hello takes its step (``Queued.advance``); an allgather begins
         through the flags, or at 2 ranks as the ring's one exchange.  Where no earlier
         one waits for its end and every peer it waits for had posted already (a
-        broadcast's root waits for nobody) the operation ends here; else its end waits in the runner's queue
-        behind those (``Runner.begun_collective``) for its wait, a poll that finds every
-        post there (``Queued.ends_at_once``), or the runner's next look.  Its Work, or None
-        where the call is queued as usual (the runner has other work, neither way applies,
+        broadcast's root waits for nobody) the operation ends here; else its end waits in
+        the runner's queue behind those (``Runner.begun_collective``) for its wait, a poll
+        that finds every post there (``Queued.ends_at_once``), or the runner's next look.
+        Its Work, or None where the call is queued as usual (the runner has other work, neither way applies,
         too many are begun, or the arguments are refused)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
