@@ -2,6 +2,7 @@
 
     python benchmarks/async_wait.py                      # every peer found, 3 rounds
     python benchmarks/async_wait.py --peers pycollect-shm,mpi-shm --counts 1,4096 --json out.json
+    python benchmarks/async_wait.py --pattern alltoall      # one collective's ways only
 
 Per element count, four ways of making one float32 allreduce (SUM, in place) at
 2 ranks: ``blocking`` (pycollect's ``ctx.allreduce(buf)``, mpi4py's
@@ -24,7 +25,10 @@ peer, 3)``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
 ``Ibcast(buf, 0).Wait()``), and an allgather of the buffer, blocking
 (``ctx.allgather(buf, out)``; ``Allgather(buf, out)``) and async, waited on and polled
-(``ctx.allgather(buf, out, async_op=True)``; ``Iallgather(buf, out)``).  The figure is the median
+(``ctx.allgather(buf, out, async_op=True)``; ``Iallgather(buf, out)``), and the same three
+of a reduce_scatter of two such buffers into one (``ctx.reduce_scatter(two, buf)``;
+``Reduce_scatter_block(two, buf)``, ``Ireduce_scatter_block``) and an alltoall of two
+(``ctx.alltoall(two, out)``; ``Alltoall(two, out)``, ``Ialltoall``).  The figure is the median
 over batches of 100 calls
 (one clock read per batch), per call.  Peers: ``pycollect-shm`` and
 ``pycollect-tcp`` (ranks started by ``pycollect-run``), ``mpi-shm`` and ``mpi-tcp``
@@ -44,10 +48,17 @@ PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
         "irecv+send+wait", "irecv+isend+wait_all", "irecv+allreduce+send+wait", "sendrecv",
         "broadcast async+wait", "allgather blocking", "allgather async+wait",
-        "allgather async+poll")
+        "allgather async+poll", "reduce_scatter blocking", "reduce_scatter async+wait",
+        "reduce_scatter async+poll", "alltoall blocking", "alltoall async+wait",
+        "alltoall async+poll")
+# --pattern: the ways of one kind of call, or all of them.
+GROUPS = {"allreduce": WAYS[:4], "exchange": WAYS[4:9], "broadcast": WAYS[9:10],
+          "allgather": WAYS[10:13], "reduce_scatter": WAYS[13:16], "alltoall": WAYS[16:19]}
+PATTERNS = ("all",) + tuple(GROUPS)
 BATCH = 100
 TITLE = ("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and receive, "
-         "and by sendrecv, an async broadcast from rank 0 and an allgather, µs a call "
+         "and by sendrecv, an async broadcast from rank 0, an allgather, a reduce_scatter "
+         "and an alltoall, µs a call "
          "(median over %d rounds "
          "of each run's median batch; fastest batch in brackets)")
 
@@ -65,6 +76,7 @@ def _endpoint(peer):
         def ways(buf):
             other, peer = np.empty_like(buf), 1 - ctx.rank
             gathered = np.empty(2 * buf.size, buf.dtype)
+            two = np.ones(2 * buf.size, buf.dtype)
             return {"blocking": lambda: ctx.allreduce(buf),
                     "async+wait": lambda: ctx.allreduce(buf, async_op=True).wait(),
                     "async+poll": lambda: _poll(ctx.allreduce(buf, async_op=True).is_completed),
@@ -87,7 +99,17 @@ def _endpoint(peer):
                     "allgather async+wait": lambda: ctx.allgather(buf, gathered,
                                                                   async_op=True).wait(),
                     "allgather async+poll": lambda: _poll(
-                        ctx.allgather(buf, gathered, async_op=True).is_completed)}
+                        ctx.allgather(buf, gathered, async_op=True).is_completed),
+                    "reduce_scatter blocking": lambda: ctx.reduce_scatter(two, other),
+                    "reduce_scatter async+wait": lambda: ctx.reduce_scatter(
+                        two, other, async_op=True).wait(),
+                    "reduce_scatter async+poll": lambda: _poll(
+                        ctx.reduce_scatter(two, other, async_op=True).is_completed),
+                    "alltoall blocking": lambda: ctx.alltoall(two, gathered),
+                    "alltoall async+wait": lambda: ctx.alltoall(two, gathered,
+                                                                async_op=True).wait(),
+                    "alltoall async+poll": lambda: _poll(
+                        ctx.alltoall(two, gathered, async_op=True).is_completed)}
         return ways, ctx.rank, ctx.close
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -95,6 +117,7 @@ def _endpoint(peer):
     def ways(buf):
         other, peer = np.empty_like(buf), 1 - comm.rank
         gathered = np.empty(2 * buf.size, buf.dtype)
+        two = np.ones(2 * buf.size, buf.dtype)
         return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
                 "async+wait": lambda: comm.Iallreduce(MPI.IN_PLACE, buf).Wait(),
                 "async+poll": lambda: _poll(comm.Iallreduce(MPI.IN_PLACE, buf).Test),
@@ -114,7 +137,15 @@ def _endpoint(peer):
                 "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait(),
                 "allgather blocking": lambda: comm.Allgather(buf, gathered),
                 "allgather async+wait": lambda: comm.Iallgather(buf, gathered).Wait(),
-                "allgather async+poll": lambda: _poll(comm.Iallgather(buf, gathered).Test)}
+                "allgather async+poll": lambda: _poll(comm.Iallgather(buf, gathered).Test),
+                "reduce_scatter blocking": lambda: comm.Reduce_scatter_block(two, other),
+                "reduce_scatter async+wait": lambda: comm.Ireduce_scatter_block(
+                    two, other).Wait(),
+                "reduce_scatter async+poll": lambda: _poll(
+                    comm.Ireduce_scatter_block(two, other).Test),
+                "alltoall blocking": lambda: comm.Alltoall(two, gathered),
+                "alltoall async+wait": lambda: comm.Ialltoall(two, gathered).Wait(),
+                "alltoall async+poll": lambda: _poll(comm.Ialltoall(two, gathered).Test)}
     return ways, comm.rank, lambda: None
 
 
@@ -136,18 +167,23 @@ def _poll(ended):
         pass
 
 
-def _keys(counts):
-    return ["%s %s" % (c, w) for c in counts for w in WAYS]
+def _ways(pattern):
+    return WAYS if pattern == "all" else GROUPS[pattern]
 
 
-def worker(peer, counts, iters, out):
+def _tabulate(args, counts, runs, missing):
+    two_ranks_table(TITLE, "elements, way", lambda cs: [
+        "%s %s" % (c, w) for c in cs for w in _ways(args.pattern)])(args, counts, runs, missing)
+
+
+def worker(peer, counts, iters, out, pattern="all"):
     import numpy as np
     ways_of, rank, close = _endpoint(peer)
     clock = time.perf_counter_ns
     result = {}
     for count in counts:
         ways = ways_of(np.ones(count, np.float32))
-        for way in WAYS:
+        for way in _ways(pattern):
             call, per = ways[way], 4 if way.startswith("4 ") else 1
             batches = []
             for b in range(max(1, iters // BATCH) + 5):     # the first 5 batches warm up
@@ -165,7 +201,7 @@ def worker(peer, counts, iters, out):
 
 def main(argv=None):
     return two_ranks_main(argv, __doc__, __file__, PEERS, 3000, "timed calls per count and way",
-                          worker, two_ranks_table(TITLE, "elements, way", _keys))
+                          worker, _tabulate, patterns=PATTERNS)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ rendezvous.
 
 import itertools
 import threading
+import time
 
 import pycollect as pc
 import pycollect.context
@@ -55,6 +56,17 @@ class IdleRunner(Runner):
 
     def _loop(self):
         return None
+
+
+def poll_to_end(work, seconds=20):
+    """Poll ``work`` (``is_completed``) until it ends, at most ``seconds``; the threads its
+    callbacks ran on (the polling thread alone where a poll ended it)."""
+    ended = []
+    work.add_done_callback(lambda w: ended.append(threading.current_thread()))
+    deadline = time.monotonic() + seconds
+    while not work.is_completed() and time.monotonic() < deadline:
+        pass
+    return ended
 
 
 def without_runner(monkeypatch):

@@ -13,18 +13,8 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from group import ThreadGroup, without_runner
+from group import ThreadGroup, poll_to_end as _poll, without_runner
 from jobs import last_json, run_script
-
-
-def _poll(work, seconds=20):
-    """Poll ``work`` until it ends (at most ``seconds``); the thread its callbacks ran on."""
-    ended = []
-    work.add_done_callback(lambda w: ended.append(threading.current_thread()))
-    deadline = time.monotonic() + seconds
-    while not work.is_completed() and time.monotonic() < deadline:
-        pass
-    return ended
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])

@@ -88,6 +88,15 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         back = np.empty(n, np.int64)
         assert ctx.alltoall(np.arange(n, dtype=np.int64) + 10 * r, back) is back
         out["alltoall"] = back.tolist()
+        # the same two async: queued as compiled calls
+        block = np.empty(2, np.float64)
+        assert ctx.reduce_scatter(np.arange(2 * n, dtype=np.float64) * (r + 1), block,
+                                  pc.ReduceOp.MAX, async_op=True).wait(timeout=20) is block
+        out["reduce_scatter async"] = block.tolist()
+        back = np.empty(n, np.int64)
+        assert ctx.alltoall(np.arange(n, dtype=np.int64) + 10 * r, back,
+                            async_op=True).wait(timeout=20) is back
+        out["alltoall async"] = back.tolist()
         # alltoallv: rank r sends p + 1 elements (each 10 * r + p) to rank p
         send = np.concatenate([np.full(p + 1, 10 * r + p, np.int32) for p in range(n)])
         got = np.empty(n * (r + 1), np.int32)
@@ -118,8 +127,9 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
         assert out["allgather"] == out["allgather ring"] == [0, 0, 1, 1, 2, 2]
         assert out["gather"] == ([0.0, 10.0, 20.0] if r == 2 else None)
         assert out["scatter"] == [2 * r, 2 * r + 1]
-        assert out["reduce_scatter"] == [2 * r * 3.0, (2 * r + 1) * 3.0]
-        assert out["alltoall"] == [r, 10 + r, 20 + r]
+        assert out["reduce_scatter"] == out["reduce_scatter async"] == [2 * r * 3.0,
+                                                                        (2 * r + 1) * 3.0]
+        assert out["alltoall"] == out["alltoall async"] == [r, 10 + r, 20 + r]
         assert out["alltoallv"] == [10 * q + r for q in range(3) for _ in range(r + 1)]
         assert out["allgatherv"] == [0, 1, 1, 2, 2, 2]
         assert out["gatherv"] == ([0, 1, 1, 2, 2, 2] if r == 1 else None)
@@ -132,8 +142,8 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
 
 @pytest.mark.parametrize("kind, call", [
     ("reduce", lambda ctx: ctx.reduce(np.ones(2), 0, recvbuf=np.empty(2))),
-    ("reduce_scatter", lambda ctx: ctx.reduce_scatter(np.ones(6), np.empty(2),
-                                                      async_op=True).wait()),
+    ("reduce_scatter", lambda ctx: ctx.reduce_scatter(
+        np.ones(6), np.empty(2), async_op=True, timeout=datetime.timedelta(seconds=9)).wait()),
     ("reduce", lambda ctx: ctx.reduce(np.ones(2), np.int64(0))),
     ("allgather", lambda ctx: ctx.allgather(np.ones(2))),
     ("gather", lambda ctx: ctx.gather(np.ones(2), None, root=ctx.rank)),
@@ -149,7 +159,7 @@ def test_the_other_blocking_collectives_stay_compiled(trio, python_calls):
                                           async_op=True).wait()),
     ("reduce_scatterv", lambda ctx: ctx.reduce_scatterv(np.ones(3), np.empty(1), [1, 1, 1],
                                                         timeout=datetime.timedelta(seconds=9))),
-], ids=["reduce-recvbuf", "reduce_scatter-async", "numpy-root", "allgather-allocates",
+], ids=["reduce-recvbuf", "reduce_scatter-async-timedelta", "numpy-root", "allgather-allocates",
         "gather-allocates", "scatter-allocates", "reduce_scatter-allocates", "alltoall-timedelta",
         "alltoallv-allocates", "alltoallv-async", "allgatherv-allocates",
         "gatherv-root-allocates", "scatterv-async", "reduce_scatterv-timedelta"])

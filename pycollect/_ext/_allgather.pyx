@@ -39,7 +39,7 @@ blocking call's.
 from libc.stdlib cimport free
 from libc.string cimport memmove
 
-from pycollect._ext._algo cimport exchange_finish, exchange_post
+from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end,
@@ -198,7 +198,8 @@ cpdef int allgather_begin(Transport t, object sendbuf, object recvbuf, int algo,
     if t.solo or t.size < 2 or sb.count == 0 or not (
             fl != NULL and flags_slot_free(fl)
             or state == BEGUN_DIRECT and rb.nbytes <= DIRECT_BEGIN_BYTES and direct_may_begin(t)
-            or algo == ALGO_RING and t.size == 2 and <size_t>sb.nbytes <= segment_bytes):
+            or algo == ALGO_RING and t.size == 2 and <size_t>sb.nbytes <= segment_bytes
+            and exchange_fits(t, sb.nbytes)):
         return -2
     fill_desc(&d, seq, COLL_ALLGATHER, sb.dtype, 0, algo, 0, sb.count)
     with nogil:

@@ -70,7 +70,8 @@ buffer (_flags.pyx).  Where the transport has no flag area, or the buffer does
 not fit, ``flags`` runs recursive doubling.
 """
 
-from pycollect._ext._algo cimport chunk_length, chunk_offset, exchange_finish, exchange_post
+from pycollect._ext._algo cimport (chunk_length, chunk_offset, exchange_finish, exchange_fits,
+                                   exchange_post)
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
 from pycollect._ext._buffer cimport Buffer, as_buffer
@@ -532,7 +533,7 @@ cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned in
                 rc = _end_flags(t, fl, b.ptr, b.count, b.itemsize, b.dtype, op)
                 if rc == 0:
                     rc = 1
-    elif _exchanges(t, algo, b.count):
+    elif _exchanges(t, algo, b.count) and exchange_fits(t, b.nbytes):
         fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_RECURSIVE_DOUBLING, 0, b.count)
         with nogil:
             rc = t.begin(&d, timeout)

@@ -5,12 +5,16 @@ once (sends in the order r+1, r+2, ... so that no rank is everyone's first
 target) and copies its own block locally; the progress engine drives all
 pairs together.  One message per pair each way, so size-1 steps happen in
 parallel and the slowest link sets the time.
+
+An async alltoall of 2 ranks whose block goes in one message is begun in the call: it
+copies its own block and sends the peer's (``alltoall_begin``); its end receives the
+peer's block into place (``alltoall_end``).  The messages are the blocking call's.
 """
 
 from libc.stdlib cimport free
 from libc.string cimport memmove
 
-from pycollect._ext._algo cimport wrap
+from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post, wrap
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._transport cimport *
@@ -88,6 +92,64 @@ def alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf, obj
         free(rlen)
         free(soff)
         free(roff)
+    if rc < 0:
+        raise_error(t)
+    return ALGO_PAIRWISE
+
+
+cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
+    """The arguments of an alltoall begun in the call, checked as ``alltoall`` checks them
+    (InvalidArgument)."""
+    check_pair(sb, rb, "alltoall")
+    if sb.count % t.size:
+        raise InvalidArgument("alltoall: 'sendbuf' holds %d elements, not a multiple of "
+                              "the group size %d" % (sb.count, t.size))
+    check_count(rb, sb.count, "alltoall", "recvbuf", "the sum of recvcounts")
+    return 0
+
+
+cpdef int alltoall_begin(Transport t, object sendbuf, object recvbuf, unsigned int seq,
+                         double timeout) except? -1:
+    """Begin an alltoall of 2 ranks without waiting (an async call on the caller's thread),
+    where its blocks are not empty and go in one message each: copy this rank's own block
+    into place and send the peer's.  2 when it is begun, and ``alltoall_end`` must finish
+    it before the next collective; -2 where that does not apply (nothing was done: run
+    ``alltoall``)."""
+    cdef Buffer sb = as_buffer(sendbuf, "alltoall", "sendbuf", False)
+    cdef Buffer rb = as_buffer(recvbuf, "alltoall", "recvbuf", True)
+    cdef OpDesc d
+    cdef int rc, r = t.rank
+    cdef size_t nbytes
+    _check_blocks(t, sb, rb)
+    nbytes = sb.nbytes // 2
+    if t.solo or t.size != 2 or sb.count == 0 or not exchange_fits(t, nbytes):
+        return -2
+    fill_desc(&d, seq, COLL_ALLTOALL, sb.dtype, 0, ALGO_PAIRWISE, 0, sb.count // 2)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = exchange_post(t, sb.ptr + (1 - r) * nbytes, nbytes)
+        if rc == 0:
+            memmove(rb.ptr + r * nbytes, sb.ptr + r * nbytes, nbytes)
+    if rc < 0:
+        raise_error(t)
+    return 2
+
+
+cpdef int alltoall_end(Transport t, object sendbuf, object recvbuf, unsigned int seq,
+                       double timeout) except? -1:
+    """Finish the alltoall ``alltoall_begin`` began: receive the peer's block into its
+    place.  ALGO_PAIRWISE."""
+    cdef Buffer sb = as_buffer(sendbuf, "alltoall", "sendbuf", False)
+    cdef Buffer rb = as_buffer(recvbuf, "alltoall", "recvbuf", True)
+    cdef OpDesc d
+    cdef int rc
+    cdef size_t nbytes = sb.nbytes // 2
+    fill_desc(&d, seq, COLL_ALLTOALL, sb.dtype, 0, ALGO_PAIRWISE, 0, sb.count // 2)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = exchange_finish(t, rb.ptr + (1 - t.rank) * nbytes, nbytes)
     if rc < 0:
         raise_error(t)
     return ALGO_PAIRWISE

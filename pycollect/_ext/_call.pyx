@@ -15,8 +15,8 @@ sequence number and the call into the algorithm stay in C; the algorithm
 releases the GIL for the collective itself.
 
 With ``async_op=True`` the same forms of ``barrier``, ``broadcast``, ``allreduce``,
-``reduce`` and ``allgather`` are checked and planned here too and queued as a ``Queued``
-call, which the context's runner (or a thread waiting for it) runs (``run_queued``);
+``reduce``, ``allgather``, ``reduce_scatter`` and ``alltoall`` are checked and planned here
+too and queued as a ``Queued`` call (or begun in the call: ``begin_posted``), which the context's runner (or a thread waiting for it) runs (``run_queued``);
 async ``send`` and ``recv`` of arrays begin here (``begin_p2p``).
 
 Every other form (the other kinds' async handles, an allreduce's or a root's reduce
@@ -37,6 +37,7 @@ from libc.stdint cimport int64_t
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
 from pycollect._ext._allgather cimport allgather_begin, allgather_end, allgather_step
 from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end, allreduce_step
+from pycollect._ext._alltoall cimport alltoall_begin, alltoall_end
 from pycollect._ext._direct cimport BEGUN_DIRECT, BEGUN_DIRECT_STAGED
 from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
@@ -48,11 +49,12 @@ from pycollect._ext._work cimport Later, P2P, Runner, Status, Work, filled
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
+from pycollect._ext._reduce_scatter cimport reduce_scatter_begin, reduce_scatter_end
 from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._p2p cimport stash_to
 from pycollect._ext._record cimport NONE, Ring
 from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DIRECT, ALGO_DISSEMINATION,
-                                        ALGO_FLAGS, ALGO_HALVING_DOUBLING,
+                                        ALGO_FLAGS, ALGO_HALVING_DOUBLING, ALGO_PAIRWISE,
                                         ALGO_RECURSIVE_DOUBLING, ALGO_RING, OpState, Transport)
 
 from os import sched_yield as _sched_yield
@@ -209,11 +211,15 @@ cdef object _run_other(int kind, Transport t, object buf, object recv, int code,
 cdef inline int _sent_by(int kind) noexcept:
     """The algorithm of a collective of ``kind`` begun with its sends (not through the flag
     area): ``_allreduce.allreduce_begin``, ``_broadcast.broadcast_begin`` (a root),
-    ``_barrier.barrier_begin``, ``_allgather.allgather_begin`` (the ring of 2)."""
+    ``_barrier.barrier_begin``, ``_allgather.allgather_begin`` and
+    ``_reduce_scatter.reduce_scatter_begin`` (the ring of 2),
+    ``_alltoall.alltoall_begin``."""
     if kind == K_ALLREDUCE:
         return ALGO_RECURSIVE_DOUBLING
-    if kind == K_ALLGATHER:
+    if kind == K_ALLGATHER or kind == K_REDUCE_SCATTER:
         return ALGO_RING
+    if kind == K_ALLTOALL:
+        return ALGO_PAIRWISE
     return ALGO_BINOMIAL if kind == K_BROADCAST else ALGO_DISSEMINATION
 
 
@@ -287,6 +293,11 @@ cdef class Queued:
                 return code
             if kind == K_BROADCAST:
                 return broadcast_end(self.t, self.buf, self.root, self.code, seq, self.timeout)
+            if kind == K_REDUCE_SCATTER:
+                return reduce_scatter_end(self.t, self.buf, self.recv, self.op, seq,
+                                          self.timeout)
+            if kind == K_ALLTOALL:
+                return alltoall_end(self.t, self.buf, self.recv, seq, self.timeout)
             return barrier_end(self.t, seq, self.timeout)
         try:
             if kind == K_ALLREDUCE:
@@ -326,9 +337,19 @@ cdef class Queued:
             return self.stage == DIRECT_ENDED or self.error is not None or (
                 self.stage == DIRECT_RELEASED and self.ctx.heads_here())
         if self.kind == K_BROADCAST or self.t.size != 2 or (
-                self.buf is not None and self.buf.nbytes > EXCHANGE_LOOK_BYTES):
+                self.buf is not None and self.message_bytes() > EXCHANGE_LOOK_BYTES):
             return None
         return self.ctx.head_here(1 - self.t.rank)
+
+    cdef Py_ssize_t message_bytes(self):
+        """The size of the peer's message that a collective begun as the exchange of two
+        ranks waits for: the buffer (allreduce), a block (allgather, reduce_scatter:
+        ``recv`` is the block; alltoall: half of ``buf``)."""
+        if self.kind == K_REDUCE_SCATTER:
+            return (<cnp.ndarray>self.recv).nbytes
+        if self.kind == K_ALLTOALL:
+            return (<cnp.ndarray>self.buf).nbytes // 2
+        return (<cnp.ndarray>self.buf).nbytes
 
     def peers_entered(self):
         """A queued collective (not begun) that every peer has entered: the head of each
@@ -514,6 +535,11 @@ cdef class CallPath:
     def reduce_scatter(self, sendbuf, recvbuf=None, op=_SUM, async_op=False, timeout=None):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
         cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray
+                and type(op) is _REDUCE_OP and async_op and seconds >= 0
+                and self.ready_async()):
+            return self.queue(K_REDUCE_SCATTER, sendbuf, recvbuf, ALGO_RING, op, 0, seconds,
+                              recvbuf)
         if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray
                 or type(op) is not _REDUCE_OP or async_op or seconds < 0 or not self.ready()
                 or self.run(K_REDUCE_SCATTER, sendbuf, recvbuf, 0, op, 0,
@@ -536,6 +562,10 @@ cdef class CallPath:
     def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
         cdef double seconds = _seconds(timeout, self._timeout)
+        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray and async_op
+                and seconds >= 0 and self.ready_async()):
+            return self.queue(K_ALLTOALL, sendbuf, recvbuf, ALGO_PAIRWISE, 0, 0, seconds,
+                              recvbuf)
         if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
                 or seconds < 0 or not self.ready()
                 or self.run(K_ALLTOALL, sendbuf, recvbuf, 0, 0, 0, seconds) is _TAKE_SLOW):
@@ -1166,7 +1196,8 @@ cdef class CallPath:
                 kind == K_ALLGATHER and (code == ALGO_FLAGS or code == ALGO_DIRECT
                                          or code == ALGO_RING)) or (
                 kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
-                                         and root == self._rank)):
+                                         and root == self._rank)) or (
+                (kind == K_REDUCE_SCATTER or kind == K_ALLTOALL) and self._size == 2):
             work = self.begin_posted(kind, buf, code, op, root, timeout, result, recv)
             if work is not None:
                 return work
@@ -1243,6 +1274,11 @@ cdef class CallPath:
                 elif kind == K_ALLGATHER:
                     state = allgather_begin(t, buf, recv, code, seq, timeout,
                                              self._segment_bytes)
+                elif kind == K_REDUCE_SCATTER:
+                    state = reduce_scatter_begin(t, buf, recv, op, seq, timeout,
+                                                 self._segment_bytes)
+                elif kind == K_ALLTOALL:
+                    state = alltoall_begin(t, buf, recv, seq, timeout)
                 elif kind == K_BROADCAST:
                     state = broadcast_begin(t, buf, root, code, seq, timeout)
                 else:
@@ -1259,7 +1295,7 @@ cdef class CallPath:
                 return None
             self.numbered(seq)      # numbered, as run numbers a collective that ran
             if rec is not None:
-                entry = _note(rec, kind, recv if kind == K_ALLGATHER else buf, root, None,
+                entry = _note(rec, kind, buf if kind <= K_REDUCE else recv, root, None,
                               True, seq)
             if exception is not None:
                 self.failed(exception, entry)

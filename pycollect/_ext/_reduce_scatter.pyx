@@ -3,15 +3,22 @@
 ``sendbuf`` is copied into a working area (it is an input and is never
 written), the ring reduce-scatter leaves rank r holding the reduced block r
 (see _ring.pyx), and that block is copied into ``recvbuf``.
+
+An async reduce_scatter of 2 ranks whose block goes in one message is begun in the
+call as the ring's one exchange: the call sends the peer's block of ``sendbuf``
+(``reduce_scatter_begin``); its end receives the peer's part of this rank's block and
+reduces it with this rank's own into ``recvbuf`` (``reduce_scatter_end``), in the
+ring's order.  The messages are the blocking call's.
 """
 
 from libc.stdlib cimport free
 from libc.string cimport memcpy
 
+from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
-from pycollect._ext._reduce cimport check_op, divide_by
+from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_reduce_scatter
 from pycollect._ext._transport cimport *
 
@@ -63,6 +70,66 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
                 if op == OP_AVG and P > 1:
                     divide_by(rb.ptr, lay.len[r], sb.dtype, P)
         layout_free(&lay)
+    if rc < 0:
+        raise_error(t)
+    return ALGO_RING
+
+
+cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
+    """The arguments of a reduce_scatter of equal blocks begun in the call, checked as
+    ``reduce_scatter`` checks them (InvalidArgument)."""
+    check_pair(sb, rb, "reduce_scatter")
+    check_count(sb, rb.count * t.size, "reduce_scatter", "sendbuf", "size x len(recvbuf)")
+    return 0
+
+
+cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int op,
+                               unsigned int seq, double timeout,
+                               size_t segment_bytes) except? -1:
+    """Begin a reduce_scatter of 2 ranks without waiting (an async call on the caller's
+    thread), where the ring's one message (the peer's block of ``sendbuf``) is not empty
+    and no larger than ``segment_bytes``: send that block.  2 when it is begun, and
+    ``reduce_scatter_end`` must finish it before the next collective; -2 where that does
+    not apply (nothing was done: run ``reduce_scatter``)."""
+    cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
+    cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
+    cdef OpDesc d
+    cdef int rc
+    _check_blocks(t, sb, rb)
+    check_op(sb.dtype, op, "reduce_scatter")
+    if (t.solo or t.size != 2 or rb.count == 0 or <size_t>rb.nbytes > segment_bytes
+            or not exchange_fits(t, rb.nbytes)):
+        return -2
+    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op, ALGO_RING, 0, rb.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            rc = exchange_post(t, sb.ptr + (1 - t.rank) * rb.nbytes, rb.nbytes)
+    if rc < 0:
+        raise_error(t)
+    return 2
+
+
+cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op,
+                             unsigned int seq, double timeout) except? -1:
+    """Finish the reduce_scatter ``reduce_scatter_begin`` began: receive the peer's part
+    of this rank's block and reduce it with this rank's own into ``recvbuf`` (this rank's
+    first, as the ring reduces).  ALGO_RING."""
+    cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
+    cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
+    cdef OpDesc d
+    cdef int rc
+    cdef char* other = NULL
+    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op, ALGO_RING, 0, rb.count)
+    with nogil:
+        rc = t.begin(&d, timeout)
+        if rc == 0:
+            other = t.scratch(rb.nbytes)
+            rc = -1 if other == NULL else exchange_finish(t, other, rb.nbytes)
+        if rc == 0:
+            reduce_into(rb.ptr, sb.ptr + t.rank * rb.nbytes, other, rb.count, sb.dtype, op)
+            if op == OP_AVG:
+                divide_by(rb.ptr, rb.count, sb.dtype, 2)
     if rc < 0:
         raise_error(t)
     return ALGO_RING
