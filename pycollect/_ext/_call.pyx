@@ -983,7 +983,7 @@ cdef class CallPath:
         finally:
             lock = self._lock
             with lock:
-                left = self.leave_beside(&saved, batch, &handed)
+                left = self.leave_beside(&saved, batch, &handed, self.seq_)
         if left:
             raise self.met_unreceived(self.seq_)
         return name
@@ -997,14 +997,21 @@ cdef class CallPath:
         t.stash(1)
 
     cdef Py_ssize_t leave_beside(self, const OpState* saved, Batch batch,
-                                 Py_ssize_t* handed) except -1:
-        """After it, under the context's lock: the batch's descriptor and deadline back, and
-        what was read aside handed to ``batch``'s receives (``_p2p.stash_to``, their number
-        in ``handed``); the number of messages none of them took (now in the mailbox)."""
+                                 Py_ssize_t* handed, unsigned int seq) except -1:
+        """After it (collective ``seq``), under the context's lock: the batch's descriptor
+        and deadline back, and what was read aside handed to ``batch``'s receives
+        (``_p2p.stash_to``, their number in ``handed``); the number of messages none of
+        them took that their senders sent before their part of it (all that none took wait
+        in the mailbox)."""
         cdef Transport t = self._transport
+        with nogil:
+            # A message a flags wait began to read aside has its rest read first (its
+            # sender writes it); one that stalls past the deadline fails the transport,
+            # and the batch's receives with it.
+            t.finish_aside()
         t.stash(0)
         t.restore_op(saved)
-        return stash_to(t, self._mailbox, batch, handed)
+        return stash_to(t, self._mailbox, batch, handed, seq)
 
     cdef object met_unreceived(self, unsigned int seq):
         """Collective ``seq``, run beside receives that wait, read aside point-to-point
@@ -1517,7 +1524,7 @@ cdef class CallPath:
             finally:
                 self._busy = False
                 if beside:
-                    left = self.leave_beside(&saved, batch, &handed)
+                    left = self.leave_beside(&saved, batch, &handed, seq)
             if not p2p:
                 self.numbered(seq)
             if left:

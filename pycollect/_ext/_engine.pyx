@@ -718,6 +718,8 @@ cdef class Engine(Transport):
             return -1
         if pc_atomic_load(&self.abort_flag):
             return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+        if self.stashing and self._read_aside() < 0:
+            return -1
         if 0 <= waiting_for < self.size and waiting_for != self.rank:
             ch = self.pairs[waiting_for].ch
             if self.pairs[waiting_for].skip:
@@ -788,6 +790,67 @@ cdef class Engine(Transport):
 
     cdef void past_collectives(self, bint on) noexcept nogil:
         self.past_colls = on
+
+    cdef int _read_aside(self) noexcept nogil:
+        """``watch``'s look while stashing (see _transport.pxd): on every stream that no
+        receive is reading, read aside the point-to-point messages of the operation's
+        group at its head, as a collective's receive would (``_stash``), as far as their
+        bytes are here (the rest by later looks, or ``finish_aside``).  0, or -1 after
+        set_error."""
+        cdef int p, n, rc
+        cdef Pair* pr
+        cdef ChannelBase* ch
+        cdef MsgHeader h
+        cdef Stashed* s
+        for p in range(self.size):
+            if p == self.rank:
+                continue
+            pr = &self.pairs[p]
+            ch = pr.ch
+            if ch == NULL or ch.fd < 0 or ch.eof or pr.lost or pr.skip or pr.recv_head >= 0:
+                continue
+            while True:
+                if pr.fill != NULL:
+                    rc = self._fill(p)
+                    if rc < 0:
+                        return -1
+                    if rc == 0:
+                        break
+                    continue
+                n = ch.ops.peek(ch, &h)
+                if n != HDR_BYTES or not (
+                        (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
+                        and h.coll == COLL_P2P and h.word.group_id == self.op.group_id
+                        and h.msgno == pr.recv_msgs):
+                    break
+                s = self._new_stashed(p, &h)
+                if s == NULL:
+                    return -1
+                ch.ops.take_peeked(ch, &h)
+                pr.recv_msgs += 1
+                pr.fill_by_address = h.magic == MAGIC_BY_ADDRESS
+                pr.fill = s
+                pr.fill_got = 0
+        return 0
+
+    cdef int finish_aside(self) noexcept nogil:
+        cdef int p, rc
+        cdef bint left
+        while True:
+            left = False
+            for p in range(self.size):
+                if p != self.rank and self.pairs[p].fill != NULL:
+                    rc = self._fill(p)
+                    if rc < 0:
+                        return -1
+                    left = left or rc == 0
+            if not left:
+                return 0
+            if self.failed:
+                return -1
+            if pc_now_ns() >= deadline_of(self):
+                return self._timeout()
+            sched_yield()
 
     cdef Stashed* stashed(self) noexcept nogil:
         cdef Stashed* s = self.stash_head
@@ -1302,17 +1365,9 @@ cdef class Engine(Transport):
         cdef bint by_address = r.hdr.magic == MAGIC_BY_ADDRESS
         cdef size_t body = <size_t>_stream_body(&r.hdr)
         cdef size_t have
-        cdef Stashed* s = <Stashed*>malloc(sizeof(Stashed) + <size_t>r.hdr.nbytes)
+        cdef Stashed* s = self._new_stashed(peer, &r.hdr)
         if s == NULL:
-            return self.set_error(ERR_INTERNAL, peer, "malloc", 0, "out of memory for a "
-                                  "point-to-point message read beside a collective")
-        s.next = NULL
-        s.peer = peer
-        s.tag = r.hdr.root
-        s.dtype = r.hdr.dtype
-        s.seq = r.hdr.seq
-        s.nbytes = <size_t>r.hdr.nbytes
-        s.data = <char*>(s + 1)
+            return -1
         have = r.done if r.done < body else body
         memcpy((<char*>&pr.fill_where) if by_address else s.data, r.buf, have)
         pr.recv_msgs += 1
@@ -1323,6 +1378,23 @@ cdef class Engine(Transport):
         elif self._stash_done(peer, s) < 0:
             return -1
         return _past_frame(r, body)
+
+    cdef Stashed* _new_stashed(self, int peer, const MsgHeader* h) noexcept nogil:
+        """A ``Stashed`` for the point-to-point message from ``peer`` whose header is ``h``,
+        its payload still to read; NULL after set_error."""
+        cdef Stashed* s = <Stashed*>malloc(sizeof(Stashed) + <size_t>h.nbytes)
+        if s == NULL:
+            self.set_error(ERR_INTERNAL, peer, "malloc", 0, "out of memory for a "
+                           "point-to-point message read beside a collective")
+            return NULL
+        s.next = NULL
+        s.peer = peer
+        s.tag = h.root
+        s.dtype = h.dtype
+        s.seq = h.seq
+        s.nbytes = <size_t>h.nbytes
+        s.data = <char*>(s + 1)
+        return s
 
     cdef int _stash_done(self, int peer, Stashed* s) noexcept nogil:
         """The message read aside has its body: one sent by address has its payload copied
@@ -1787,6 +1859,8 @@ cdef class Engine(Transport):
                     progressed |= rc
             if self._all_done(target):
                 return 0
+            # Beside a batch of receives that wait (stash(1)): messages for them at the
+            # heads of streams this operation does not read, read aside as watch does.
             now = pc_now_ns()
             if now >= deadline_from(self, now):
                 return self._timeout()

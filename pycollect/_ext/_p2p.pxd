@@ -54,7 +54,8 @@ cdef class Batch:
     cpdef list progress(self, double seconds)
     cpdef tuple result(self, int i)
 
-cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed) except -1
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed,
+                         unsigned int seq) except -1
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,

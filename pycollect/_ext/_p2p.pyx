@@ -123,15 +123,19 @@ cdef tuple _deliver(object m, Buffer b, str what):
     return m[0], (n // b.itemsize if b.itemsize else 0), m[1]
 
 
-cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed) except -1:
-    """After a collective run beside ``batch`` (or None): hand the point-to-point messages
-    that ``t`` read aside meanwhile (``Transport.stash``), in the order they arrived, each
-    to the first of the batch's waiting receives that takes it (``Batch._offer``; their
-    number in ``handed``); the others go to ``box``.  Their number: messages their senders
-    sent before their part of the collective, which no receive waited for, left
-    unreceived at it."""
+cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed,
+                         unsigned int seq) except -1:
+    """After collective ``seq`` run beside ``batch`` (or None): hand the point-to-point
+    messages that ``t`` read aside meanwhile (``Transport.stash``), in the order they
+    arrived, each to the first of the batch's waiting receives that takes it
+    (``Batch._offer``; their number in ``handed``); the others go to ``box``.  The number
+    of those whose senders sent them before their part of the collective
+    (``Mailbox.sent_before``'s rule), which no receive waited for, left unreceived at it;
+    one sent after it (read aside from a stream the collective did not read, its sender
+    done with its part) came early, and waits in ``box`` for its receive."""
     cdef Stashed* s = t.stashed()
     cdef Py_ssize_t left = 0
+    cdef unsigned int stamp
     handed[0] = 0
     while s != NULL:
         try:
@@ -143,7 +147,9 @@ cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* hand
             handed[0] += 1
         else:
             box.mail.append(m)
-            left += 1
+            stamp = m[4]
+            if <int>(stamp - seq) <= 0:
+                left += 1
         s = t.stashed()
     return left
 

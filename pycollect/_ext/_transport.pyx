@@ -150,6 +150,9 @@ cdef class Transport:
     cdef Stashed* stashed(self) noexcept nogil:
         return NULL
 
+    cdef int finish_aside(self) noexcept nogil:
+        return 0
+
     cdef void past_collectives(self, bint on) noexcept nogil:
         pass
 
