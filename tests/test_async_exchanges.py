@@ -265,8 +265,8 @@ def test_the_late_rank_runs_an_alltoall_in_its_poll(size, monkeypatch):
 def test_they_fail_as_blocking_ones_would(call, end):
     """The peer's disagreement (its count differs) is a MismatchError; arguments this rank
     refuses (a recvbuf of the wrong size) fail its handle with InvalidArgument and the
-    peer's call with a MismatchError that names this rank and the reason; abort() from another thread fails a
-    begun call at once.  Nothing hangs."""
+    peer's call with a MismatchError that names this rank and the reason; abort() from
+    another thread fails a begun call at once.  Nothing hangs."""
     g = ThreadGroup(2, transport="tcp", timeout=30)
     try:
         def make(ctx, n, out_n, async_op):

@@ -1,10 +1,11 @@
-"""Mixed programs of blocking and async collectives, and sends and receives around a ring
-of ranks: each rank runs the same calls, but makes each one blocking or async on its own (the begun forms send the blocking
-call's messages, so a rank that begins a call meets one that runs it whole), polls some
-handles, waits for others in batches, with sizes from one element to past a segment
-and the algorithms named or auto's.  Every value right, nothing hangs: a test of the
-ways the calls begun in the call, queued, posted through the flags or run beside each
-other meet on the same streams.  Bounded: a fixed set of seeded programs of 40 calls."""
+"""Mixed programs of blocking and async collectives, and sends and receives around a ring of
+ranks: each rank runs the same calls, but makes each one blocking or async on its own (the
+begun forms send the blocking call's messages, so a rank that begins a call meets one that
+runs it whole), polls some handles, waits for others in batches, with sizes from one
+element to past a segment and the algorithms named or auto's. Every value right, nothing
+hangs: a test of the ways the calls begun in the call, queued, posted through the flags or
+run beside each other meet on the same streams. Bounded: a fixed set of seeded programs of
+40 calls."""
 
 import random
 import time

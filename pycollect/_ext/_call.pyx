@@ -16,7 +16,8 @@ releases the GIL for the collective itself.
 
 With ``async_op=True`` the same forms of ``barrier``, ``broadcast``, ``allreduce``,
 ``reduce``, ``allgather``, ``reduce_scatter`` and ``alltoall`` are checked and planned here
-too and queued as a ``Queued`` call (or begun in the call: ``begin_posted``), which the context's runner (or a thread waiting for it) runs (``run_queued``);
+too and queued as a ``Queued`` call (or begun in the call: ``begin_posted``), which the
+context's runner (or a thread waiting for it) runs (``run_queued``);
 async ``send`` and ``recv`` of arrays begin here (``begin_p2p``).
 
 Every other form (the other kinds' async handles, an allreduce's or a root's reduce
@@ -973,8 +974,9 @@ cdef class CallPath:
         the context's lock) beside ``batch``, the runner's batch of waiting receives: the
         batch's descriptor and deadline set aside meanwhile, and the point-to-point messages
         that the collective meets on the streams read aside and handed to its receives
-        afterwards (``_p2p.stash_to``; one that no receive takes fails the collective, as a
-        message left unreceived at a collective does).  What ``execute`` returns."""
+        afterwards (``_p2p.stash_to``; one that no receive takes fails the collective where
+        its sender sent it before its part, as a message left unreceived at a collective
+        does, and waits in the mailbox otherwise).  What ``execute`` returns."""
         cdef OpState saved
         cdef Py_ssize_t left = 0, handed = 0
         self.enter_beside(&saved)
@@ -1246,7 +1248,10 @@ cdef class CallPath:
         ``_direct.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
         sends its hello, as does a direct allgather (its ``recvbuf``), and a poll that
         finds every peer's hello takes its step (``Queued.advance``); an allgather begins
-        through the flags, or at 2 ranks as the ring's one exchange.  Where no earlier
+        through the flags, or at 2 ranks as the ring's one exchange, and so do a
+        reduce_scatter and an alltoall of 2 ranks (``reduce_scatter_begin``,
+        ``alltoall_begin``); an exchange only where the channel takes the message whole
+        (``_algo.exchange_fits``).  Where no earlier
         one waits for its end and every peer it waits for had posted already (a
         broadcast's root waits for nobody) the operation ends here; else its end waits in
         the runner's queue behind those (``Runner.begun_collective``) for its wait, a poll
