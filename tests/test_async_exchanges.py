@@ -5,7 +5,7 @@ sends the peer's block; ``_alltoall.alltoall_begin`` copies this rank's own bloc
 the peer's); the end receives the peer's part (``reduce_scatter_end``, ``alltoall_end``).  A
 poll ends a begun one whose peer's message has come, and runs a queued one that every peer
 has entered (``Runner._run_entered``: every peer of an alltoall sends first), without the
-runner."""
+runner (the late rank's poll of a queued alltoall: tests/test_poll_entered.py)."""
 
 import threading
 import time
@@ -224,38 +224,6 @@ def test_queued_at_other_sizes(size, transport):
 
         want = ("ring", "pairwise", [float(size)], True, True)
         assert g.run(body) == [[want] * len(CASES)] * size
-    finally:
-        g.close()
-
-
-@pytest.mark.parametrize("size", [3, 4])
-def test_the_late_rank_runs_an_alltoall_in_its_poll(size, monkeypatch):
-    """No runner thread: the early ranks wait (running the alltoall, their blocks out to
-    every peer), the late rank only polls, and its poll finds every peer in the call and
-    runs it, on the polling thread."""
-    without_runner(monkeypatch)
-    g = ThreadGroup(size, timeout=30)
-    try:
-        def body(ctx):
-            out = []
-            for late in range(size):
-                send = _send(ctx.rank, size, 100, np.float32)
-                blocks = np.empty(size * 100, np.float32)
-                if ctx.rank != late:
-                    time.sleep(0.1)     # the late rank polls before its peers enter
-                work = ctx.alltoall(send, blocks, async_op=True)
-                if ctx.rank == late:
-                    polled = _poll(work, 10) == [threading.current_thread()]
-                else:
-                    work.wait()         # runs it here
-                    polled = None
-                out.append((polled, blocks.tolist()
-                            == _exchanged(ctx.rank, size, 100, np.float32).tolist()))
-            return out
-
-        res = g.run(body)
-        for rank, rows in enumerate(res):
-            assert rows == [(True if rank == late else None, True) for late in range(size)]
     finally:
         g.close()
 

@@ -27,13 +27,15 @@ def _poll(work, seconds):
     return ended, longest
 
 
-@pytest.mark.parametrize("size, kind", [(2, "allgather"), (3, "allgather"), (2, "broadcast")])
+@pytest.mark.parametrize("size, kind", [(2, "allgather"), (3, "allgather"), (2, "broadcast"),
+                                        (3, "alltoall"), (4, "alltoall")])
 def test_the_late_rank_runs_it_in_its_poll(size, kind, monkeypatch):
     """No runner thread runs anything; the early ranks wait (running the call themselves,
     so their first messages go out), the late rank only polls: its poll finds every peer
     in the call and runs it, every value right.  Its polls before the peers enter return
-    at once.  (The direct allgather starts with a hello to every peer; a broadcast of more
-    than 2 ranks does not, and is left to the runner.)"""
+    at once.  (The direct allgather starts with a hello to every peer, an alltoall with
+    every rank's block to every peer; a broadcast of more than 2 ranks does not, and is
+    left to the runner.)"""
     without_runner(monkeypatch)
     g = ThreadGroup(size, timeout=30)
     try:
@@ -47,6 +49,8 @@ def test_the_late_rank_runs_it_in_its_poll(size, kind, monkeypatch):
                     time.sleep(0.2)     # the late rank polls before its peers enter
                 if kind == "allgather":
                     work = ctx.allgather(buf, recv, algorithm="direct", async_op=True)
+                elif kind == "alltoall":      # block p of every rank's send goes to rank p
+                    work = ctx.alltoall(np.tile(buf, size), recv, async_op=True)
                 else:
                     work = ctx.broadcast(buf, root=(late + 1) % size, algorithm="direct",
                                          async_op=True)
@@ -56,9 +60,9 @@ def test_the_late_rank_runs_it_in_its_poll(size, kind, monkeypatch):
                 else:
                     work.wait()         # runs it here (a wait with a timeout would not)
                     polled = None
-                got = recv if kind == "allgather" else buf
-                want = (np.repeat(np.arange(1.0, size + 1), n) if kind == "allgather"
-                        else np.full(n, (late + 1) % size + 1.0))
+                got = buf if kind == "broadcast" else recv
+                want = (np.full(n, (late + 1) % size + 1.0) if kind == "broadcast"
+                        else np.repeat(np.arange(1.0, size + 1), n))
                 out.append((polled, bool(np.array_equal(got, want))))
             return out
 
