@@ -23,11 +23,10 @@ ALGORITHMS = {"allreduce": ["auto", "recursive_doubling", "ring", "direct"],
               "allgather": ["auto", "ring", "direct"],
               "broadcast": ["auto", "binomial", "direct"]}
 CALLS = 40
-# A shift's messages go through the streams: a larger one goes by address on shared memory,
-# and a collective that reads the streams beside the receive waiting for it does not take
-# such a message for it yet (docs/algorithms.md; a collective through the flag area does,
-# test_a_flags_collective_beside_a_receive_takes_its_message).
-SHIFT_MAX = 5000
+# A shift's messages go through the streams; from 8192 float64 (64 KiB) by address on shared
+# memory, where the sender's blocking send ends only once the receiver has read it, which a
+# collective run beside the receive does for it on every stream.
+SHIFT_MAX = 300000
 
 
 def _program(seed):
@@ -165,5 +164,41 @@ def test_a_flags_collective_beside_a_receive_takes_its_message(collective):
 
         want = [1.0] if collective == "barrier" else [2.0]
         assert g.run(body, timeout=60) == [(True, want)] * 2
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_stream_collective_beside_a_receive_takes_its_message(transport, monkeypatch):
+    """Three ranks.  Rank 0 posts a receive from rank 1 and runs a ring allreduce beside it,
+    which reads rank 2's stream alone; rank 1 makes a blocking send that ends only once rank
+    0 has taken the message (shm: 1 MiB, by address; TCP: 32 MiB, past what the sockets
+    hold), then the allreduce; rank 2 comes to the allreduce late.  Rank 0's waits in the
+    allreduce read the message aside from the stream the allreduce does not read, so rank
+    1's send ends and all three reach the allreduce.  With no spin every wait sleeps in
+    poll(), so a stream that wakes it in the middle of a message read aside must go on
+    with that message, not take its bytes for a frame's header."""
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", "0")
+    n = 1 << 17 if transport == "shm" else 1 << 22
+    g = ThreadGroup(3, transport=transport, timeout=10)
+    try:
+        def body(ctx):
+            big = np.arange(n, dtype=np.float64)
+            mine = np.full(3000, ctx.rank + 1.0)
+            if ctx.rank == 0:
+                got = np.zeros_like(big)
+                received = ctx.recv(got, 1, tag=5, async_op=True)
+                ctx.allreduce(mine, algorithm="ring")
+                received.wait(timeout=10)
+                return bool(np.array_equal(got, big)), mine.tolist() == [6.0] * 3000
+            time.sleep(0.2)         # rank 0 waits in the allreduce by now
+            if ctx.rank == 1:
+                ctx.send(big, 0, tag=5)
+            else:
+                time.sleep(0.3)     # rank 0 waits for rank 2 while it reads the message
+            ctx.allreduce(mine, algorithm="ring")
+            return True, mine.tolist() == [6.0] * 3000
+
+        assert g.run(body, timeout=60) == [(True, True)] * 3
     finally:
         g.close()

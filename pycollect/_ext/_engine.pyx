@@ -726,7 +726,8 @@ cdef class Engine(Transport):
                 n = self._skip(waiting_for, 1)
                 if n < 0:
                     return -1
-            n = 0 if self.pairs[waiting_for].skip else ch.ops.peek(ch, &h)
+            n = (0 if self.pairs[waiting_for].skip or self.pairs[waiting_for].fill != NULL
+                 else ch.ops.peek(ch, &h))
             if n == HDR_BYTES and self._leftover(&h, 0):
                 if self._drop_peeked(waiting_for, &h) < 0:
                     return -1
@@ -792,11 +793,11 @@ cdef class Engine(Transport):
         self.past_colls = on
 
     cdef int _read_aside(self) noexcept nogil:
-        """``watch``'s look while stashing (see _transport.pxd): on every stream that no
-        receive is reading, read aside the point-to-point messages of the operation's
-        group at its head, as a collective's receive would (``_stash``), as far as their
-        bytes are here (the rest by later looks, or ``finish_aside``).  0, or -1 after
-        set_error."""
+        """The look of ``watch`` and of every pass of ``_progress_to`` while stashing (see
+        _transport.pxd): on every stream that no receive is reading, read aside the
+        point-to-point messages of the operation's group at its head, as a collective's
+        receive would (``_stash``), as far as their bytes are here (the rest by later
+        looks, ``_peek_idle`` or ``finish_aside``).  0, or -1 after set_error."""
         cdef int p, n, rc
         cdef Pair* pr
         cdef ChannelBase* ch
@@ -827,6 +828,7 @@ cdef class Engine(Transport):
                 if s == NULL:
                     return -1
                 ch.ops.take_peeked(ch, &h)
+                pr.data_waiting = 0     # the message's rest: poll() watches the stream
                 pr.recv_msgs += 1
                 pr.fill_by_address = h.magic == MAGIC_BY_ADDRESS
                 pr.fill = s
@@ -1643,6 +1645,11 @@ cdef class Engine(Transport):
             n = self._skip(peer, 1)
             if n <= 0:
                 return n
+        if pr.fill != NULL:
+            # The rest of a message being read aside (_read_aside), not a frame's header.
+            n = self._fill(peer)
+            if n <= 0:
+                return n
         n = ch.ops.peek(ch, &h)
         if n == 0:
             ch.eof = 1
@@ -1860,7 +1867,11 @@ cdef class Engine(Transport):
             if self._all_done(target):
                 return 0
             # Beside a batch of receives that wait (stash(1)): messages for them at the
-            # heads of streams this operation does not read, read aside as watch does.
+            # heads of streams this operation does not read, read aside as watch does
+            # (a peer's send that waits for this rank to take its message may be what
+            # keeps the peer from its part of this operation).
+            if self.stashing and self._read_aside() < 0:
+                return -1
             now = pc_now_ns()
             if now >= deadline_from(self, now):
                 return self._timeout()

@@ -173,13 +173,13 @@ cdef class Transport:
     cdef bint can_stash(self) noexcept nogil
     cdef void stash(self, bint on) noexcept nogil
     cdef Stashed* stashed(self) noexcept nogil
-    # With stash(1), ``watch`` (the flag area's waits) also reads aside such messages that
-    # stand at the heads of streams no receive is reading (an operation that reads no
-    # stream, through the flag area, keeps them moving: a peer whose send waits for this rank to take its message,
-    # by address or through a full channel, would otherwise never reach the operation this
-    # rank waits in for it).  finish_aside: before stash(0), read the rest of any message
-    # such a look began (its sender is writing it), within the operation's deadline; 0, or
-    # -1 after set_error.
+    # With stash(1), the waits (``watch``, the flag area's, and a stream operation's passes)
+    # also read aside such messages that stand at the heads of streams no receive is reading
+    # (an operation keeps the streams it does not read moving: a peer whose send waits for
+    # this rank to take its message, by address or through a full channel, would otherwise
+    # never reach the operation this rank waits in for it).  finish_aside: before stash(0),
+    # read the rest of any message such a look began (its sender is writing it), within
+    # the operation's deadline; 0, or -1 after set_error.
     cdef int finish_aside(self) noexcept nogil
     # A receive of a batch (async) that finds, at the head of the stream it waits on, the
     # peer's part of a collective of its group that this rank has not run yet waits on
