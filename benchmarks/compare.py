@@ -37,9 +37,12 @@ Beside the peers, the run measures what the machine allows: the NumPy memory
 ceiling (peer "ceiling-shm": ranks whose buffers already lie in shared memory
 do, at the same time, the memory work of a direct allreduce with NumPy, see
 ``Ceiling``), a memcpy line, the TCP ceiling (``iperf3 --bidir`` over
-loopback, per direction; "not measured" where iperf3 is absent) and, where a
+loopback, per direction; "not measured" where iperf3 is absent), where a
 TCP peer runs, the TCP latency floor at the start and the end of the run
-(``TCPFloor``: benchmarks/tcp_floor.c, the kernel's own 1-float exchange).
+(``TCPFloor``: benchmarks/tcp_floor.c, the kernel's own 1-float exchange), and
+where a world size has more ranks than the CPUs and a shared-memory peer times
+the barrier, the barrier floor likewise (``BarrierFloor``:
+benchmarks/barrier_floor.c, the flags and the scheduler alone).
 """
 
 import argparse
@@ -610,10 +613,16 @@ def drive(args):
            "results": []}
     doc["memcpy_GBps"] = memcpy_bandwidth()
     doc["tcp_ceiling_GBps"], doc["tcp_ceiling_note"] = tcp_ceiling()
-    tcp_peers = {"pycollect-tcp", "mpi-tcp"} & set(peers)
-    if tcp_peers:
+    floors = []
+    if {"pycollect-tcp", "mpi-tcp"} & set(peers):
         doc["tcp_floor_us"], doc["tcp_floor_note"] = [], None
-        floor = TCPFloor()
+        floors.append(TCPFloor())
+    cpus = len(os.sched_getaffinity(0))
+    crowded = [n for n in args.ranks if n > cpus]
+    if crowded and "barrier" in args.collectives and {"pycollect-shm", "mpi-shm"} & set(peers):
+        doc["barrier_floor"] = {"ranks": crowded[0], "cpus": cpus, "runs": [], "note": None}
+        floors.append(BarrierFloor(crowded[0]))
+    for floor in floors:
         floor.measure(doc)
     logdir = tempfile.mkdtemp(prefix="pycollect-compare-")
     listener = socket.create_server(("127.0.0.1", 0))
@@ -675,7 +684,7 @@ def drive(args):
                     g.stop()
     listener.close()
     shutil.rmtree(logdir, ignore_errors=True)
-    if tcp_peers:
+    for floor in floors:
         floor.measure(doc)
         floor.close()
     doc["load_after"] = os.getloadavg()
@@ -699,39 +708,83 @@ def memcpy_bandwidth(counts=(1 << 20, 16 << 20), repeats=20):
     return out
 
 
-class TCPFloor:
-    """The kernel's own 1-float TCP exchange (benchmarks/tcp_floor.c, built here with cc):
-    two processes send each other 44 bytes over loopback and spin on recv(MSG_DONTWAIT),
-    as pycollect's TCP allreduce of one float does on the wire; the median exchange."""
+class CFloor:
+    """A floor measured by a C program of benchmarks/ (``name``.c, built here with cc): what
+    its runs print, read by the caller's parser, or ``note`` saying why there is none."""
 
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="pycollect-tcp-floor-")
-        self.exe, self.note = os.path.join(self.dir, "tcp_floor"), None
+    def __init__(self, name):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix=f"pycollect-{name}-")
+        self.exe, self.note = os.path.join(self.dir, name), None
         cc = shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             self.note = "not measured (no C compiler: apt-get install gcc)"
             return
         built = subprocess.run([cc, "-O2", "-o", self.exe,
-                                str(Path(__file__).with_name("tcp_floor.c"))],
+                                str(Path(__file__).with_name(f"{name}.c"))],
                                capture_output=True, text=True, timeout=120)
         if built.returncode:
-            self.note = "not measured (tcp_floor.c did not build: %s)" % (
+            self.note = f"not measured ({name}.c did not build: %s)" % (
                 built.stderr.strip().splitlines() or ["?"])[-1]
 
-    def measure(self, doc):
-        """Add one median (µs) to doc["tcp_floor_us"], or say why not in tcp_floor_note."""
-        if self.note is None:
-            try:
-                out = subprocess.run([self.exe, "spin"], capture_output=True, text=True,
-                                     timeout=120)
-                median = float(out.stdout.rsplit("(median", 1)[1].split(")")[0])
-                doc["tcp_floor_us"].append(median)
-            except (OSError, subprocess.SubprocessError, IndexError, ValueError) as exc:
-                self.note = f"not measured (tcp_floor failed: {exc})"
-        doc["tcp_floor_note"] = self.note
+    def run(self, args, parse):
+        """``parse`` of the output of one run with ``args``, or None (``note`` says why)."""
+        if self.note is not None:
+            return None
+        try:
+            out = subprocess.run([self.exe, *args], capture_output=True, text=True,
+                                 timeout=120, check=True)
+            return parse(out.stdout)
+        except (OSError, subprocess.SubprocessError, IndexError, ValueError,
+                StopIteration) as exc:
+            self.note = f"not measured ({self.name} failed: {exc!r})"
+            return None
 
     def close(self):
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TCPFloor(CFloor):
+    """The kernel's own 1-float TCP exchange (benchmarks/tcp_floor.c): two processes send
+    each other 44 bytes over loopback and spin on recv(MSG_DONTWAIT), as pycollect's TCP
+    allreduce of one float does on the wire; the median exchange."""
+
+    def __init__(self):
+        super().__init__("tcp_floor")
+
+    def measure(self, doc):
+        """Add one median (µs) to doc["tcp_floor_us"], or say why not in tcp_floor_note."""
+        median = self.run(["spin"], lambda out: float(
+            out.rsplit("(median", 1)[1].split(")")[0]))
+        if median is not None:
+            doc["tcp_floor_us"].append(median)
+        doc["tcp_floor_note"] = self.note
+
+
+class BarrierFloor(CFloor):
+    """A barrier of more ranks than CPUs with nothing but the scheduler's part
+    (benchmarks/barrier_floor.c): ``ranks`` processes bound as the peers' ranks post to
+    shared memory and wait as pycollect's flags wait does (its row "... and every 8th");
+    the slowest rank's p50 and the period, as compare.py times the peers."""
+
+    WAY = "... and every 8th"
+
+    def __init__(self, ranks):
+        super().__init__("barrier_floor")
+        self.ranks = ranks
+
+    def measure(self, doc):
+        """Add {"p50_us", "period_us"} to doc["barrier_floor"]["runs"], or say why not in
+        its "note"."""
+        def parse(out):
+            row = next(line for line in out.splitlines() if line.startswith(self.WAY))
+            period, p50 = (float(x) for x in row[len(self.WAY):].split()[:2])
+            return {"p50_us": p50, "period_us": period}
+
+        got = self.run([str(self.ranks)], parse)
+        if got is not None:
+            doc["barrier_floor"]["runs"].append(got)
+        doc["barrier_floor"]["note"] = self.note
 
 
 def tcp_ceiling(seconds=3):
@@ -1113,7 +1166,34 @@ def ceilings(doc):
     elif floors is not None:
         lines.append("TCP latency floor: " + (doc.get("tcp_floor_note") or "not measured")
                      + ".")
+    lines += barrier_floor(doc)
     return [part for line in lines for part in (line, "")][:-1]   # one paragraph each
+
+
+def barrier_floor(doc):
+    """The line on the barrier floor where ranks outnumber the CPUs (none if not run)."""
+    bf = doc.get("barrier_floor")
+    if bf is None:
+        return []
+    head = f"Barrier floor, {bf['ranks']} ranks on {bf['cpus']} CPUs"
+    if not bf["runs"]:
+        return [f"{head}: {bf['note'] or 'not measured'}."]
+    lower = min(run["p50_us"] for run in bf["runs"])
+    cells = []
+    for peer in ("pycollect-shm", "mpi-shm"):
+        r = _find(doc, bf["ranks"], "barrier", 0, peer)
+        if r:
+            cells.append(f"{label(peer)} {num(r['p50_us'])} µs ({num(r['p50_us'] / lower)}× "
+                         f"the lower floor)")
+    return [f"{head} (`benchmarks/barrier_floor.c`: processes bound as the peers' ranks, "
+            f"each barrier a post to its own cache line of shared memory and a wait for the "
+            f"others', yielding the CPU as pycollect's flags wait does, and nothing else; "
+            f"the slowest rank's p50 and the period, at the start and the end of the run): "
+            + " and ".join(f"p50 {num(run['p50_us'])} µs (period {num(run['period_us'])})"
+                           for run in bf["runs"])
+            + (f"; {bf['ranks']} ranks, barrier p50: " + ", ".join(cells) if cells else "")
+            + ". Two ranks share a CPU: a call that one enters first lasts until the other "
+              "has had the CPU and posted, so the p50 sits above the period."]
 
 
 # Issue 8's: the same dist.all_reduce calls with backend "pycollect" against backend "gloo".

@@ -25,21 +25,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "floor.h"
+
 enum { EXCHANGES = 100000, WARMUP = 1000, MSG = 44 };
 enum { BLOCKING, SPIN_RECV, SPIN_POLL, WAYS };
 static const char* WAY_NAME[WAYS] = {"blocking recv()", "spinning on recv(MSG_DONTWAIT)",
                                      "spinning on poll(0), then recv()"};
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static void die(const char* what) {
-    perror(what);
-    exit(1);
-}
 
 static void receive(int fd, char* buf, int way) {
     int got = 0;

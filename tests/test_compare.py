@@ -126,3 +126,33 @@ def test_every_peer_gets_buffers_of_a_fresh_mapping(count):
         assert "hg" in flags, flags
     else:
         assert "hg" not in flags, flags
+
+
+def test_the_barrier_floor_is_measured_and_set_beside_the_peers():
+    """BarrierFloor builds benchmarks/barrier_floor.c and reads the row of pycollect's way
+    of waiting; the report sets the peers' 4-rank barrier p50 against the lower of its
+    runs.  A floor that cannot be measured says why in the report instead."""
+    compare = _compare_module()
+    doc = {"barrier_floor": {"ranks": 4, "cpus": 2, "runs": [], "note": None},
+           "results": [{"ranks": 4, "collective": "barrier", "count": 0,
+                        "peer": "pycollect-shm", "p50_us": 6.5}]}
+    floor = compare.BarrierFloor(4)
+    try:
+        floor.measure(doc)
+    finally:
+        floor.close()
+    assert floor.note is None and len(doc["barrier_floor"]["runs"]) == 1
+    run = doc["barrier_floor"]["runs"][0]
+    assert 0 < run["period_us"] < 1000 and 0 < run["p50_us"] < 1000, run
+    line = compare.barrier_floor(doc)[0]
+    assert line.startswith("Barrier floor, 4 ranks on 2 CPUs")
+    assert f"pycollect shm 6.50 µs ({compare.num(6.5 / run['p50_us'])}× the lower floor)" \
+        in line, line
+
+    missing = compare.CFloor("no_such_floor")
+    try:
+        assert missing.run([], int) is None and "did not build" in missing.note
+    finally:
+        missing.close()
+    doc["barrier_floor"] = {"ranks": 4, "cpus": 2, "runs": [], "note": missing.note}
+    assert compare.barrier_floor(doc) == [f"Barrier floor, 4 ranks on 2 CPUs: {missing.note}."]
