@@ -140,16 +140,24 @@ def test_mixed_programs_end_with_every_value_right(size, kind, seed):
 
 
 @pytest.mark.parametrize("collective", ["barrier", "allreduce"])
-def test_a_flags_collective_beside_a_receive_takes_its_message(collective):
+@pytest.mark.parametrize("way", ["by-address", "through-the-ring"])
+def test_a_flags_collective_beside_a_receive_takes_its_message(collective, way, monkeypatch):
     """Rank 0 posts a receive and runs a small collective through the flag area beside it;
-    rank 1 makes a blocking send of 1 MiB (by address: it ends once rank 0 has read it),
-    then the collective.  The flags wait reads the message aside for the receive
-    (``Transport.watch`` while stashing), so rank 1's send ends and both reach the
+    rank 1 makes a blocking send that ends only once rank 0 has taken the message (1 MiB by
+    address; or, with single-copy reads off, 4 MiB through the shared-memory ring, more
+    than it holds, read aside piece by piece as the ring refills, with no spin: every
+    wait sleeps), then the collective.  The flags wait reads the message aside for the
+    receive (``Transport.watch`` while stashing), so rank 1's send ends and both reach the
     collective; the receive gets the message whole."""
+    n = 131072
+    if way == "through-the-ring":
+        monkeypatch.setenv("PYCOLLECT_CMA", "0")
+        monkeypatch.setenv("PYCOLLECT_SPIN_US", "0")
+        n = 524288
     g = ThreadGroup(2, timeout=10)
     try:
         def body(ctx):
-            big = np.arange(131072, dtype=np.float64)
+            big = np.arange(n, dtype=np.float64)
             one = np.ones(1)
             if ctx.rank == 0:
                 got = np.zeros_like(big)
