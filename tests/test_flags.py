@@ -1,5 +1,6 @@
-"""The small-message path of one host: barrier, broadcast, allreduce and allgather through
-the shared-memory flag area (pycollect/_ext/_flags.pyx), its results and its failures."""
+"""The small-message path of one host: barrier, broadcast, allreduce, reduce_scatter and
+allgather through the shared-memory flag area (pycollect/_ext/_flags.pyx), its results and
+its failures."""
 
 import threading
 import time
@@ -18,6 +19,16 @@ MAX_BYTES = 16384
 
 def _operations(g):
     return [ctx._transport.flag_area.operations for ctx in g.contexts]
+
+
+def _ended(work, way, result):
+    """End the async call ``work`` by polling it (``way`` "poll", at most 30 s) or at once
+    by its wait, which must return ``result``; the algorithm it ran."""
+    deadline = time.monotonic() + 30
+    while way == "poll" and not work.is_completed() and time.monotonic() < deadline:
+        pass
+    assert work.wait(timeout=60) is result
+    return work.algorithm
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4, 5, 7, 8], ids=lambda n: "size%d" % n)
@@ -129,18 +140,55 @@ def test_allgather(local_group):
                     ctx.allgather(mine, recv, algorithm="flags")
                     algorithm = "flags"
                 else:
-                    work = ctx.allgather(mine, recv, algorithm="flags", async_op=True)
-                    deadline = time.monotonic() + 30
-                    while way == "poll" and not work.is_completed() \
-                            and time.monotonic() < deadline:
-                        pass
-                    assert work.wait(timeout=60) is recv
-                    algorithm = work.algorithm
+                    algorithm = _ended(ctx.allgather(mine, recv, algorithm="flags",
+                                                     async_op=True), way, recv)
                 want = np.concatenate([(np.arange(n) * 3 + r) % 97 for r in range(size)])
                 out.append((algorithm, bool(np.array_equal(recv, want.astype(dtype)))))
         return out
 
     assert g.run(body) == [[("flags", True)] * (len(cases) * len(ways))] * size
+    assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
+
+
+def test_reduce_scatter(local_group):
+    """Blocks of 1 element up to a whole sendbuf of MAX_BYTES, several dtypes and ops,
+    blocking, async waited on and async polled: every rank's block reduced right, named
+    flags, one flags operation each; a sendbuf one element past the slot runs the ring."""
+    g, size = local_group, local_group.size
+    cases = [(np.float64, pc.SUM, 1), (np.int32, pc.MAX, 3), (np.float32, pc.AVG, 100),
+             (np.int64, pc.PRODUCT, MAX_BYTES // (8 * size)),
+             (np.uint8, pc.BOR, MAX_BYTES // size)]
+    ways = ("blocking", "wait", "poll")
+    before = _operations(g)
+
+    def inputs(r, n, dtype):
+        return ((np.arange(size * n) * 5 + 3 * r) % 7 + 1).astype(dtype)
+
+    def body(ctx):
+        out = []
+        for (dtype, op, n) in cases + [(np.float64, pc.SUM, MAX_BYTES // (8 * size) + 1)]:
+            for way in ways:
+                send, recv = inputs(ctx.rank, n, dtype), np.zeros(n, dtype)
+                posts = ctx._transport.flag_area.operations
+                if way == "blocking":
+                    ctx.reduce_scatter(send, recv, op=op)
+                    algorithm = ("flags" if ctx._transport.flag_area.operations == posts + 1
+                                 else "ring")
+                else:
+                    algorithm = _ended(ctx.reduce_scatter(send, recv, op=op, async_op=True),
+                                       way, recv)
+                blocks = np.stack([inputs(r, n, dtype)[ctx.rank * n:(ctx.rank + 1) * n]
+                                   for r in range(size)])
+                want = {pc.SUM: lambda: blocks.sum(0, dtype=dtype),
+                        pc.MAX: lambda: blocks.max(0),
+                        pc.AVG: lambda: (blocks.sum(0, dtype=dtype) / size).astype(dtype),
+                        pc.PRODUCT: lambda: blocks.prod(0, dtype=dtype),
+                        pc.BOR: lambda: np.bitwise_or.reduce(blocks, axis=0)}[op]()
+                out.append((algorithm, bool(np.allclose(recv, want, rtol=1e-6))))
+        return out
+
+    want = [("flags", True)] * (len(cases) * len(ways)) + [("ring", True)] * len(ways)
+    assert g.run(body) == [want] * size
     assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
 
 

@@ -39,13 +39,14 @@ FLAGS_OUTSTANDING), rank r
    by then);
 6. reads what it needs from the peers' posts: allreduce reduces every rank's
    contribution, in rank order, into its output (so all ranks get the same
-   bits); allgather copies every rank's block into its place; broadcast copies
+   bits); reduce_scatter likewise, only its own block of each rank's whole send
+   buffer; allgather copies every rank's block into its place; broadcast copies
    the root's; barrier reads nothing.
 
-An async allreduce, allgather, broadcast or barrier begun on the caller's thread
-(``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
-next, with ``flags_allreduce_end``, ``flags_allgather_end``, ``flags_broadcast_end``
-or ``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
+An async allreduce, reduce_scatter, allgather, broadcast or barrier begun on the caller's
+thread (``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
+next, with ``flags_allreduce_end``, ``flags_reduce_scatter_end``, ``flags_allgather_end``,
+``flags_broadcast_end`` or ``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
 not ended (``flags_slot_free`` says whether one more may), and they end in the
 order of their posts (``Flags.ended``: the next to end), each before any
 operation that runs without being posted this way; ``flags_ends_at_once``
@@ -544,6 +545,33 @@ cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t 
     reduce_into(buf, _data(f, 0, k, n * es), _data(f, 1, k, n * es), n, dtype, op)
     for p in range(2, f.n):
         reduce_into(buf, buf, _data(f, p, k, n * es), n, dtype, op)
+    return 0
+
+
+cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t n,
+                              size_t es, int dtype, int op) noexcept nogil:
+    """Every rank copies its whole send buffer ``src`` (f.n blocks of ``n`` elements) into
+    its slot; once all have posted each reduces block ``f.me`` of every slot, rank 0's
+    first, into ``recv`` (AVG sums: the caller divides)."""
+    if flags_post(t, f, src, f.n * n * es) < 0:
+        return -1
+    return flags_reduce_scatter_end(t, f, recv, n, es, dtype, op)
+
+
+cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, size_t es,
+                                  int dtype, int op) noexcept nogil:
+    """The rest of a reduce_scatter that ``flags_post`` began with the whole send buffer:
+    wait for every post, then reduce this rank's block of every slot, rank 0's first, into
+    ``recv``."""
+    cdef uint64_t k
+    cdef size_t total = f.n * n * es, off = f.me * n * es
+    cdef int p
+    if _enter_wait(t, f, WAIT_ALL) < 0:
+        return -1
+    k = f.ended - 1
+    reduce_into(recv, _data(f, 0, k, total) + off, _data(f, 1, k, total) + off, n, dtype, op)
+    for p in range(2, f.n):
+        reduce_into(recv, recv, _data(f, p, k, total) + off, n, dtype, op)
     return 0
 
 

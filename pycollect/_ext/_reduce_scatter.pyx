@@ -1,14 +1,24 @@
-"""reduce_scatter and reduce_scatterv: the ring's reduce-scatter phase.
+"""reduce_scatter and reduce_scatterv: through the flag area, or the ring's reduce-scatter
+phase.
 
-``sendbuf`` is copied into a working area (it is an input and is never
-written), the ring reduce-scatter leaves rank r holding the reduced block r
-(see _ring.pyx), and that block is copied into ``recvbuf``.
+Flags (every pair on one host's shared memory, equal blocks, the whole ``sendbuf`` of up
+to _flags.FLAGS_MAX_BYTES): every rank copies its ``sendbuf`` into its slot of the
+transport's flag area and posts its flag; once all have, each reduces its own block of
+every slot, rank 0's first, into ``recvbuf`` (_flags.pyx): one synchronisation point, where
+the ring takes P - 1 steps of messages.  Every rank decides alike (``flags_fit``: the same
+area, the same size), and the operation's descriptor names the algorithm that ran.
 
-An async reduce_scatter of 2 ranks whose block goes in one message is begun in the
-call as the ring's one exchange: the call sends the peer's block of ``sendbuf``
-(``reduce_scatter_begin``); its end receives the peer's part of this rank's block and
-reduces it with this rank's own into ``recvbuf`` (``reduce_scatter_end``), in the
-ring's order.  The messages are the blocking call's.
+Ring (the rest): ``sendbuf`` is copied into a working area (it is an input and is never
+written), the ring reduce-scatter leaves rank r holding the reduced block r (see
+_ring.pyx), and that block is copied into ``recvbuf``.
+
+An async reduce_scatter is begun in the call through the flags (``reduce_scatter_begin``
+posts ``sendbuf`` where the post would not wait for its slot; ``reduce_scatter_end``
+waits for the peers' posts and reduces), or, of 2 ranks without the flags and whose
+block goes in one message, as the ring's one exchange: the call sends the peer's block
+of ``sendbuf``; its end receives the peer's part of this rank's block and reduces it
+with this rank's own into ``recvbuf``, in the ring's order.  The messages and posts are
+the blocking call's.
 """
 
 from libc.stdlib cimport free
@@ -18,6 +28,9 @@ from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
 from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
+from pycollect._ext._flags cimport (Flags, flags_ends_at_once, flags_fit, flags_post,
+                                    flags_reduce_scatter, flags_reduce_scatter_end,
+                                    flags_slot_free)
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
 from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_reduce_scatter
 from pycollect._ext._transport cimport *
@@ -41,6 +54,8 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef OpDesc d
     cdef char* work
+    cdef Flags* fl = NULL
+    cdef int algo = ALGO_RING
     try:
         for p in range(P):
             total += lens[p]
@@ -52,11 +67,19 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
             raise MemoryError()
     finally:
         free(lens)
+    if counts is None and P > 1 and total > 0 and not t.solo:
+        fl = flags_fit(t, sb.nbytes)
+        if fl != NULL:
+            algo = ALGO_FLAGS
     fill_desc(&d, seq, COLL_REDUCE_SCATTER if counts is None else COLL_REDUCE_SCATTERV,
-              sb.dtype, op, ALGO_RING, 0, rb.count if counts is None else total)
+              sb.dtype, op, algo, 0, rb.count if counts is None else total)
     with nogil:
         rc = t.begin(&d, timeout)
-        if rc == 0 and total > 0:
+        if rc == 0 and fl != NULL:
+            rc = flags_reduce_scatter(t, fl, sb.ptr, rb.ptr, rb.count, es, sb.dtype, op)
+            if rc == 0 and op == OP_AVG:
+                divide_by(rb.ptr, rb.count, sb.dtype, P)
+        elif rc == 0 and total > 0:
             work = sb.ptr
             if P > 1:
                 work = t.work_area(total * es)
@@ -72,7 +95,7 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
         layout_free(&lay)
     if rc < 0:
         raise_error(t)
-    return ALGO_RING
+    return algo
 
 
 cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
@@ -86,50 +109,79 @@ cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
 cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int op,
                                unsigned int seq, double timeout,
                                size_t segment_bytes) except? -1:
-    """Begin a reduce_scatter of 2 ranks without waiting (an async call on the caller's
-    thread), where the ring's one message (the peer's block of ``sendbuf``) is not empty
-    and no larger than ``segment_bytes``: send that block.  2 when it is begun, and
-    ``reduce_scatter_end`` must finish it before the next collective; -2 where that does
-    not apply (nothing was done: run ``reduce_scatter``)."""
+    """Begin a reduce_scatter without waiting (an async call on the caller's thread), as
+    ``reduce_scatter`` would run it: through the flag area, posting ``sendbuf`` (where the
+    post would not wait for its slot); or, of 2 ranks without the flags, where the ring's
+    one message (the peer's block of ``sendbuf``) is no larger than ``segment_bytes`` and
+    the channel takes it whole, sending that block.  1 when it has ended; 0 when it is
+    posted to the flag area and 2 when it is begun as an exchange, and
+    ``reduce_scatter_end`` must finish it before the next collective; -2 where none
+    applies (nothing was done: run ``reduce_scatter``)."""
     cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
     cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
     cdef OpDesc d
-    cdef int rc
+    cdef int rc, state = 2
+    cdef Flags* fl = NULL
     _check_blocks(t, sb, rb)
     check_op(sb.dtype, op, "reduce_scatter")
-    if (t.solo or t.size != 2 or rb.count == 0 or <size_t>rb.nbytes > segment_bytes
+    if t.solo or t.size < 2 or rb.count == 0:
+        return -2
+    fl = flags_fit(t, sb.nbytes)
+    if fl != NULL:
+        if not flags_slot_free(fl):
+            return -2
+        state = 0
+    elif (t.size != 2 or <size_t>rb.nbytes > segment_bytes
             or not exchange_fits(t, rb.nbytes)):
         return -2
-    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op, ALGO_RING, 0, rb.count)
+    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op,
+              ALGO_FLAGS if fl != NULL else ALGO_RING, 0, rb.count)
     with nogil:
         rc = t.begin(&d, timeout)
-        if rc == 0:
+        if rc == 0 and fl != NULL:
+            rc = flags_post(t, fl, sb.ptr, sb.nbytes)
+            if rc == 0 and flags_ends_at_once(fl, -1):
+                rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize,
+                                              sb.dtype, op)
+                if rc == 0 and op == OP_AVG:
+                    divide_by(rb.ptr, rb.count, sb.dtype, t.size)
+                state = 1
+        elif rc == 0:
             rc = exchange_post(t, sb.ptr + (1 - t.rank) * rb.nbytes, rb.nbytes)
     if rc < 0:
         raise_error(t)
-    return 2
+    return state
 
 
-cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op,
+cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op, int algo,
                              unsigned int seq, double timeout) except? -1:
-    """Finish the reduce_scatter ``reduce_scatter_begin`` began: receive the peer's part
-    of this rank's block and reduce it with this rank's own into ``recvbuf`` (this rank's
-    first, as the ring reduces).  ALGO_RING."""
+    """Finish the reduce_scatter ``reduce_scatter_begin`` began with ``algo``: through the
+    flag area, wait for every post and reduce this rank's block of each; the ring of 2,
+    receive the peer's part of this rank's block and reduce it with this rank's own into
+    ``recvbuf`` (this rank's first, as the ring reduces).  The algorithm's code."""
     cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
     cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
     cdef OpDesc d
     cdef int rc
     cdef char* other = NULL
-    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op, ALGO_RING, 0, rb.count)
+    cdef Flags* fl = flags_fit(t, sb.nbytes) if algo == ALGO_FLAGS else NULL
+    if fl == NULL:
+        algo = ALGO_RING
+    fill_desc(&d, seq, COLL_REDUCE_SCATTER, sb.dtype, op, algo, 0, rb.count)
     with nogil:
         rc = t.begin(&d, timeout)
-        if rc == 0:
+        if rc == 0 and fl != NULL:
+            rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize, sb.dtype, op)
+            if rc == 0 and op == OP_AVG:
+                divide_by(rb.ptr, rb.count, sb.dtype, t.size)
+        elif rc == 0:
             other = t.scratch(rb.nbytes)
             rc = -1 if other == NULL else exchange_finish(t, other, rb.nbytes)
-        if rc == 0:
-            reduce_into(rb.ptr, sb.ptr + t.rank * rb.nbytes, other, rb.count, sb.dtype, op)
-            if op == OP_AVG:
-                divide_by(rb.ptr, rb.count, sb.dtype, 2)
+            if rc == 0:
+                reduce_into(rb.ptr, sb.ptr + t.rank * rb.nbytes, other, rb.count, sb.dtype,
+                            op)
+                if op == OP_AVG:
+                    divide_by(rb.ptr, rb.count, sb.dtype, 2)
     if rc < 0:
         raise_error(t)
-    return ALGO_RING
+    return algo
