@@ -1,10 +1,10 @@
 """Async reduce_scatter and alltoall on the compiled call path (pycollect/_ext/_call.pyx):
 checked and planned in the call and queued as a compiled call, or begun in the call as the
-blocking call runs: a reduce_scatter through the flag area where its whole sendbuf fits
-(every rank on one host's shared memory: ``_reduce_scatter.reduce_scatter_begin`` posts it),
-else, at 2 ranks, as the one exchange the blocking call makes (``reduce_scatter_begin``
-sends the peer's block; ``_alltoall.alltoall_begin`` copies this rank's own block and sends
-the peer's); the end waits for the peers' posts or receives the peer's part
+blocking call runs: through the flag area where the whole sendbuf fits (every rank on one
+host's shared memory: ``_reduce_scatter.reduce_scatter_begin``, ``_alltoall.alltoall_begin``
+post it), else, at 2 ranks, as the one exchange the blocking call makes
+(``reduce_scatter_begin`` sends the peer's block; ``alltoall_begin`` copies this rank's own
+block and sends the peer's); the end waits for the peers' posts or receives the peer's part
 (``reduce_scatter_end``, ``alltoall_end``).  A poll ends a begun one whose peers' posts or
 message have come, and runs a queued one that every peer has entered
 (``Runner._run_entered``: every peer of an alltoall sends first), without the runner (the
@@ -51,11 +51,12 @@ def _exchanged(rank, size, n, dtype):
                            for p in range(size)])
 
 
-def _rs_algorithm(ctx, send):
-    """What a reduce_scatter of ``send`` runs: through the flag area where the context has
-    one (every rank on one host's shared memory) and the whole sendbuf fits a slot."""
+def _algorithm(ctx, send, messages):
+    """What a reduce_scatter or an alltoall of ``send`` runs: through the flag area where
+    the context has one (every rank on one host's shared memory) and the whole sendbuf fits
+    a slot, else ``messages`` (ring, pairwise)."""
     return ("flags" if ctx._transport.flag_area is not None and 0 < send.nbytes <= FLAGS_MAX
-            else "ring")
+            else messages)
 
 
 def _right(ctx, size, dtype, op, n, block, blocks):
@@ -90,7 +91,7 @@ PAIRS = ["shm", "tcp", "shm-subgroup"]
 def test_begun_at_two_ranks_every_value_right(kind):
     """Dtypes and ops, each rank late in turn, a blocking call behind them: every value
     right, named as the blocking calls name theirs (flags where the sendbuf fits the flag
-    area, else ring; pairwise), the handles' results the outputs; also empty blocks and
+    area, else ring and pairwise), the handles' results the outputs; also empty blocks and
     blocks larger than a segment (queued, not begun)."""
     pair = _Pair(kind)
     cases = CASES + [(np.float32, pc.SUM, 0), (np.float64, pc.SUM, (1 << 17) + 1)]
@@ -108,11 +109,12 @@ def test_begun_at_two_ranks_every_value_right(kind):
                     total = ctx.allreduce(np.ones(2)).tolist()
                     results = rs.wait(timeout=20), a2a.wait(timeout=20)
                     out.append((results[0] is block and results[1] is blocks,
-                                rs.algorithm == _rs_algorithm(ctx, send), a2a.algorithm,
+                                rs.algorithm == _algorithm(ctx, send, "ring"),
+                                a2a.algorithm == _algorithm(ctx, send, "pairwise"),
                                 total) + _right(ctx, 2, dtype, op, n, block, blocks))
             return out
 
-        want = (True, True, "pairwise", [2.0, 2.0], True, True)
+        want = (True, True, True, [2.0, 2.0], True, True)
         assert pair.run(body) == [[want] * (3 * len(cases))] * 2
     finally:
         pair.close()
@@ -217,9 +219,9 @@ def test_polls_alone_end_them(kind, monkeypatch):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 @pytest.mark.parametrize("size", [1, 3, 4])
 def test_queued_at_other_sizes(size, transport):
-    """Other group sizes queue the compiled call for the runner (a reduce_scatter through
-    the flag area is begun in the call at any size): every value right, async calls several
-    at once and blocking ones between."""
+    """Other group sizes queue the compiled call for the runner (one through the flag area
+    is begun in the call at any size): every value right, async calls several at once and
+    blocking ones between."""
     g = ThreadGroup(size, transport=transport, timeout=30)
     try:
         def body(ctx):
@@ -231,12 +233,12 @@ def test_queued_at_other_sizes(size, transport):
                          ctx.alltoall(send, blocks, async_op=True)]
                 total = ctx.allreduce(np.ones(1)).tolist()
                 pc.wait_all(works, timeout=20)
-                out.append((works[0].algorithm == _rs_algorithm(ctx, send),
-                            works[1].algorithm, total)
+                out.append((works[0].algorithm == _algorithm(ctx, send, "ring"),
+                            works[1].algorithm == _algorithm(ctx, send, "pairwise"), total)
                            + _right(ctx, size, dtype, op, n, block, blocks))
             return out
 
-        want = (True, "pairwise", [float(size)], True, True)
+        want = (True, True, [float(size)], True, True)
         assert g.run(body) == [[want] * len(CASES)] * size
     finally:
         g.close()

@@ -1,6 +1,6 @@
-"""The small-message path of one host: barrier, broadcast, allreduce, reduce_scatter and
-allgather through the shared-memory flag area (pycollect/_ext/_flags.pyx), its results and
-its failures."""
+"""The small-message path of one host: barrier, broadcast, allreduce, reduce_scatter,
+allgather and alltoall through the shared-memory flag area (pycollect/_ext/_flags.pyx), its
+results and its failures."""
 
 import threading
 import time
@@ -150,44 +150,56 @@ def test_allgather(local_group):
     assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
 
 
-def test_reduce_scatter(local_group):
-    """Blocks of 1 element up to a whole sendbuf of MAX_BYTES, several dtypes and ops,
-    blocking, async waited on and async polled: every rank's block reduced right, named
-    flags, one flags operation each; a sendbuf one element past the slot runs the ring."""
+@pytest.mark.parametrize("collective", ["reduce_scatter", "alltoall"])
+def test_reduce_scatter_and_alltoall(local_group, collective):
+    """Blocks of 1 element up to a whole sendbuf of MAX_BYTES, several dtypes (and ops),
+    blocking, async waited on and async polled: every rank's block reduced (reduce_scatter)
+    or every rank's block for this rank in place (alltoall), named flags, one flags
+    operation each; a sendbuf one element past the slot takes the messages (ring,
+    pairwise)."""
     g, size = local_group, local_group.size
     cases = [(np.float64, pc.SUM, 1), (np.int32, pc.MAX, 3), (np.float32, pc.AVG, 100),
              (np.int64, pc.PRODUCT, MAX_BYTES // (8 * size)),
              (np.uint8, pc.BOR, MAX_BYTES // size)]
     ways = ("blocking", "wait", "poll")
+    messages = "ring" if collective == "reduce_scatter" else "pairwise"
     before = _operations(g)
 
     def inputs(r, n, dtype):
         return ((np.arange(size * n) * 5 + 3 * r) % 7 + 1).astype(dtype)
 
+    def call(ctx, send, recv, op, async_op):
+        if collective == "reduce_scatter":
+            return ctx.reduce_scatter(send, recv, op=op, async_op=async_op)
+        return ctx.alltoall(send, recv, async_op=async_op)
+
     def body(ctx):
         out = []
         for (dtype, op, n) in cases + [(np.float64, pc.SUM, MAX_BYTES // (8 * size) + 1)]:
             for way in ways:
-                send, recv = inputs(ctx.rank, n, dtype), np.zeros(n, dtype)
+                send = inputs(ctx.rank, n, dtype)
+                recv = np.zeros(n if collective == "reduce_scatter" else size * n, dtype)
                 posts = ctx._transport.flag_area.operations
                 if way == "blocking":
-                    ctx.reduce_scatter(send, recv, op=op)
+                    call(ctx, send, recv, op, False)
                     algorithm = ("flags" if ctx._transport.flag_area.operations == posts + 1
-                                 else "ring")
+                                 else messages)
                 else:
-                    algorithm = _ended(ctx.reduce_scatter(send, recv, op=op, async_op=True),
-                                       way, recv)
+                    algorithm = _ended(call(ctx, send, recv, op, True), way, recv)
                 blocks = np.stack([inputs(r, n, dtype)[ctx.rank * n:(ctx.rank + 1) * n]
                                    for r in range(size)])
-                want = {pc.SUM: lambda: blocks.sum(0, dtype=dtype),
-                        pc.MAX: lambda: blocks.max(0),
-                        pc.AVG: lambda: (blocks.sum(0, dtype=dtype) / size).astype(dtype),
-                        pc.PRODUCT: lambda: blocks.prod(0, dtype=dtype),
-                        pc.BOR: lambda: np.bitwise_or.reduce(blocks, axis=0)}[op]()
+                if collective == "alltoall":
+                    want = blocks.reshape(-1)
+                else:
+                    want = {pc.SUM: lambda: blocks.sum(0, dtype=dtype),
+                            pc.MAX: lambda: blocks.max(0),
+                            pc.AVG: lambda: (blocks.sum(0, dtype=dtype) / size).astype(dtype),
+                            pc.PRODUCT: lambda: blocks.prod(0, dtype=dtype),
+                            pc.BOR: lambda: np.bitwise_or.reduce(blocks, axis=0)}[op]()
                 out.append((algorithm, bool(np.allclose(recv, want, rtol=1e-6))))
         return out
 
-    want = [("flags", True)] * (len(cases) * len(ways)) + [("ring", True)] * len(ways)
+    want = [("flags", True)] * (len(cases) * len(ways)) + [(messages, True)] * len(ways)
     assert g.run(body) == [want] * size
     assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
 

@@ -298,7 +298,8 @@ cdef class Queued:
                 return reduce_scatter_end(self.t, self.buf, self.recv, self.op, self.code,
                                           seq, self.timeout)
             if kind == K_ALLTOALL:
-                return alltoall_end(self.t, self.buf, self.recv, seq, self.timeout)
+                return alltoall_end(self.t, self.buf, self.recv, self.code, seq,
+                                    self.timeout)
             return barrier_end(self.t, seq, self.timeout)
         try:
             if kind == K_ALLREDUCE:
@@ -1206,7 +1207,7 @@ cdef class CallPath:
                                          or code == ALGO_RING)) or (
                 kind == K_BROADCAST and (code == ALGO_FLAGS or code == ALGO_BINOMIAL
                                          and root == self._rank)) or (
-                kind == K_REDUCE_SCATTER or kind == K_ALLTOALL and self._size == 2):
+                kind == K_REDUCE_SCATTER or kind == K_ALLTOALL):
             work = self.begin_posted(kind, buf, code, op, root, timeout, result, recv)
             if work is not None:
                 return work
@@ -1247,11 +1248,10 @@ cdef class CallPath:
         to its children at any size (``broadcast_begin``); a direct allreduce (up to
         ``_direct.DIRECT_BEGIN_BYTES``, with nothing else begun) stages its buffer and
         sends its hello, as does a direct allgather (its ``recvbuf``), and a poll that
-        finds every peer's hello takes its step (``Queued.advance``); an allgather and a
-        reduce_scatter begin through the flags, or at 2 ranks as the ring's one exchange
-        (``reduce_scatter_begin``), and so does an alltoall of 2 ranks (``alltoall_begin``);
-        an exchange only where the channel takes the message whole
-        (``_algo.exchange_fits``).  Where no earlier
+        finds every peer's hello takes its step (``Queued.advance``); an allgather, a
+        reduce_scatter and an alltoall begin through the flags, or at 2 ranks as their one
+        exchange (``reduce_scatter_begin``, ``alltoall_begin``); an exchange only where the
+        channel takes the message whole (``_algo.exchange_fits``).  Where no earlier
         one waits for its end and every peer it waits for had posted already (a
         broadcast's root waits for nobody) the operation ends here; else its end waits in
         the runner's queue behind those (``Runner.begun_collective``) for its wait, a poll

@@ -1,7 +1,8 @@
 # The small-message path of one host: collectives through a shared-memory flag
 # area (_flags.pyx) instead of messages.  The entry points of _barrier.pyx,
-# _broadcast.pyx, _allreduce.pyx, _allgather.pyx and _reduce_scatter.pyx call these where
-# the transport has a flag area (Transport.flag_area) and the message fits (flags_fit).
+# _broadcast.pyx, _allreduce.pyx, _allgather.pyx, _reduce_scatter.pyx and _alltoall.pyx
+# call these where the transport has a flag area (Transport.flag_area) and the message
+# fits (flags_fit).
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from pycollect._ext._transport cimport OpDesc, Transport
@@ -61,8 +62,11 @@ cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
                          size_t nbytes) noexcept nogil
 cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t n,
                               size_t es, int dtype, int op) noexcept nogil
-# An allreduce, reduce_scatter, allgather, barrier or broadcast begun without waiting (an
-# async call on the caller's thread), and its end, run before the next flags operation.
+cdef int flags_alltoall(Transport t, Flags* f, const char* src, char* recv,
+                        size_t nbytes) noexcept nogil
+# An allreduce, reduce_scatter, allgather, alltoall, barrier or broadcast begun without
+# waiting (an async call on the caller's thread), and its end, run before the next flags
+# operation.
 cdef int flags_post(Transport t, Flags* f, const char* src, size_t nbytes) noexcept nogil
 cdef bint flags_slot_free(Flags* f) noexcept nogil
 cdef bint flags_ends_at_once(Flags* f, int root) noexcept nogil
@@ -74,3 +78,4 @@ cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t 
 cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil
 cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, size_t es,
                                   int dtype, int op) noexcept nogil
+cdef int flags_alltoall_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil

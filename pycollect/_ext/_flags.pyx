@@ -40,13 +40,15 @@ FLAGS_OUTSTANDING), rank r
 6. reads what it needs from the peers' posts: allreduce reduces every rank's
    contribution, in rank order, into its output (so all ranks get the same
    bits); reduce_scatter likewise, only its own block of each rank's whole send
-   buffer; allgather copies every rank's block into its place; broadcast copies
-   the root's; barrier reads nothing.
+   buffer; allgather copies every rank's block into its place, alltoall its own
+   block of every rank's send buffer; broadcast copies the root's; barrier reads
+   nothing.
 
-An async allreduce, reduce_scatter, allgather, broadcast or barrier begun on the caller's
-thread (``flags_post``: steps 1 to 3) is ended later, by whichever thread drives it
-next, with ``flags_allreduce_end``, ``flags_reduce_scatter_end``, ``flags_allgather_end``,
-``flags_broadcast_end`` or ``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
+An async allreduce, reduce_scatter, allgather, alltoall, broadcast or barrier begun on the
+caller's thread (``flags_post``: steps 1 to 3) is ended later, by whichever thread drives
+it next, with ``flags_allreduce_end``, ``flags_reduce_scatter_end``,
+``flags_allgather_end``, ``flags_alltoall_end``, ``flags_broadcast_end`` or
+``flags_barrier_end`` (steps 4 to 6).  Up to M operations may be posted and
 not ended (``flags_slot_free`` says whether one more may), and they end in the
 order of their posts (``Flags.ended``: the next to end), each before any
 operation that runs without being posted this way; ``flags_ends_at_once``
@@ -594,4 +596,29 @@ cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) n
     k = f.ended - 1
     for p in range(f.n):
         memcpy(recv + p * nbytes, _data(f, p, k, nbytes), nbytes)
+    return 0
+
+
+cdef int flags_alltoall(Transport t, Flags* f, const char* src, char* recv,
+                        size_t nbytes) noexcept nogil:
+    """Every rank copies its whole send buffer ``src`` (f.n blocks of ``nbytes``) into its
+    slot; once all have posted each copies block ``f.me`` of every slot, in rank order,
+    into ``recv``."""
+    if flags_post(t, f, src, f.n * nbytes) < 0:
+        return -1
+    return flags_alltoall_end(t, f, recv, nbytes)
+
+
+cdef int flags_alltoall_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil:
+    """The rest of an alltoall that ``flags_post`` began with the whole send buffer: wait
+    for every post, then copy this rank's block of every slot, in rank order, into
+    ``recv``."""
+    cdef uint64_t k
+    cdef size_t total = f.n * nbytes, off = f.me * nbytes
+    cdef int p
+    if _enter_wait(t, f, WAIT_ALL) < 0:
+        return -1
+    k = f.ended - 1
+    for p in range(f.n):
+        memcpy(recv + p * nbytes, _data(f, p, k, total) + off, nbytes)
     return 0
