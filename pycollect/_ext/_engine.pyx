@@ -819,10 +819,7 @@ cdef class Engine(Transport):
                         break
                     continue
                 n = ch.ops.peek(ch, &h)
-                if n != HDR_BYTES or not (
-                        (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
-                        and h.coll == COLL_P2P and h.word.group_id == self.op.group_id
-                        and h.msgno == pr.recv_msgs):
+                if n != HDR_BYTES or not self._next_p2p(p, &h):
                     break
                 s = self._new_stashed(p, &h)
                 if s == NULL:
@@ -1353,7 +1350,13 @@ cdef class Engine(Transport):
         point-to-point message of the collective's group (inline or by address), the next
         the pair numbers; anything else is checked as ever."""
         return (self.stashing and not r.flex and self.op.coll != COLL_P2P
-                and (h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
+                and self._next_p2p(peer, h))
+
+    cdef inline bint _next_p2p(self, int peer, const MsgHeader* h) noexcept nogil:
+        """The frame ``h`` is the next message the pair from ``peer`` numbers, and a
+        point-to-point one of the operation's group (inline or by address): what a
+        collective beside waiting receives reads aside (``_stashable``, ``_read_aside``)."""
+        return ((h.magic == MAGIC_DATA or h.magic == MAGIC_BY_ADDRESS)
                 and h.coll == COLL_P2P and h.word.group_id == self.op.group_id
                 and h.msgno == self.pairs[peer].recv_msgs)
 

@@ -81,7 +81,8 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
 from libc.string cimport memcpy
 
-from pycollect._ext._reduce cimport reduce_into
+from pycollect._ext._dtypes cimport OP_AVG
+from pycollect._ext._reduce cimport divide_by, reduce_into
 from pycollect._ext._transport cimport *
 
 cdef extern from "_sys.h" nogil:
@@ -554,7 +555,7 @@ cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv
                               size_t es, int dtype, int op) noexcept nogil:
     """Every rank copies its whole send buffer ``src`` (f.n blocks of ``n`` elements) into
     its slot; once all have posted each reduces block ``f.me`` of every slot, rank 0's
-    first, into ``recv`` (AVG sums: the caller divides)."""
+    first, into ``recv`` (AVG: the sum over f.n)."""
     if flags_post(t, f, src, f.n * n * es) < 0:
         return -1
     return flags_reduce_scatter_end(t, f, recv, n, es, dtype, op)
@@ -564,7 +565,7 @@ cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, s
                                   int dtype, int op) noexcept nogil:
     """The rest of a reduce_scatter that ``flags_post`` began with the whole send buffer:
     wait for every post, then reduce this rank's block of every slot, rank 0's first, into
-    ``recv``."""
+    ``recv`` (AVG: the sum over f.n)."""
     cdef uint64_t k
     cdef size_t total = f.n * n * es, off = f.me * n * es
     cdef int p
@@ -574,6 +575,8 @@ cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, s
     reduce_into(recv, _data(f, 0, k, total) + off, _data(f, 1, k, total) + off, n, dtype, op)
     for p in range(2, f.n):
         reduce_into(recv, recv, _data(f, p, k, total) + off, n, dtype, op)
+    if op == OP_AVG:
+        divide_by(recv, n, dtype, f.n)
     return 0
 
 

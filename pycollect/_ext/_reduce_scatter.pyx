@@ -77,8 +77,6 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:
             rc = flags_reduce_scatter(t, fl, sb.ptr, rb.ptr, rb.count, es, sb.dtype, op)
-            if rc == 0 and op == OP_AVG:
-                divide_by(rb.ptr, rb.count, sb.dtype, P)
         elif rc == 0 and total > 0:
             work = sb.ptr
             if P > 1:
@@ -143,8 +141,6 @@ cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int 
             if rc == 0 and flags_ends_at_once(fl, -1):
                 rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize,
                                               sb.dtype, op)
-                if rc == 0 and op == OP_AVG:
-                    divide_by(rb.ptr, rb.count, sb.dtype, t.size)
                 state = 1
         elif rc == 0:
             rc = exchange_post(t, sb.ptr + (1 - t.rank) * rb.nbytes, rb.nbytes)
@@ -172,8 +168,6 @@ cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:
             rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize, sb.dtype, op)
-            if rc == 0 and op == OP_AVG:
-                divide_by(rb.ptr, rb.count, sb.dtype, t.size)
         elif rc == 0:
             other = t.scratch(rb.nbytes)
             rc = -1 if other == NULL else exchange_finish(t, other, rb.nbytes)
