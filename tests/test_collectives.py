@@ -140,6 +140,54 @@ def test_allgather_gather_scatter_alltoall(group, dtype):
                 assert np.array_equal(results[r]["scatter", n, root], _payload(dtype, n, r, 1))
 
 
+def test_buffers_that_are_not_arrays(group):
+    """Every collective takes memoryviews (and bytearrays) where it takes arrays: their
+    exported buffers are described and held for the call as arrays are."""
+    size = group.size
+
+    def body(ctx):
+        r, out = ctx.rank, {}
+        a = np.arange(6, dtype=np.int32) + 10 * r
+        out["allreduce"] = np.asarray(ctx.allreduce(memoryview(a.copy()))).copy()
+        b = bytearray([r + 1] * 5)
+        ctx.broadcast(b, root=size - 1)
+        out["broadcast"] = bytes(b)
+        red = a.copy()
+        ctx.reduce(memoryview(red), root=0, op=pc.MAX)
+        out["reduce"] = red
+        got = np.zeros((size, 6), np.int32)
+        ctx.allgather(memoryview(a), memoryview(got))
+        out["allgather"] = got
+        send = np.arange(size * 3, dtype=np.float64) + 100 * r
+        rs = np.zeros(3, np.float64)
+        ctx.reduce_scatter(memoryview(send), memoryview(rs))
+        out["reduce_scatter"] = rs
+        a2a = np.zeros(size * 3, np.float64)
+        ctx.alltoall(memoryview(send), memoryview(a2a))
+        out["alltoall"] = a2a
+        gat = np.zeros((size, 6), np.int32) if r == 0 else None
+        ctx.gather(memoryview(a), None if gat is None else memoryview(gat), root=0)
+        out["gather"] = gat
+        sc = np.zeros(2, np.int64)
+        blocks = np.arange(size * 2, dtype=np.int64) if r == 0 else None
+        ctx.scatter(None if blocks is None else memoryview(blocks), memoryview(sc), root=0)
+        out["scatter"] = sc
+        return out
+
+    results = group.run(body)
+    rows = np.stack([np.arange(6, dtype=np.int32) + 10 * p for p in range(size)])
+    sends = np.stack([np.arange(size * 3, dtype=np.float64) + 100 * p for p in range(size)])
+    for r, out in enumerate(results):
+        assert np.array_equal(out["allreduce"], rows.sum(axis=0))
+        assert out["broadcast"] == bytes([size] * 5)
+        assert np.array_equal(out["allgather"], rows)
+        assert np.array_equal(out["reduce_scatter"], sends.sum(axis=0)[3 * r:3 * r + 3])
+        assert np.array_equal(out["alltoall"], sends[:, 3 * r:3 * r + 3].ravel())
+        assert np.array_equal(out["scatter"], np.arange(2 * r, 2 * r + 2))
+    assert np.array_equal(results[0]["reduce"], rows.max(axis=0))
+    assert np.array_equal(results[0]["gather"], rows)
+
+
 @pytest.mark.parametrize("dtype", ["uint8", "float32", "complex128"])
 def test_v_collectives_with_uneven_counts(group, dtype):
     size = group.size

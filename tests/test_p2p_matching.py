@@ -336,6 +336,33 @@ def test_polls_of_an_async_receive_move_it_themselves(pair, monkeypatch):
     assert pair.run(body) == [[(True, True, True)] * 4] * 2
 
 
+def test_a_receive_whose_status_refuses_its_result_fails_alone(pair):
+    """An async receive whose ``status`` (any object with ``set``) raises when its message
+    comes: that handle raises the error; the receive beside it in the same batch, and the
+    context, go on.  Both wait in the runner's batch when their messages come."""
+    class Refusing:
+        def set(self, source, count, tag):
+            raise ValueError("status refused (%d, %d, %d)" % (source, count, tag))
+
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.recv(np.zeros(1), 1, tag=9)       # rank 1's receives are posted
+            ctx.send(np.full(3, 1.0), 1, tag=1)
+            ctx.send(np.full(3, 2.0), 1, tag=2)
+            return ctx.allreduce(np.ones(2)).tolist()
+        bad, good = np.zeros(3), np.zeros(3)
+        works = [ctx.recv(bad, 0, tag=1, async_op=True, status=Refusing()),
+                 ctx.recv(good, 0, tag=2, async_op=True)]
+        ctx.send(np.zeros(1), 0, tag=9)
+        with pytest.raises(ValueError, match=r"status refused \(0, 3, 1\)"):
+            works[0].wait(timeout=10)
+        status = works[1].wait(timeout=10)
+        return (bad.tolist(), good.tolist(), (status.source, status.tag, status.count),
+                ctx.allreduce(np.ones(2)).tolist())
+
+    assert pair.run(body) == [[2.0, 2.0], ([1.0] * 3, [2.0] * 3, (0, 2, 3), [2.0, 2.0])]
+
+
 def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     """MPI's Irecv, compute, Send, Wait on both ranks: while a rank computes, its runner
     takes up the waiting receive's batch and drives it, holding the context's lock until

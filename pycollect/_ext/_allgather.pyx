@@ -40,7 +40,7 @@ from libc.stdlib cimport free
 from libc.string cimport memmove
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
-from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end,
                                     flags_ends_at_once, flags_fit, flags_post,
@@ -104,8 +104,10 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     if algo != ALGO_RING and algo != ALGO_DIRECT and algo != ALGO_FLAGS:
         raise InvalidArgument("allgather: unknown algorithm code %d" % algo)
     name = "allgather" if counts is None else "allgatherv"
-    cdef Buffer sb = as_buffer(sendbuf, name, "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, name, "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, name, "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, name, "recvbuf", True)
     check_pair(sb, rb, name)
     cdef int P = t.size, r = t.rank
     cdef size_t* lens = (filled_array(P, sb.count) if counts is None
@@ -158,7 +160,7 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     return algo
 
 
-cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
+cdef int _check_blocks(Transport t, View sb, View rb) except -1:
     """The arguments of an allgather of equal blocks begun in the call, checked as
     ``allgather`` checks them (InvalidArgument)."""
     check_pair(sb, rb, "allgather")
@@ -179,8 +181,10 @@ cpdef int allgather_begin(Transport t, object sendbuf, object recvbuf, int algo,
     BEGUN_DIRECT when its hello is sent (``allgather_step`` may run) and 2 when it is begun
     as an exchange, and ``allgather_end`` must finish it before the next collective; -2
     where none applies (nothing was done)."""
-    cdef Buffer sb = as_buffer(sendbuf, "allgather", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "allgather", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "allgather", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "allgather", "recvbuf", True)
     cdef OpDesc d
     cdef DirectHello* hello
     cdef char* mine = rb.ptr + t.rank * sb.nbytes
@@ -238,15 +242,15 @@ cpdef int allgather_end(Transport t, object sendbuf, object recvbuf, int algo,
     the peers' releases; through the flag area, wait for every post and copy every block
     into place; the ring of 2, receive the peer's block into its place.  The algorithm's
     code."""
-    cdef Buffer sb
-    cdef Buffer rb
+    cdef View sb
+    cdef View rb
     cdef Flags* fl
     cdef OpDesc d
     cdef int rc
     if algo == ALGO_DIRECT:
         return _steps(t, sendbuf, recvbuf, seq, timeout, segment_bytes, not stepped, False)
-    sb = as_buffer(sendbuf, "allgather", "sendbuf", False)
-    rb = as_buffer(recvbuf, "allgather", "recvbuf", True)
+    held_sb = pin(sendbuf, &sb, "allgather", "sendbuf", False)
+    held_rb = pin(recvbuf, &rb, "allgather", "recvbuf", True)
     fl = flags_fit(t, sb.nbytes) if algo == ALGO_FLAGS else NULL
     if fl == NULL:
         algo = ALGO_RING
@@ -264,8 +268,10 @@ cpdef int allgather_end(Transport t, object sendbuf, object recvbuf, int algo,
 
 cdef int _steps(Transport t, object sendbuf, object recvbuf, unsigned int seq, double timeout,
                 size_t segment_bytes, bint step, bint step_only) except -1:
-    cdef Buffer sb = as_buffer(sendbuf, "allgather", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "allgather", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "allgather", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "allgather", "recvbuf", True)
     cdef size_t es = rb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef Layout lay

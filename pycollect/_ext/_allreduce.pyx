@@ -74,7 +74,7 @@ from pycollect._ext._algo cimport (chunk_length, chunk_offset, exchange_finish, 
                                    exchange_post)
 from pycollect._ext._ring cimport (Layout, layout_even, layout_free, ring_allgather,
                                    ring_reduce_scatter)
-from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._buffer cimport View, pin
 from pycollect._ext._direct cimport (BEGUN_DIRECT, BEGUN_DIRECT_STAGED, DIRECT_BEGIN_BYTES,
                                      DIRECT_CHUNK_BYTES, DIRECT_KERNEL_CHUNK_BYTES,
                                      DirectHello, direct_hello, direct_hello_send,
@@ -437,7 +437,8 @@ cpdef int allreduce(Transport t, object buf, int op, int algo, unsigned int seq,
     ``direct`` reads the peers' buffers with ``t.read_remote``; where some rank may not read
     every peer's memory, every rank runs halving-doubling (and that code is returned).
     """
-    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef View b
+    held = pin(buf, &b, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef OpDesc d
     cdef Flags* fl = NULL
@@ -512,7 +513,8 @@ cpdef int allreduce_begin(Transport t, object buf, int op, int algo, unsigned in
     direct, ``allreduce_step`` may run first) must finish it before the next collective;
     -2 when none applies or the post would wait for its slot (nothing was done: run
     ``allreduce``)."""
-    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef View b
+    held = pin(buf, &b, "allreduce", "buf", True)
     check_op(b.dtype, op, "allreduce")
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
@@ -576,7 +578,8 @@ cpdef int allreduce_step(Transport t, object buf, int op, unsigned int seq, doub
     it to them, and tell them so without waiting.  ALGO_DIRECT: ``allreduce_end`` (with
     ``stepped``) finishes it once the peers have said the same; ALGO_HALVING_DOUBLING: some
     rank may not read every peer, and halving-doubling ran instead (it has ended)."""
-    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef View b
+    held = pin(buf, &b, "allreduce", "buf", True)
     cdef OpDesc d
     cdef int rc, algo = ALGO_DIRECT
     fill_desc(&d, seq, COLL_ALLREDUCE, b.dtype, op, ALGO_DIRECT, 0, b.count)
@@ -630,7 +633,8 @@ cpdef int allreduce_end(Transport t, object buf, int op, int algo, unsigned int 
     then wait for the peers' release and copy their slices out of the stage); or receive
     the peer's buffer and reduce it with this one, lower rank first.  The algorithm's
     code."""
-    cdef Buffer b = as_buffer(buf, "allreduce", "buf", True)
+    cdef View b
+    held = pin(buf, &b, "allreduce", "buf", True)
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef char* stage = direct_staged(t) if algo == ALGO_DIRECT and staged else NULL
     cdef OpDesc d

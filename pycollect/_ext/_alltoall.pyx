@@ -24,7 +24,7 @@ from libc.stdlib cimport free
 from libc.string cimport memmove
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post, wrap
-from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._flags cimport (Flags, flags_alltoall, flags_alltoall_end,
                                     flags_ends_at_once, flags_fit, flags_post, flags_slot_free)
@@ -63,8 +63,10 @@ def alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf, obj
              unsigned int seq, double timeout):
     """Block p of ``sendbuf`` goes to rank p, block p of ``recvbuf`` comes from rank p."""
     name = "alltoall" if sendcounts is None else "alltoallv"
-    cdef Buffer sb = as_buffer(sendbuf, name, "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, name, "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, name, "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, name, "recvbuf", True)
     check_pair(sb, rb, name)
     cdef int P = t.size, rc = 0
     cdef size_t block = 0
@@ -116,7 +118,7 @@ def alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf, obj
     return algo
 
 
-cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
+cdef int _check_blocks(Transport t, View sb, View rb) except -1:
     """The arguments of an alltoall begun in the call, checked as ``alltoall`` checks them
     (InvalidArgument)."""
     check_pair(sb, rb, "alltoall")
@@ -136,8 +138,10 @@ cpdef int alltoall_begin(Transport t, object sendbuf, object recvbuf, unsigned i
     place and sending the peer's.  1 when it has ended; 0 when it is posted to the flag
     area and 2 when it is begun as an exchange, and ``alltoall_end`` must finish it before
     the next collective; -2 where none applies (nothing was done: run ``alltoall``)."""
-    cdef Buffer sb = as_buffer(sendbuf, "alltoall", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "alltoall", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "alltoall", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "alltoall", "recvbuf", True)
     cdef OpDesc d
     cdef int rc, r = t.rank, state = 2
     cdef size_t nbytes
@@ -176,8 +180,10 @@ cpdef int alltoall_end(Transport t, object sendbuf, object recvbuf, int algo,
     """Finish the alltoall ``alltoall_begin`` began with ``algo``: through the flag area,
     wait for every post and copy this rank's block of each into place; the exchange of 2,
     receive the peer's block into its place.  The algorithm's code."""
-    cdef Buffer sb = as_buffer(sendbuf, "alltoall", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "alltoall", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "alltoall", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "alltoall", "recvbuf", True)
     cdef OpDesc d
     cdef int rc
     cdef size_t nbytes = sb.nbytes // t.size

@@ -38,7 +38,7 @@ fit, ``flags`` runs the binomial tree.
 from libc.stdlib cimport free, malloc
 
 from pycollect._ext._algo cimport segment_count, segment_length, wrap
-from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._buffer cimport View, pin
 from pycollect._ext._direct cimport (DirectHello, direct_offer, direct_read, direct_view,
                                      direct_write)
 from pycollect._ext._flags cimport (Flags, flags_broadcast, flags_broadcast_end,
@@ -200,7 +200,8 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
 cpdef int broadcast(Transport t, object buf, int root, int algo, unsigned int seq, double timeout,
                     size_t segment_bytes) except? -1:
     """Copy root's ``buf`` into every rank's ``buf`` (one nogil call); return the algorithm code."""
-    cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
+    cdef View b
+    held = pin(buf, &b, "broadcast", "buf", t.rank != root)
     cdef OpDesc d
     cdef Flags* fl = NULL
     if algo == ALGO_FLAGS:
@@ -245,7 +246,8 @@ cpdef int broadcast_begin(Transport t, object buf, int root, int algo, unsigned 
     (with ALGO_FLAGS or ALGO_BINOMIAL) must finish it before the next collective; -2 when
     neither applies (a binomial broadcast's other ranks receive first: queued as usual) or
     the post would wait for its slot (nothing was done: run ``broadcast``)."""
-    cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
+    cdef View b
+    held = pin(buf, &b, "broadcast", "buf", t.rank != root)
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef bint mine = t.rank == root
     cdef OpDesc d
@@ -294,7 +296,8 @@ cpdef int broadcast_end(Transport t, object buf, int root, int algo, unsigned in
     posted to the flag area; else the root began its sends), its deadline counting from
     now: wait for the root's post and copy it out, or finish the root's sends; the
     algorithm's code."""
-    cdef Buffer b = as_buffer(buf, "broadcast", "buf", t.rank != root)
+    cdef View b
+    held = pin(buf, &b, "broadcast", "buf", t.rank != root)
     cdef Flags* fl = flags_fit(t, b.nbytes) if algo == ALGO_FLAGS else NULL
     cdef OpDesc d
     cdef int rc

@@ -12,9 +12,20 @@ cdef class Buffer:
     cdef readonly int itemsize
     cdef readonly bint readonly
 
+cdef struct View:
+    # What a blocking operation needs of a buffer: ``pin`` fills it.
+    char* ptr
+    Py_ssize_t nbytes
+    Py_ssize_t count
+    int dtype
+    int itemsize
+    bint readonly
+
 cdef Buffer as_buffer(object obj, str op, str arg, bint writable)
+cdef object pin(object obj, View* v, str op, str arg, bint writable)
+cdef void view_of(Buffer b, View* v) noexcept
 
 cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL
 cdef size_t* filled_array(int size, size_t value) except NULL
-cdef int check_pair(Buffer send, Buffer recv, str op) except -1
-cdef int check_count(Buffer b, Py_ssize_t expected, str op, str arg, str why) except -1
+cdef int check_pair(View send, View recv, str op) except -1
+cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why) except -1

@@ -91,21 +91,29 @@ cdef int _ndarray_code(cnp.ndarray arr, str op, str arg) except -2:
                   % (arr.dtype, ", ".join(DTYPES.values())))
 
 
-cdef Buffer _from_ndarray(cnp.ndarray arr, str op, str arg, bint writable):
-    cdef Buffer b = Buffer.__new__(Buffer)
-    b.dtype = _ndarray_code(arr, op, arg)
+cdef int _view_ndarray(cnp.ndarray arr, View* v, str op, str arg, bint writable) except -1:
+    v.dtype = _ndarray_code(arr, op, arg)
     if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
         raise _reject(op, arg, "is not C-contiguous (shape %s, strides %s); pass "
                       "np.ascontiguousarray(...) and copy the result back"
                       % ((<object>arr).shape, (<object>arr).strides))
-    b.readonly = not cnp.PyArray_ISWRITEABLE(arr)
-    if writable and b.readonly:
+    v.readonly = not cnp.PyArray_ISWRITEABLE(arr)
+    if writable and v.readonly:
         raise _reject(op, arg, "is read-only but receives the result")
+    v.ptr = <char*>cnp.PyArray_DATA(arr)
+    v.itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
+    v.count = cnp.PyArray_SIZE(arr)
+    v.nbytes = v.count * v.itemsize
+    return 0
+
+
+cdef Buffer _from_ndarray(cnp.ndarray arr, str op, str arg, bint writable):
+    cdef Buffer b = Buffer.__new__(Buffer)
+    cdef View v
+    _view_ndarray(arr, &v, op, arg, writable)
     b.obj = arr
-    b.ptr = <char*>cnp.PyArray_DATA(arr)
-    b.itemsize = <int>cnp.PyArray_ITEMSIZE(arr)
-    b.count = cnp.PyArray_SIZE(arr)
-    b.nbytes = b.count * b.itemsize
+    b.ptr, b.nbytes, b.count, b.itemsize = v.ptr, v.nbytes, v.count, v.itemsize
+    b.dtype, b.readonly = v.dtype, v.readonly
     return b
 
 
@@ -156,6 +164,26 @@ cdef Buffer as_buffer(object obj, str op, str arg, bint writable):
     return b
 
 
+cdef object pin(object obj, View* v, str op, str arg, bint writable):
+    """Describe ``obj`` in ``v`` for one blocking operation, as ``as_buffer`` would, or
+    raise InvalidArgument; what the caller keeps until the operation ends: None for a
+    NumPy array (the caller's own reference keeps it; no object is made), else the
+    ``Buffer`` that holds the exported buffer."""
+    cdef Buffer b
+    if isinstance(obj, cnp.ndarray):
+        _view_ndarray(<cnp.ndarray>obj, v, op, arg, writable)
+        return None
+    b = as_buffer(obj, op, arg, writable)
+    view_of(b, v)
+    return b
+
+
+cdef void view_of(Buffer b, View* v) noexcept:
+    """``v`` describes what ``b`` pins."""
+    v.ptr, v.nbytes, v.count, v.itemsize = b.ptr, b.nbytes, b.count, b.itemsize
+    v.dtype, v.readonly = b.dtype, b.readonly
+
+
 def describe(obj, bint writable=False):
     """Return (dtype code, element count, byte count) as the gatekeeper sees ``obj``."""
     cdef Buffer b = as_buffer(obj, "describe", "obj", writable)
@@ -194,7 +222,7 @@ cdef size_t* filled_array(int size, size_t value) except NULL:
     return out
 
 
-cdef int check_pair(Buffer send, Buffer recv, str op) except -1:
+cdef int check_pair(View send, View recv, str op) except -1:
     """Refuse a send and a receive buffer of different dtypes."""
     if send.dtype != recv.dtype:
         raise InvalidArgument("%s: 'sendbuf' holds %s but 'recvbuf' holds %s"
@@ -202,7 +230,7 @@ cdef int check_pair(Buffer send, Buffer recv, str op) except -1:
     return 0
 
 
-cdef int check_count(Buffer b, Py_ssize_t expected, str op, str arg, str why) except -1:
+cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why) except -1:
     """Refuse a buffer whose element count is not ``expected``."""
     if b.count != expected:
         raise _reject(op, arg, "holds %d elements but must hold %d (%s)"

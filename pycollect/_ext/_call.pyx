@@ -44,7 +44,7 @@ from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
-from pycollect._ext._buffer cimport Buffer, as_buffer
+from pycollect._ext._buffer cimport View, as_buffer, pin
 from pycollect._ext._lock cimport CallLock
 from pycollect._ext._work cimport Later, P2P, Runner, Status, Work, filled
 from pycollect._ext._p2p cimport Batch
@@ -60,8 +60,6 @@ from pycollect._ext._transport cimport (ALGO_BINOMIAL, ALGO_DIRECT, ALGO_DISSEMI
 
 from os import sched_yield as _sched_yield
 from time import monotonic as _monotonic, sleep as _sleep
-
-import numpy as np
 
 from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
 from pycollect._ext._allgather import allgather as _allgather
@@ -423,7 +421,7 @@ cdef class CallPath:
         """Copy ``buf`` from ``root`` into ``buf`` on every rank, in place; return ``buf``."""
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(buf) is not np.ndarray or seconds < 0 or type(root) is not int
+        if (type(buf) is not cnp.ndarray or seconds < 0 or type(root) is not int
                 or not 0 <= root < self._size
                 or not (self.ready_async() if async_op
                         else self.ready() or self.may_run_beside())):
@@ -451,7 +449,7 @@ cdef class CallPath:
         """
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
+        if (type(buf) is not cnp.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
                 or seconds < 0 or not (self.ready_async() if async_op
                                        else self.ready() or self.may_run_beside())):
             return self._allreduce_any(buf, op, algorithm, async_op, recvbuf=recvbuf,
@@ -471,7 +469,7 @@ cdef class CallPath:
         (a number for a number), ``buf`` elsewhere."""
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(buf) is not np.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
+        if (type(buf) is not cnp.ndarray or type(op) is not _REDUCE_OP or recvbuf is not None
                 or seconds < 0 or not self.is_rank(root)
                 or not (self.ready_async() if async_op else self.ready())):
             return self._reduce_any(buf, root, op, algorithm, async_op, recvbuf=recvbuf,
@@ -492,7 +490,7 @@ cdef class CallPath:
         block straight into the others' ``recvbuf``)."""
         cdef int code
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or seconds < 0
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or seconds < 0
                 or not (self.ready_async() if async_op else self.ready())):
             return self._allgather_any(sendbuf, recvbuf, async_op, timeout, algorithm=algorithm)
         code = self.plan(K_ALLGATHER, algorithm, sendbuf)
@@ -506,7 +504,7 @@ cdef class CallPath:
     def allgatherv(self, sendbuf, recvbuf=None, counts=None, async_op=False, timeout=None):
         """allgather with ``counts[r]`` elements from rank r, packed in rank order."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or async_op
                 or counts is None or seconds < 0 or not self.ready()
                 or self.run(K_ALLGATHERV, sendbuf, recvbuf, 0, 0, 0, seconds,
                             counts) is _TAKE_SLOW):
@@ -537,12 +535,12 @@ cdef class CallPath:
     def reduce_scatter(self, sendbuf, recvbuf=None, op=_SUM, async_op=False, timeout=None):
         """Reduce ``sendbuf`` (size equal blocks) across ranks; rank r receives block r."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray
+        if (type(sendbuf) is cnp.ndarray and type(recvbuf) is cnp.ndarray
                 and type(op) is _REDUCE_OP and async_op and seconds >= 0
                 and self.ready_async()):
             return self.queue(K_REDUCE_SCATTER, sendbuf, recvbuf, ALGO_RING, op, 0, seconds,
                               recvbuf)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray
                 or type(op) is not _REDUCE_OP or async_op or seconds < 0 or not self.ready()
                 or self.run(K_REDUCE_SCATTER, sendbuf, recvbuf, 0, op, 0,
                             seconds) is _TAKE_SLOW):
@@ -553,7 +551,7 @@ cdef class CallPath:
                         timeout=None):
         """reduce_scatter where rank r receives the ``counts[r]`` elements of its block."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray
                 or type(op) is not _REDUCE_OP or async_op or counts is None or seconds < 0
                 or not self.ready()
                 or self.run(K_REDUCE_SCATTERV, sendbuf, recvbuf, 0, op, 0, seconds,
@@ -564,11 +562,11 @@ cdef class CallPath:
     def alltoall(self, sendbuf, recvbuf=None, async_op=False, timeout=None):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray and async_op
+        if (type(sendbuf) is cnp.ndarray and type(recvbuf) is cnp.ndarray and async_op
                 and seconds >= 0 and self.ready_async()):
             return self.queue(K_ALLTOALL, sendbuf, recvbuf, ALGO_PAIRWISE, 0, 0, seconds,
                               recvbuf)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or async_op
                 or seconds < 0 or not self.ready()
                 or self.run(K_ALLTOALL, sendbuf, recvbuf, 0, 0, 0, seconds) is _TAKE_SLOW):
             return self._alltoall_any(sendbuf, recvbuf, async_op, timeout)
@@ -578,7 +576,7 @@ cdef class CallPath:
                   timeout=None):
         """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is not np.ndarray or type(recvbuf) is not np.ndarray or async_op
+        if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or async_op
                 or sendcounts is None or recvcounts is None or seconds < 0 or not self.ready()
                 or self.run(K_ALLTOALLV, sendbuf, recvbuf, 0, 0, 0, seconds, sendcounts,
                             recvcounts) is _TAKE_SLOW):
@@ -589,7 +587,7 @@ cdef class CallPath:
     def send(self, buf, dst, tag=0, async_op=False, timeout=None):
         """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (async_op and type(buf) is np.ndarray and seconds >= 0 and self.is_peer(dst)
+        if (async_op and type(buf) is cnp.ndarray and seconds >= 0 and self.is_peer(dst)
                 and _is_tag(tag, False) and self.ready_async()):
             work = self.begin_p2p(False, buf, dst, tag, seconds, None)
             if work is None:
@@ -600,7 +598,7 @@ cdef class CallPath:
                     work = self.join_p2p(False, buf, dst, tag, seconds, True)
             if work is not None and work is not _TAKE_SLOW:
                 return work
-        if (type(buf) is not np.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
+        if (type(buf) is not cnp.ndarray or async_op or seconds < 0 or not self.is_peer(dst)
                 or not _is_tag(tag, False)):
             return self._send_any(buf, dst, tag, async_op, timeout)
         if self.ready():
@@ -623,7 +621,7 @@ cdef class CallPath:
         Work's result is the ``Status`` (source, count, tag).
         """
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (async_op and type(buf) is np.ndarray and seconds >= 0
+        if (async_op and type(buf) is cnp.ndarray and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and _is_tag(tag, True) and self.ready_async()):
             work = self.begin_p2p(True, buf, src, tag, seconds, status)
@@ -631,7 +629,7 @@ cdef class CallPath:
                 work = self.join_p2p(True, buf, src, tag, seconds, True, status)
             if work is not None and work is not _TAKE_SLOW:
                 return work
-        if (type(buf) is np.ndarray and not async_op and status is None and seconds >= 0
+        if (type(buf) is cnp.ndarray and not async_op and status is None and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and _is_tag(tag, True)):
             if self.ready():
@@ -649,7 +647,7 @@ cdef class CallPath:
         """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src``, both in
         flight at once (MPI_Sendrecv); return the source rank, filling ``status``."""
         cdef double seconds = _seconds(timeout, self._timeout)
-        if (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray and seconds >= 0
+        if (type(sendbuf) is cnp.ndarray and type(recvbuf) is cnp.ndarray and seconds >= 0
                 and self.is_peer(dst) and _is_tag(sendtag, False) and _is_tag(recvtag, True)
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and self.ready_p2p()):
@@ -807,12 +805,12 @@ cdef class CallPath:
         cdef CallLock lock = self._lock
         cdef Transport t = self._transport
         cdef Batch batch
-        cdef Buffer b
+        cdef View b
         cdef Runner runner = self._runner
         if runner is None:
             return _TAKE_SLOW
         try:
-            b = as_buffer(buf, "send", "buf", False)
+            held = pin(buf, &b, "send", "buf", False)
         except InvalidArgument:
             return _TAKE_SLOW
         # A thread that drives the batch holds the lock until the batch has nothing left
@@ -828,7 +826,7 @@ cdef class CallPath:
                 entry = _note(rec, K_SEND, buf, NONE, [dst], True)
             self._busy = True
             try:
-                _send_beside(t, batch, b, dst, tag, timeout)
+                _send_beside(t, batch, &b, dst, tag, timeout)
             except BaseException as exc:    # KeyboardInterrupt fails the context too
                 self.failed(exc, entry)
                 raise
@@ -1161,11 +1159,11 @@ cdef class CallPath:
         cdef bint v = kind == K_GATHERV or kind == K_SCATTERV
         cdef double seconds = _seconds(timeout, self._timeout)
         mine, blocks = (sendbuf, recvbuf) if gathering else (recvbuf, sendbuf)
-        if (type(mine) is np.ndarray and not async_op and seconds >= 0 and self.is_rank(root)
+        if (type(mine) is cnp.ndarray and not async_op and seconds >= 0 and self.is_rank(root)
                 and not (v and counts is None) and self.ready()):
             if root != self._rank:
                 blocks = None                       # not used off the root
-            elif type(blocks) is not np.ndarray:
+            elif type(blocks) is not cnp.ndarray:
                 mine = None                         # the root's blocks: the Python path's
             if mine is not None:
                 if gathering:

@@ -3,7 +3,7 @@
 # calls without Python's call.
 from libc.stdint cimport int64_t
 
-from pycollect._ext._buffer cimport Buffer
+from pycollect._ext._buffer cimport Buffer, View
 from pycollect._ext._transport cimport Probe, Transport
 
 cdef class Mailbox:
@@ -60,6 +60,6 @@ cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout)
 cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object buf, int peer,
                   int tag)
-cdef int send_beside(Transport t, Batch batch, Buffer b, int dst, int tag,
+cdef int send_beside(Transport t, Batch batch, const View* b, int dst, int tag,
                      double timeout) except -1
 cpdef object probe_beside(Transport t, Mailbox box, int src, int tag, double timeout)

@@ -27,7 +27,7 @@ from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy
 
-from pycollect._ext._buffer cimport as_buffer
+from pycollect._ext._buffer cimport View, as_buffer, pin, view_of
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import MismatchError, Timeout
@@ -109,7 +109,7 @@ cdef class Mailbox:
         self.mail = []
 
 
-cdef tuple _deliver(object m, Buffer b, str what):
+cdef tuple _deliver(object m, const View* b, str what):
     """Copy mailbox message ``m`` into ``b``; return (source, element count, tag)."""
     cdef bytes payload = m[3]
     cdef Py_ssize_t n = len(payload)
@@ -182,11 +182,13 @@ cdef raise_timeout(Transport t, Mailbox box, int src, int tag, double timeout):
 
 cpdef int send(Transport t, object buf, int dst, int tag, double timeout) except -1:
     """Send ``buf`` to rank ``dst`` with ``tag``; returns once the data has left."""
-    return _send(t, as_buffer(buf, "send", "buf", False), dst, tag, timeout)
+    cdef View b
+    held = pin(buf, &b, "send", "buf", False)
+    return _send(t, &b, dst, tag, timeout)
 
 
-cdef int _send(Transport t, Buffer b, int dst, int tag, double timeout) except -1:
-    """``send`` of an array already taken as a Buffer (``send_beside``'s caller took it)."""
+cdef int _send(Transport t, const View* b, int dst, int tag, double timeout) except -1:
+    """``send`` of an array already described (``send_beside``'s caller pinned it)."""
     cdef OpDesc d
     cdef int rc
     fill_desc(&d, t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
@@ -201,7 +203,7 @@ cdef int _send(Transport t, Buffer b, int dst, int tag, double timeout) except -
     return ALGO_NONE
 
 
-cdef int send_beside(Transport t, Batch batch, Buffer b, int dst, int tag,
+cdef int send_beside(Transport t, Batch batch, const View* b, int dst, int tag,
                      double timeout) except -1:
     """``send`` made while ``batch`` (on ``t``, with nothing ``on_wire``: receives waiting
     for their messages) is in flight: sent as ``send`` sends it, on an operation of the
@@ -268,14 +270,15 @@ cdef int _receive_failed(Transport t, Mailbox box, const OpDesc* asked, int src,
 cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double timeout):
     """Receive the first message from ``src`` with ``tag`` into ``buf``; return (source
     rank, element count, tag)."""
-    cdef Buffer b = as_buffer(buf, "recv", "buf", True)
+    cdef View b
+    held = pin(buf, &b, "recv", "buf", True)
     cdef OpDesc d
     cdef Probe pr
     cdef int rc, req = -1, peer = -1
     cdef bint taken = False
     m = box.take(src, tag)
     if m is not None:
-        return _deliver(m, b, "recv")
+        return _deliver(m, &b, "recv")
     fill_desc(&d, 0, COLL_P2P, b.dtype, 0, 0, tag, b.count)
     # The common case in one stretch without the GIL: the first head to come is the one
     # asked for, and its body is read straight into buf.  Any other head is parked in
@@ -287,7 +290,7 @@ cpdef tuple recv(Transport t, Mailbox box, object buf, int src, int tag, double 
                              &taken)
     if rc < 0:
         raise_error(t)
-    return _received(t, box, &d, src, tag, timeout, peer, taken, &pr, b, req)
+    return _received(t, box, &d, src, tag, timeout, peer, taken, &pr, &b, req)
 
 
 cdef inline int _first_look(Transport t, int src, int tag, Probe* pr, char* ptr,
@@ -304,7 +307,7 @@ cdef inline int _first_look(Transport t, int src, int tag, Probe* pr, char* ptr,
 
 
 cdef tuple _received(Transport t, Mailbox box, const OpDesc* d, int src, int tag,
-                     double timeout, int peer, bint taken, Probe* pr, Buffer b, int req):
+                     double timeout, int peer, bint taken, Probe* pr, const View* b, int req):
     """The rest of receive ``d`` into ``b`` after its first look at the wire, which found
     ``peer``'s head ``pr`` (-1: the transport failed) and, when ``taken`` (the head asked
     for), read its body with request ``req``: another head is parked in the mailbox and
@@ -319,7 +322,7 @@ cdef tuple _received(Transport t, Mailbox box, const OpDesc* d, int src, int tag
             rc = _read_body(t, peer, pr, b.ptr, b.nbytes, b.dtype, b.count, &req)
         if rc < 0:
             raise_error(t)
-    return peer, _count(t, req, b), pr.desc.root
+    return peer, _count(t, req, b.itemsize), pr.desc.root
 
 
 def probe(Transport t, Mailbox box, int src, int tag, double timeout, bint block):
@@ -398,8 +401,8 @@ cdef int _matching_loop(Transport t, Mailbox box, const OpDesc* d, int src, int 
         _park(t, box, pr)
 
 
-cdef Py_ssize_t _count(Transport t, int req, Buffer b):
-    return <Py_ssize_t>(t.received(req) // b.itemsize) if b.itemsize else 0
+cdef Py_ssize_t _count(Transport t, int req, int itemsize):
+    return <Py_ssize_t>(t.received(req) // itemsize) if itemsize else 0
 
 
 def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, object recvbuf,
@@ -412,8 +415,9 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     posted, the first head to come is the one asked for and is read straight into
     ``recvbuf``, then the send is waited for.  A message already in the mailbox, or another
     head first, takes ``recv``'s other paths while the send stays in flight."""
-    cdef Buffer sb = as_buffer(sendbuf, "sendrecv", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "sendrecv", "recvbuf", True)
+    cdef View sb, rb
+    held_sb = pin(sendbuf, &sb, "sendrecv", "sendbuf", False)
+    held_rb = pin(recvbuf, &rb, "sendrecv", "recvbuf", True)
     cdef OpDesc ds, dr
     cdef Probe pr
     cdef int rc, req = -1, peer = -1
@@ -422,7 +426,7 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     fill_desc(&dr, 0, COLL_P2P, rb.dtype, 0, 0, recvtag, rb.count)
     m = box.take(src, recvtag)
     if m is not None:       # checked, and copied, before the send goes out
-        got = _deliver(m, rb, "sendrecv")
+        got = _deliver(m, &rb, "sendrecv")
     with nogil:
         rc = t.begin(&ds, timeout)
         if rc == 0:
@@ -433,7 +437,7 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     if rc < 0:
         raise_error(t)
     if m is None:
-        got = _received(t, box, &dr, src, recvtag, timeout, peer, taken, &pr, rb, req)
+        got = _received(t, box, &dr, src, recvtag, timeout, peer, taken, &pr, &rb, req)
     with nogil:
         rc = t.set_op(&ds)      # a failure from here on is the send's
         if rc == 0:
@@ -480,7 +484,8 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     if got == -1:
         _receive_failed(t, box, &d, peer, tag, timeout)
     if req >= 0 and t.done(req):
-        return (None, -1, True, (got, _count(t, req, b), pr.desc.root) if is_recv else None)
+        return (None, -1, True, (got, _count(t, req, b.itemsize), pr.desc.root) if is_recv
+                else None)
     batch = Batch.__new__(Batch)
     batch._attach(t, box, timeout)
     if req >= 0:            # a send in flight, or a receive reading its message
@@ -610,7 +615,9 @@ cdef class Batch:
 
     cdef _from_mailbox(self, int i, object m):
         cdef BatchOp* op = &self.ops[i]
-        op.peer, op.got, op.tag = _deliver(m, self.bufs[i], "recv")
+        cdef View b
+        view_of(self.bufs[i], &b)
+        op.peer, op.got, op.tag = _deliver(m, &b, "recv")
         op.req = FROM_MAILBOX
 
     cdef bint _offer(self, object m) except -1:
@@ -797,4 +804,4 @@ cdef class Batch:
         op = &self.ops[i]
         if op.req == FROM_MAILBOX:
             return op.peer, op.got, op.tag
-        return op.peer, _count(self.t, op.req, self.bufs[i]), op.tag
+        return op.peer, _count(self.t, op.req, (<Buffer>self.bufs[i]).itemsize), op.tag

@@ -25,7 +25,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
-from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport (Flags, flags_ends_at_once, flags_fit, flags_post,
@@ -42,8 +42,10 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
                    unsigned int seq, double timeout, size_t segment_bytes):
     """Reduce ``sendbuf`` across ranks; rank r receives block r (counts: reduce_scatterv)."""
     name = "reduce_scatter" if counts is None else "reduce_scatterv"
-    cdef Buffer sb = as_buffer(sendbuf, name, "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, name, "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, name, "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, name, "recvbuf", True)
     check_pair(sb, rb, name)
     check_op(sb.dtype, op, name)
     cdef int P = t.size, r = t.rank, rc = 0, p
@@ -96,7 +98,7 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
     return algo
 
 
-cdef int _check_blocks(Transport t, Buffer sb, Buffer rb) except -1:
+cdef int _check_blocks(Transport t, View sb, View rb) except -1:
     """The arguments of a reduce_scatter of equal blocks begun in the call, checked as
     ``reduce_scatter`` checks them (InvalidArgument)."""
     check_pair(sb, rb, "reduce_scatter")
@@ -115,8 +117,10 @@ cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int 
     posted to the flag area and 2 when it is begun as an exchange, and
     ``reduce_scatter_end`` must finish it before the next collective; -2 where none
     applies (nothing was done: run ``reduce_scatter``)."""
-    cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "reduce_scatter", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "reduce_scatter", "recvbuf", True)
     cdef OpDesc d
     cdef int rc, state = 2
     cdef Flags* fl = NULL
@@ -155,8 +159,10 @@ cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op
     flag area, wait for every post and reduce this rank's block of each; the ring of 2,
     receive the peer's part of this rank's block and reduce it with this rank's own into
     ``recvbuf`` (this rank's first, as the ring reduces).  The algorithm's code."""
-    cdef Buffer sb = as_buffer(sendbuf, "reduce_scatter", "sendbuf", False)
-    cdef Buffer rb = as_buffer(recvbuf, "reduce_scatter", "recvbuf", True)
+    cdef View sb
+    held_sb = pin(sendbuf, &sb, "reduce_scatter", "sendbuf", False)
+    cdef View rb
+    held_rb = pin(recvbuf, &rb, "reduce_scatter", "recvbuf", True)
     cdef OpDesc d
     cdef int rc
     cdef char* other = NULL

@@ -20,7 +20,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove
 
 from pycollect._ext._algo cimport wrap
-from pycollect._ext._buffer cimport (Buffer, as_buffer, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -80,7 +80,8 @@ def reduce(Transport t, object buf, int root, int op, int algo, unsigned int seq
            double timeout, size_t segment_bytes):
     """Reduce every rank's ``buf`` into root's ``buf``; other ranks' buffers are untouched."""
     cdef bint is_root = t.rank == root
-    cdef Buffer b = as_buffer(buf, "reduce", "buf", is_root)
+    cdef View b
+    held_b = pin(buf, &b, "reduce", "buf", is_root)
     check_op(b.dtype, op, "reduce")
     cdef OpDesc d
     fill_desc(&d, seq, COLL_REDUCE, b.dtype, op, algo, root, b.count)
@@ -147,17 +148,18 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
     """gather/gatherv (gathering) and scatter/scatterv: validation, then one nogil call."""
     cdef bint is_root = t.rank == root
     cdef int P = t.size, p
-    cdef Buffer mine, blocks = None
+    cdef View mine, blocks
     cdef size_t* lens
     cdef size_t* offs = NULL
     cdef size_t total = 0
     cdef OpDesc d
     cdef int rc, coll
-    mine = as_buffer(sendbuf if gathering else recvbuf, name,
-                     "sendbuf" if gathering else "recvbuf", not gathering)
+    held_mine = pin(sendbuf if gathering else recvbuf, &mine, name,
+                    "sendbuf" if gathering else "recvbuf", not gathering)
+    held_blocks = None
     if is_root:
-        blocks = as_buffer(recvbuf if gathering else sendbuf, name,
-                           "recvbuf" if gathering else "sendbuf", gathering)
+        held_blocks = pin(recvbuf if gathering else sendbuf, &blocks, name,
+                          "recvbuf" if gathering else "sendbuf", gathering)
         check_pair(mine if gathering else blocks, blocks if gathering else mine, name)
     if counts is None:
         lens = filled_array(P, mine.count)

@@ -1081,8 +1081,14 @@ cdef class Runner:
             ended = []
             for i in batch.progress(slice_s):
                 entry = running.pop(i)
-                (<P2P>entry[0]).finish(batch, i)
-                ended.append(entry[1])
+                try:
+                    (<P2P>entry[0]).finish(batch, i)
+                except Exception as exc:
+                    # Its own failure (a status's set, a staged copy back): its handle
+                    # raises it; the rest of the batch goes on.
+                    ended.append((entry[1], exc))
+                else:
+                    ended.append((entry[1], None))
             self._mutex.take()
             self._in_batch -= len(ended)
             self.backlog -= len(ended)
@@ -1094,8 +1100,8 @@ cdef class Runner:
                 self._batch_owner = None
             beside = not idle and self._beside_head()
             self._mutex.give()
-            for work in ended:
-                work.complete(None, None)
+            for work, exc in ended:
+                work.complete(None, exc)
             if idle or until is not None and _done(until):
                 return None
             if beside:
