@@ -1,5 +1,5 @@
-"""The small-message path of one host: barrier, broadcast, allreduce, reduce_scatter,
-allgather and alltoall through the shared-memory flag area (pycollect/_ext/_flags.pyx), its
+"""The small-message path of one host: barrier, broadcast, allreduce, reduce_scatter(v),
+allgather(v) and alltoall through the shared-memory flag area (pycollect/_ext/_flags.pyx), its
 results and its failures."""
 
 import threading
@@ -200,6 +200,60 @@ def test_reduce_scatter_and_alltoall(local_group, collective):
         return out
 
     want = [("flags", True)] * (len(cases) * len(ways)) + [(messages, True)] * len(ways)
+    assert g.run(body) == [want] * size
+    assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
+
+
+@pytest.mark.parametrize("collective", ["allgatherv", "reduce_scatterv"])
+def test_v_variants(local_group, collective):
+    """allgatherv and reduce_scatterv with blocks that differ by rank (zeros among them),
+    several dtypes and ops, blocking, async waited on and async polled: every block in
+    place or reduced, one flags operation each while the largest block (allgatherv) or the
+    whole sendbuf (reduce_scatterv) fits a slot; one element past it, the ring."""
+    g, size = local_group, local_group.size
+    fits = MAX_BYTES // 8 - (0 if collective == "allgatherv" else size - 1)
+    patterns = [[(3 * p + 1) % 4 for p in range(size)],         # zeros among them
+                [0] * (size - 1) + [5],
+                [1 + p for p in range(size)],
+                [fits] + [1] * (size - 1)]                       # exactly a slot
+    cases = [(np.float64, pc.SUM, patterns[0]), (np.int32, pc.MAX, patterns[1]),
+             (np.float32, pc.AVG, patterns[2]), (np.float64, pc.SUM, patterns[3])]
+    past = [fits + 1] + [1] * (size - 1)
+    ways = ("blocking", "wait", "poll")
+    before = _operations(g)
+
+    def block(r, n, dtype, salt):
+        return ((np.arange(n) * 5 + 3 * r + salt) % 7 + 1).astype(dtype)
+
+    def body(ctx):
+        out, r = [], ctx.rank
+        for i, (dtype, op, counts) in enumerate(cases + [(np.float64, pc.SUM, past)]):
+            offs = np.concatenate([[0], np.cumsum(counts)])
+            for way in ways:
+                posts = ctx._transport.flag_area.operations
+                if collective == "allgatherv":
+                    send = block(r, counts[r], dtype, i)
+                    recv = np.zeros(offs[-1], dtype)
+                    work = ctx.allgatherv(send, recv, counts, async_op=way != "blocking")
+                    want = np.concatenate([block(p, counts[p], dtype, i) for p in range(size)])
+                else:
+                    send = block(r, offs[-1], dtype, i)
+                    recv = np.zeros(counts[r], dtype)
+                    work = ctx.reduce_scatterv(send, recv, counts, op=op,
+                                               async_op=way != "blocking")
+                    parts = np.stack([block(p, offs[-1], dtype, i) for p in range(size)])
+                    parts = parts[:, offs[r]:offs[r + 1]]
+                    want = {pc.SUM: lambda: parts.sum(0, dtype=dtype),
+                            pc.MAX: lambda: parts.max(0),
+                            pc.AVG: lambda: (parts.sum(0, dtype=dtype) / size).astype(dtype)
+                            }[op]()
+                if way != "blocking":
+                    _ended(work, way, recv)
+                flags = ctx._transport.flag_area.operations == posts + 1
+                out.append((flags, bool(np.allclose(recv, want, rtol=1e-6))))
+        return out
+
+    want = [(True, True)] * (len(cases) * len(ways)) + [(False, True)] * len(ways)
     assert g.run(body) == [want] * size
     assert all(a - b == len(cases) * len(ways) for a, b in zip(_operations(g), before))
 

@@ -42,7 +42,7 @@ from libc.string cimport memmove
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
 from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
-from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end,
+from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end, flags_allgatherv,
                                     flags_ends_at_once, flags_fit, flags_post,
                                     flags_slot_free)
 from pycollect._ext._ring cimport (Layout, layout_counts, layout_even, layout_free,
@@ -113,11 +113,12 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     cdef size_t* lens = (filled_array(P, sb.count) if counts is None
                          else counts_array(counts, P, name, "counts"))
     cdef Layout lay
-    cdef size_t total = 0, es = rb.itemsize
+    cdef size_t total = 0, most = 0, es = rb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef OpDesc d
     cdef int p, rc = 0
     cdef bint moves                 # bytes travel between ranks
+    cdef bint vee = counts is not None
     cdef char* mine
     cdef Flags* fl = NULL
     if algo == ALGO_FLAGS:          # equal blocks that fit the flag area, else the ring
@@ -127,14 +128,21 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
     try:
         for p in range(P):
             total += lens[p]
-        check_count(sb, lens[r], name, "sendbuf",
-                    "counts[%d]" % r if counts is not None else "its own size")
+            most = lens[p] if lens[p] > most else most
+        check_count(sb, lens[r], name, "sendbuf", "counts[%d]" if vee else "its own size",
+                    r if vee else -1)
         check_count(rb, total, name, "recvbuf", "size x len(sendbuf)" if counts is None
                     else "the sum of the counts")
         if layout_counts(&lay, lens, P, -1) < 0:
             raise MemoryError()
     finally:
         free(lens)
+    if vee and algo == ALGO_RING and P > 1 and total > 0 and not t.solo:
+        # allgatherv through the flag area where the largest block fits a slot: every rank
+        # decides alike (the counts are the same everywhere)
+        fl = flags_fit(t, most * es)
+        if fl != NULL:
+            algo = ALGO_FLAGS
     fill_desc(&d, seq, COLL_ALLGATHER if counts is None else COLL_ALLGATHERV, sb.dtype, 0,
               algo, 0, sb.count if counts is None else total)
     with nogil:
@@ -145,8 +153,10 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
                 moves and (algo == ALGO_DIRECT or algo == ALGO_FLAGS)):
             memmove(mine, sb.ptr, lay.len[r] * es)     # direct and flags place it themselves
         if rc == 0 and moves:
-            if algo == ALGO_FLAGS:
+            if algo == ALGO_FLAGS and not vee:
                 rc = flags_allgather(t, fl, sb.ptr, rb.ptr, sb.nbytes)
+            elif algo == ALGO_FLAGS:
+                rc = flags_allgatherv(t, fl, sb.ptr, rb.ptr, lay.off, lay.len, es)
             if algo == ALGO_DIRECT:
                 rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es, total)
                 if rc == 1:

@@ -9,7 +9,7 @@ argument and the reason.
 cimport cython
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
                              PyBuffer_Release, PyObject_GetBuffer)
-from libc.stdlib cimport malloc
+from libc.stdlib cimport free, malloc
 cimport numpy as cnp
 
 from pycollect._ext._dtypes cimport *
@@ -191,22 +191,41 @@ def describe(obj, bint writable=False):
 
 
 cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
-    """A malloc'd array of ``size`` element counts from a Python sequence (caller frees)."""
-    try:
-        values = [int(c) for c in counts]
-    except (TypeError, ValueError):
-        raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
-                      % (size, counts)) from None
+    """A malloc'd array of ``size`` element counts from a Python sequence (caller frees).
+    A list or tuple is read in place (no copy, no conversion of its ints)."""
+    cdef size_t* out
+    cdef Py_ssize_t i, v
+    values = counts
+    if type(counts) is not list and type(counts) is not tuple:
+        try:
+            values = [int(c) for c in counts]
+        except (TypeError, ValueError):
+            raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
+                          % (size, counts)) from None
     if len(values) != size:
         raise _reject(op, arg, "has %d entries; the group has %d ranks" % (len(values), size))
-    for i, c in enumerate(values):
-        if c < 0:
-            raise _reject(op, arg, "has a negative count %d for rank %d" % (c, i))
-    cdef size_t* out = <size_t*>malloc((size + 1) * sizeof(size_t))
+    out = <size_t*>malloc((size + 1) * sizeof(size_t))
     if out == NULL:
         raise MemoryError()
-    for i in range(size):
-        out[i] = values[i]
+    try:
+        for i in range(size):
+            c = values[i]
+            if type(c) is not int:
+                try:
+                    c = int(c)
+                except (TypeError, ValueError):
+                    raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
+                                  % (size, counts)) from None
+            try:
+                v = c
+            except OverflowError:
+                raise _reject(op, arg, "has a count too large for rank %d" % i) from None
+            if v < 0:
+                raise _reject(op, arg, "has a negative count %d for rank %d" % (v, i))
+            out[i] = <size_t>v
+    except BaseException:
+        free(out)
+        raise
     return out
 
 
@@ -230,11 +249,13 @@ cdef int check_pair(View send, View recv, str op) except -1:
     return 0
 
 
-cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why) except -1:
-    """Refuse a buffer whose element count is not ``expected``."""
+cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why,
+                     Py_ssize_t index=-1) except -1:
+    """Refuse a buffer whose element count is not ``expected`` (``why``: the rule it breaks;
+    with ``index``, formatted with it, and only then: "counts[%d]")."""
     if b.count != expected:
         raise _reject(op, arg, "holds %d elements but must hold %d (%s)"
-                      % (b.count, expected, why))
+                      % (b.count, expected, why if index < 0 else why % index))
     return 0
 
 

@@ -60,8 +60,11 @@ cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, 
                          int op) noexcept nogil
 cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
                          size_t nbytes) noexcept nogil
-cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t n,
-                              size_t es, int dtype, int op) noexcept nogil
+cdef int flags_allgatherv(Transport t, Flags* f, const char* src, char* recv,
+                          const size_t* off, const size_t* lens, size_t es) noexcept nogil
+cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t off,
+                              size_t n, size_t total, size_t es, int dtype,
+                              int op) noexcept nogil
 cdef int flags_alltoall(Transport t, Flags* f, const char* src, char* recv,
                         size_t nbytes) noexcept nogil
 # An allreduce, reduce_scatter, allgather, alltoall, barrier or broadcast begun without
@@ -76,6 +79,6 @@ cdef int flags_barrier_end(Transport t, Flags* f) noexcept nogil
 cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
                              int op) noexcept nogil
 cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil
-cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, size_t es,
-                                  int dtype, int op) noexcept nogil
+cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t off, size_t n,
+                                  size_t total, size_t es, int dtype, int op) noexcept nogil
 cdef int flags_alltoall_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil

@@ -551,27 +551,31 @@ cdef int flags_allreduce_end(Transport t, Flags* f, char* buf, size_t n, size_t 
     return 0
 
 
-cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t n,
-                              size_t es, int dtype, int op) noexcept nogil:
-    """Every rank copies its whole send buffer ``src`` (f.n blocks of ``n`` elements) into
-    its slot; once all have posted each reduces block ``f.me`` of every slot, rank 0's
-    first, into ``recv`` (AVG: the sum over f.n)."""
-    if flags_post(t, f, src, f.n * n * es) < 0:
+cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t off,
+                              size_t n, size_t total, size_t es, int dtype,
+                              int op) noexcept nogil:
+    """Every rank copies its whole send buffer ``src`` (``total`` elements of ``es`` bytes)
+    into its slot; once all have posted each reduces its block (``n`` elements from element
+    ``off``: f.me of f.n equal ones, or reduce_scatterv's) of every slot, rank 0's first,
+    into ``recv`` (AVG: the sum over f.n)."""
+    if flags_post(t, f, src, total * es) < 0:
         return -1
-    return flags_reduce_scatter_end(t, f, recv, n, es, dtype, op)
+    return flags_reduce_scatter_end(t, f, recv, off, n, total, es, dtype, op)
 
 
-cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t n, size_t es,
-                                  int dtype, int op) noexcept nogil:
-    """The rest of a reduce_scatter that ``flags_post`` began with the whole send buffer:
-    wait for every post, then reduce this rank's block of every slot, rank 0's first, into
-    ``recv`` (AVG: the sum over f.n)."""
+cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t off, size_t n,
+                                  size_t total, size_t es, int dtype, int op) noexcept nogil:
+    """The rest of a reduce_scatter that ``flags_post`` began with the whole send buffer
+    (``total`` elements): wait for every post, then reduce this rank's block (``n``
+    elements from element ``off``) of every slot, rank 0's first, into ``recv`` (AVG: the
+    sum over f.n)."""
     cdef uint64_t k
-    cdef size_t total = f.n * n * es, off = f.me * n * es
     cdef int p
     if _enter_wait(t, f, WAIT_ALL) < 0:
         return -1
     k = f.ended - 1
+    total *= es
+    off *= es
     reduce_into(recv, _data(f, 0, k, total) + off, _data(f, 1, k, total) + off, n, dtype, op)
     for p in range(2, f.n):
         reduce_into(recv, recv, _data(f, p, k, total) + off, n, dtype, op)
@@ -599,6 +603,22 @@ cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) n
     k = f.ended - 1
     for p in range(f.n):
         memcpy(recv + p * nbytes, _data(f, p, k, nbytes), nbytes)
+    return 0
+
+
+cdef int flags_allgatherv(Transport t, Flags* f, const char* src, char* recv,
+                          const size_t* off, const size_t* lens, size_t es) noexcept nogil:
+    """allgatherv's blocks, which differ by rank: every rank copies its block ``src``
+    (``lens[f.me]`` elements of ``es`` bytes) into its slot; once all have posted each
+    copies rank p's block to element ``off[p]`` of ``recv``, for every p."""
+    cdef uint64_t k
+    cdef int p
+    if flags_post(t, f, src, lens[f.me] * es) < 0 or _enter_wait(t, f, WAIT_ALL) < 0:
+        return -1
+    k = f.ended - 1
+    for p in range(f.n):
+        if lens[p]:
+            memcpy(recv + off[p] * es, _data(f, p, k, lens[p] * es), lens[p] * es)
     return 0
 
 

@@ -64,13 +64,14 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
         check_count(sb, total, name, "sendbuf", "size x len(recvbuf)" if counts is None
                     else "the sum of the counts")
         check_count(rb, lens[r], name, "recvbuf",
-                    "counts[%d]" % r if counts is not None else "len(sendbuf) / size")
+                    "counts[%d]" if counts is not None else "len(sendbuf) / size",
+                    r if counts is not None else -1)
         if layout_counts(&lay, lens, P, -1) < 0:
             raise MemoryError()
     finally:
         free(lens)
-    if counts is None and P > 1 and total > 0 and not t.solo:
-        fl = flags_fit(t, sb.nbytes)
+    if P > 1 and total > 0 and not t.solo:
+        fl = flags_fit(t, sb.nbytes)        # every rank's decision: the same total
         if fl != NULL:
             algo = ALGO_FLAGS
     fill_desc(&d, seq, COLL_REDUCE_SCATTER if counts is None else COLL_REDUCE_SCATTERV,
@@ -78,7 +79,8 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:
-            rc = flags_reduce_scatter(t, fl, sb.ptr, rb.ptr, rb.count, es, sb.dtype, op)
+            rc = flags_reduce_scatter(t, fl, sb.ptr, rb.ptr, lay.off[r], lay.len[r], total, es,
+                                      sb.dtype, op)
         elif rc == 0 and total > 0:
             work = sb.ptr
             if P > 1:
@@ -143,8 +145,8 @@ cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int 
         if rc == 0 and fl != NULL:
             rc = flags_post(t, fl, sb.ptr, sb.nbytes)
             if rc == 0 and flags_ends_at_once(fl, -1):
-                rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize,
-                                              sb.dtype, op)
+                rc = flags_reduce_scatter_end(t, fl, rb.ptr, t.rank * rb.count, rb.count,
+                                              sb.count, sb.itemsize, sb.dtype, op)
                 state = 1
         elif rc == 0:
             rc = exchange_post(t, sb.ptr + (1 - t.rank) * rb.nbytes, rb.nbytes)
@@ -173,7 +175,8 @@ cpdef int reduce_scatter_end(Transport t, object sendbuf, object recvbuf, int op
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:
-            rc = flags_reduce_scatter_end(t, fl, rb.ptr, rb.count, sb.itemsize, sb.dtype, op)
+            rc = flags_reduce_scatter_end(t, fl, rb.ptr, t.rank * rb.count, rb.count, sb.count,
+                                          sb.itemsize, sb.dtype, op)
         elif rc == 0:
             other = t.scratch(rb.nbytes)
             rc = -1 if other == NULL else exchange_finish(t, other, rb.nbytes)

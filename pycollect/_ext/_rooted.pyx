@@ -171,7 +171,8 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
             offs[p] = total
             total += lens[p]
         check_count(mine, lens[t.rank], name, "sendbuf" if gathering else "recvbuf",
-                    "counts[%d]" % t.rank if counts is not None else "the block size")
+                    "counts[%d]" if counts is not None else "the block size",
+                    t.rank if counts is not None else -1)
         if is_root:
             check_count(blocks, total, name, "recvbuf" if gathering else "sendbuf",
                         "the sum of the counts" if counts is not None else
