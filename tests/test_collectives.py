@@ -232,6 +232,32 @@ def test_v_collectives_with_uneven_counts(group, dtype):
         assert np.array_equal(results[r]["alltoallv"], expect)
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("collective", ["allgatherv", "reduce_scatterv"])
+def test_v_counts_that_differ_between_ranks_are_a_mismatch(transport, collective):
+    """Ranks that pass different counts with the same total (their blocks would land at
+    other offsets than the peers think) fail with a MismatchError naming the counts, over
+    the flag area and over the ring, instead of returning misplaced blocks."""
+    from group import ThreadGroup
+    g = ThreadGroup(2, timeout=10, transport=transport)
+    try:
+        def body(ctx):
+            counts = [2, 1] if ctx.rank == 0 else [1, 2]
+            try:
+                if collective == "allgatherv":
+                    ctx.allgatherv(np.ones(counts[ctx.rank]), np.zeros(3), counts)
+                else:
+                    ctx.reduce_scatterv(np.ones(3), np.zeros(counts[ctx.rank]), counts)
+            except pc.MismatchError as exc:
+                return str(exc)
+            return None
+
+        for said in g.run(body, timeout=30):
+            assert said is not None and said.count("counts #") == 2, said
+    finally:
+        g.close()
+
+
 def test_allreduce_coalesced(group):
     size = group.size
 

@@ -144,7 +144,7 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
         if fl != NULL:
             algo = ALGO_FLAGS
     fill_desc(&d, seq, COLL_ALLGATHER if counts is None else COLL_ALLGATHERV, sb.dtype, 0,
-              algo, 0, sb.count if counts is None else total)
+              algo, counts_digest(lay.len, P) if vee else 0, total if vee else sb.count)
     with nogil:
         rc = t.begin(&d, timeout)
         mine = rb.ptr + lay.off[r] * es

@@ -75,7 +75,8 @@ def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, i
         if fl != NULL:
             algo = ALGO_FLAGS
     fill_desc(&d, seq, COLL_REDUCE_SCATTER if counts is None else COLL_REDUCE_SCATTERV,
-              sb.dtype, op, algo, 0, rb.count if counts is None else total)
+              sb.dtype, op, algo, 0 if counts is None else counts_digest(lay.len, P),
+              rb.count if counts is None else total)
     with nogil:
         rc = t.begin(&d, timeout)
         if rc == 0 and fl != NULL:

@@ -277,6 +277,17 @@ cdef inline void fill_desc(OpDesc* d, unsigned int seq, int coll, int dtype, int
     d.count = count
 
 
+cdef inline int counts_digest(const size_t* counts, int n) noexcept nogil:
+    """A v-variant's counts as one non-negative 31-bit number (FNV-1a over them), carried in
+    the descriptor's ``root`` (unused by allgatherv and reduce_scatterv), so that ranks whose
+    counts differ, even with the same total, disagree in a MismatchError."""
+    cdef uint64_t h = 1469598103934665603ULL
+    cdef int i
+    for i in range(n):
+        h = (h ^ <uint64_t>counts[i]) * 1099511628211ULL
+    return <int>((h ^ (h >> 31)) & 0x7FFFFFFF)
+
+
 cdef enum:
     DEADLINE_LAZY = 0
 

@@ -48,6 +48,8 @@ def describe_op(int coll, int dtype, int redop, int algo, int root, unsigned lon
             parts.append("op#%d" % redop)
     if coll in ROOTED:
         parts.append("root %d" % root)
+    elif coll == COLL_ALLGATHERV or coll == COLL_REDUCE_SCATTERV:
+        parts.append("counts #%08x" % root)     # their digest (counts_digest)
     if algo:
         parts.append(ALGORITHM_NAMES.get(algo, "algorithm#%d" % algo))
     return "%s(%s)" % (name, ", ".join(parts))
