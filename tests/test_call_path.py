@@ -771,6 +771,42 @@ def test_one_rank_results():
         ctx.close()
 
 
+def test_async_calls_in_a_world_of_one_end_in_the_call():
+    """A world of one has nothing to wait for: an async collective runs in the call, as a
+    blocking one does, and its handle has ended when it is returned (no runner thread is
+    started for it); an error, here abort()'s, is its wait's to raise."""
+    ctx = pc.init(rank=0, size=1, store="hash://call-path-solo-async", timeout=10)
+
+    def runners():
+        return [t for t in threading.enumerate() if t.name.startswith("pycollect-rank")]
+
+    before = runners()
+    try:
+        a = np.arange(4, dtype=np.float32)
+        works = [ctx.allreduce(a, pc.ReduceOp.MAX, async_op=True), ctx.barrier(async_op=True),
+                 ctx.broadcast(a, async_op=True), ctx.reduce(a, async_op=True)]
+        recv = np.zeros(4, np.float32)
+        works.append(ctx.allgather(a, recv, async_op=True))
+        rs = np.zeros(4, np.float32)
+        works.append(ctx.reduce_scatter(a, rs, async_op=True))
+        a2a = np.zeros(4, np.float32)
+        works.append(ctx.alltoall(a, a2a, async_op=True))
+        ended = [w.is_completed() for w in works]      # the first look at each
+        results = [w.wait(timeout=5) for w in works]
+        assert ended == [True] * len(works)
+        assert results[0] is a and results[1] is None and results[2] is a
+        assert works[0].algorithm is not None
+        assert a.tolist() == recv.tolist() == rs.tolist() == a2a.tolist() == [0, 1, 2, 3]
+        assert runners() == before
+        ctx.abort()
+        failed = ctx.allreduce(a, async_op=True)
+        assert failed.is_completed()
+        with pytest.raises(pc.Aborted, match="abort"):
+            failed.wait(timeout=5)
+    finally:
+        ctx.close()
+
+
 def test_a_world_of_one_keeps_the_gil_and_still_sees_abort_and_bad_arguments():
     """A world of one has nothing to wait for (``solo``): its calls keep the GIL, and still
     refuse what they refused and fail after abort(); a sub-group of one is not solo (its

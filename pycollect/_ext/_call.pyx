@@ -1195,9 +1195,23 @@ cdef class CallPath:
                       double timeout, object result):
         """Queue one checked and planned collective (``async_op=True``) as ``run`` would run
         it; its Work, whose result is ``result``.  The queue, the Work and the flight
-        recorder's entry are the Python path's (``Context._submit``)."""
+        recorder's entry are the Python path's (``Context._submit``).  In a world of one
+        with nothing queued, the call runs at once and its Work has ended."""
         cdef Queued q
         cdef Ring rec = self._recorder
+        cdef Work work
+        if self._transport.solo and self.ready():
+            # A world of one: nothing to wait for, so the call runs now, on this thread, as
+            # a blocking one would (no runner is started for it); its handle has ended, with
+            # the error, if any, for its wait to raise.
+            try:
+                name = self.run(kind, buf, recv, code, op, root, timeout)
+            except Exception as exc:
+                return Work.made_ended(self.what(kind), None, exc)
+            if name is not _TAKE_SLOW:
+                work = Work.made_ended(self.what(kind), result, None)
+                work.algorithm = name
+                return work
         if kind == K_BARRIER or (kind == K_ALLREDUCE and (
                 code == ALGO_FLAGS or code == ALGO_RECURSIVE_DOUBLING
                 or code == ALGO_DIRECT)) or (
