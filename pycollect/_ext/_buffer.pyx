@@ -14,6 +14,8 @@ cimport numpy as cnp
 
 from pycollect._ext._dtypes cimport *
 
+from operator import index as _index
+
 import numpy as np
 
 from pycollect.errors import InvalidArgument
@@ -191,14 +193,15 @@ def describe(obj, bint writable=False):
 
 
 cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
-    """A malloc'd array of ``size`` element counts from a Python sequence (caller frees).
-    A list or tuple is read in place (no copy, no conversion of its ints)."""
+    """A malloc'd array of ``size`` element counts from a Python sequence of integers
+    (caller frees; Python's or NumPy's, as ``operator.index`` takes them: a float is
+    refused).  A list or tuple is read in place (no copy, no conversion of its ints)."""
     cdef size_t* out
     cdef Py_ssize_t i, v
     values = counts
     if type(counts) is not list and type(counts) is not tuple:
         try:
-            values = [int(c) for c in counts]
+            values = [_index(c) for c in counts]
         except (TypeError, ValueError):
             raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
                           % (size, counts)) from None
@@ -212,7 +215,7 @@ cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
             c = values[i]
             if type(c) is not int:
                 try:
-                    c = int(c)
+                    c = _index(c)       # NumPy's integers; a float is refused
                 except (TypeError, ValueError):
                     raise _reject(op, arg, "must be a sequence of %d integer counts, got %r"
                                   % (size, counts)) from None
