@@ -21,6 +21,9 @@ peer's rank r runs bound to core r mod cores (``--bind core``: pycollect-run's
 ``--bind core``, mpirun's ``--bind-to core:overload-allowed``); ``--bind none`` leaves
 every peer's placement to the kernel.  The results go into
 docs/performance.md (between the compare.py markers) and docs/img/*.png.
+The script puts its own checkout first on ``sys.path`` (ahead of ``PYTHONPATH``), for
+the driver and for every worker: to time another build, run that checkout's copy
+(``python /path/to/other/benchmarks/compare.py``).
 
 Peers: pycollect over each --transport given, torch 2.13.0 (the CPU wheel) with
 backend gloo, torch.distributed with backend "pycollect" (pycollect.torch: the
