@@ -42,7 +42,7 @@ from libc.string cimport memmove
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
 from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
                                      counts_array, filled_array)
-from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end, flags_allgatherv,
+from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end,
                                     flags_ends_at_once, flags_fit, flags_post,
                                     flags_slot_free)
 from pycollect._ext._ring cimport (Layout, layout_counts, layout_even, layout_free,
@@ -153,10 +153,8 @@ def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsign
                 moves and (algo == ALGO_DIRECT or algo == ALGO_FLAGS)):
             memmove(mine, sb.ptr, lay.len[r] * es)     # direct and flags place it themselves
         if rc == 0 and moves:
-            if algo == ALGO_FLAGS and not vee:
-                rc = flags_allgather(t, fl, sb.ptr, rb.ptr, sb.nbytes)
-            elif algo == ALGO_FLAGS:
-                rc = flags_allgatherv(t, fl, sb.ptr, rb.ptr, lay.off, lay.len, es)
+            if algo == ALGO_FLAGS:
+                rc = flags_allgather(t, fl, sb.ptr, rb.ptr, lay.off, lay.len, es)
             if algo == ALGO_DIRECT:
                 rc = direct_allgather(t, rb.ptr, sb.ptr, &lay, es, total)
                 if rc == 1:

@@ -59,9 +59,7 @@ cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
 cdef int flags_allreduce(Transport t, Flags* f, char* buf, size_t n, size_t es, int dtype,
                          int op) noexcept nogil
 cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
-                         size_t nbytes) noexcept nogil
-cdef int flags_allgatherv(Transport t, Flags* f, const char* src, char* recv,
-                          const size_t* off, const size_t* lens, size_t es) noexcept nogil
+                         const size_t* off, const size_t* lens, size_t es) noexcept nogil
 cdef int flags_reduce_scatter(Transport t, Flags* f, const char* src, char* recv, size_t off,
                               size_t n, size_t total, size_t es, int dtype,
                               int op) noexcept nogil

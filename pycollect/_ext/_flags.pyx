@@ -584,15 +584,6 @@ cdef int flags_reduce_scatter_end(Transport t, Flags* f, char* recv, size_t off,
     return 0
 
 
-cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
-                         size_t nbytes) noexcept nogil:
-    """Every rank copies its block ``src`` of ``nbytes`` into its slot; once all have
-    posted each copies every rank's block, in rank order, into ``recv``."""
-    if flags_post(t, f, src, nbytes) < 0:
-        return -1
-    return flags_allgather_end(t, f, recv, nbytes)
-
-
 cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) noexcept nogil:
     """The rest of an allgather that ``flags_post`` began with this rank's block: wait for
     every post, then copy every rank's block, in rank order, into ``recv``."""
@@ -606,11 +597,12 @@ cdef int flags_allgather_end(Transport t, Flags* f, char* recv, size_t nbytes) n
     return 0
 
 
-cdef int flags_allgatherv(Transport t, Flags* f, const char* src, char* recv,
-                          const size_t* off, const size_t* lens, size_t es) noexcept nogil:
-    """allgatherv's blocks, which differ by rank: every rank copies its block ``src``
-    (``lens[f.me]`` elements of ``es`` bytes) into its slot; once all have posted each
-    copies rank p's block to element ``off[p]`` of ``recv``, for every p."""
+cdef int flags_allgather(Transport t, Flags* f, const char* src, char* recv,
+                         const size_t* off, const size_t* lens, size_t es) noexcept nogil:
+    """Every rank copies its block ``src`` (``lens[f.me]`` elements of ``es`` bytes: equal
+    blocks, or allgatherv's) into its slot; once all have posted each copies rank p's block
+    to element ``off[p]`` of ``recv``, for every p.  (An allgather begun in the call ends
+    with ``flags_allgather_end``, its blocks equal.)"""
     cdef uint64_t k
     cdef int p
     if flags_post(t, f, src, lens[f.me] * es) < 0 or _enter_wait(t, f, WAIT_ALL) < 0:
