@@ -376,6 +376,7 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
             lambda: ctx.gatherv(np.ones(1), np.empty(3), [1, 1], root=0),
             lambda: ctx.scatterv(np.ones(3), [1, -2, 4], np.empty(1), root=2),
             lambda: ctx.allgatherv(np.ones(2), np.empty(6), [2.0, 2, 2]),
+            lambda: ctx.reduce_scatterv(np.ones(6), np.empty(2), [2, 2 ** 70, 2]),
         ]
         for call in bad:
             with pytest.raises(pc.InvalidArgument) as info:
@@ -385,7 +386,7 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 11 and value == 3.0
+        assert used == 12 and value == 3.0
         assert errors[0].startswith("allgather") and errors[1].startswith("reduce_scatter")
         assert errors[2].startswith("alltoall") and "C-contiguous" in errors[3]
         assert errors[4].startswith("alltoallv") and "negative count -1" in errors[4]
@@ -394,6 +395,7 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         assert errors[7].startswith("gatherv") and "3 ranks" in errors[7], errors[7]
         assert errors[8].startswith("scatterv") and "negative" in errors[8], errors[8]
         assert errors[9].startswith("allgatherv") and "integer counts" in errors[9], errors[9]
+        assert errors[10].startswith("reduce_scatterv") and "too large for rank 1" in errors[10]
 
 
 def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
