@@ -21,6 +21,8 @@ cdef struct Ring:
     char* data
     uint64_t size               # a power of two
     uint64_t tail_seen          # the writer's last look at hdr.tail (in its own memory)
+    uint64_t head_mine          # hdr.head as the writer last stored it (its own memory)
+    uint64_t tail_mine          # hdr.tail as the reader last stored it (its own memory)
 
 cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil
 cdef size_t ring_read(Ring* r, iovec* iov, int cnt) noexcept nogil

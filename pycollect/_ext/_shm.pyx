@@ -63,7 +63,10 @@ cdef void ring_attach(Ring* r, char* base, uint64_t ring_bytes) noexcept nogil:
     r.hdr = <RingHeader*>base
     r.data = base + sizeof(RingHeader)
     r.size = ring_bytes
-    r.tail_seen = pc_load_u64(&r.hdr.tail)
+    r.tail_seen = r.tail_mine = pc_load_u64(&r.hdr.tail)
+    # Each side reads the position it owns from its own memory: the shared word's line
+    # is the other side's to poll, and loading it there missed the cache each message.
+    r.head_mine = pc_load_u64(&r.hdr.head)
 
 
 cdef uint64_t ring_used(Ring* r) noexcept nogil:
@@ -104,7 +107,7 @@ cdef inline uint64_t _room(Ring* r, uint64_t head, uint64_t want) noexcept nogil
 
 cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil:
     """Append as much of ``iov`` as fits; return the bytes written."""
-    cdef uint64_t head = r.hdr.head
+    cdef uint64_t head = r.head_mine
     cdef size_t total = 0, n, want = 0
     cdef int i
     for i in range(cnt):
@@ -118,13 +121,14 @@ cdef size_t ring_write(Ring* r, const iovec* iov, int cnt) noexcept nogil:
         total += n
         room -= n
     if total:
+        r.head_mine = head + total
         pc_store_u64(&r.hdr.head, head + total)
     return total
 
 
 cdef size_t ring_read(Ring* r, iovec* iov, int cnt) noexcept nogil:
     """Consume into ``iov`` as much as is there; return the bytes read."""
-    cdef uint64_t tail = r.hdr.tail
+    cdef uint64_t tail = r.tail_mine
     cdef uint64_t avail = pc_load_u64(&r.hdr.head) - tail
     cdef size_t total = 0, n
     cdef int i
@@ -136,13 +140,14 @@ cdef size_t ring_read(Ring* r, iovec* iov, int cnt) noexcept nogil:
         total += n
         avail -= n
     if total:
+        r.tail_mine = tail + total
         pc_store_u64(&r.hdr.tail, tail + total)
     return total
 
 
 cdef size_t ring_peek(Ring* r, void* out, size_t n) noexcept nogil:
     """Copy up to ``n`` bytes from the front without consuming them."""
-    cdef uint64_t tail = r.hdr.tail
+    cdef uint64_t tail = r.tail_mine
     cdef uint64_t avail = pc_load_u64(&r.hdr.head) - tail
     if avail < n:
         n = avail
@@ -378,7 +383,7 @@ cdef size_t _ring_room(ChannelBase* c) noexcept nogil:
     """The free bytes of the outgoing ring: a write of that many goes in whole now."""
     cdef Ring* out = &_ring(c).out
     # The tail looked at again where the last look leaves less than half the ring.
-    return 0 if c.eof else <size_t>_room(out, out.hdr.head, out.size >> 1)
+    return 0 if c.eof else <size_t>_room(out, out.head_mine, out.size >> 1)
 
 
 cdef uint64_t _ring_acked(ChannelBase* c) noexcept nogil:
