@@ -11,7 +11,7 @@ import pytest
 
 import pycollect as pc
 import pycollect.context
-from group import ThreadGroup, without_runner
+from group import ThreadGroup, run_ranks, without_runner
 from jobs import last_json, run_script
 from pycollect._ext import _p2p
 from pycollect.work import Runner
@@ -910,3 +910,40 @@ def test_async_receives_name_the_one_from_the_rank_that_left():
 
     text, _ = _receive_failure(3, 1, receive)
     assert "send/recv(float64 x 2, tag 8) failed: rank 1" in text, text
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_wait_all_over_two_contexts_and_a_batch_of_many(transport):
+    """One wait_all, without a timeout, over handles of two contexts (two runners) and an
+    ended send among them; the batch of one context holds more sends and receives than its
+    first storage (they go on past it, and past its first growth), matched out of order:
+    every receive gets its own message and status."""
+    n = 9
+    groups = [ThreadGroup(2, timeout=20, transport=transport) for _ in range(2)]
+
+    def body(rank):
+        ctx, other = groups[0].contexts[rank], groups[1].contexts[rank]
+        peer = 1 - rank
+        got = [np.zeros(tag + 1, np.float32) for tag in range(n)]
+        works = [ctx.recv(got[tag], peer, tag=tag, async_op=True) for tag in range(n)]
+        works += [ctx.send(np.full(tag + 1, 10.0 * rank + tag, np.float32), peer, tag=tag,
+                           async_op=True) for tag in reversed(range(n))]
+        aside = np.zeros(2)
+        works.append(other.recv(aside, peer, tag=5, async_op=True))
+        works.append(other.send(np.full(2, rank + 0.5), peer, tag=5, async_op=True))
+        results = pc.wait_all(works)
+        statuses = [(s.source, s.tag, s.count) for s in results[:n]]
+        return statuses, results[n:2 * n], [g.tolist() for g in got], aside.tolist(), \
+            results[-2].tag, results[-1]
+
+    try:
+        for rank, (statuses, sent, got, aside, aside_tag, last) in \
+                enumerate(run_ranks(2, body, 60)):
+            peer = 1 - rank
+            assert statuses == [(peer, tag, tag + 1) for tag in range(n)]
+            assert sent == [None] * n and last is None
+            assert got == [[10.0 * peer + tag] * (tag + 1) for tag in range(n)]
+            assert aside == [peer + 0.5] * 2 and aside_tag == 5
+    finally:
+        for g in groups:
+            g.close()

@@ -46,7 +46,7 @@ from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport View, as_buffer, pin
 from pycollect._ext._lock cimport CallLock
-from pycollect._ext._work cimport Later, P2P, Runner, Status, Work, filled
+from pycollect._ext._work cimport BatchOwner, Later, P2P, Runner, Status, Work, filled
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
@@ -374,7 +374,7 @@ cdef class Queued:
         return self.ctx.step_direct(self)
 
 
-cdef class CallPath:
+cdef class CallPath(BatchOwner):
     """A Context's hot state and its compiled blocking calls (see the module's text)."""
 
     cdef public Transport _transport
@@ -1033,7 +1033,7 @@ cdef class CallPath:
         and deadline), for its runner to drive."""
         return Batch(self._transport, self._mailbox, self._timeout)
 
-    def run_drive(self, Runner runner):
+    cpdef object run_drive(self, Runner runner):
         """The runner's drive of its batch of sends and receives (``Runner.drive``), under
         the context's lock: what ``Context._execute`` makes of ``(runner._drive, 0, None,
         None)`` (no sequence number, check or recorder entry; the context fails where the

@@ -17,6 +17,7 @@ cdef struct BatchOp:
     size_t nbytes
     size_t count            # its element count
     int dtype
+    int itemsize
     int peer                # destination, or source (the sender once matched)
     int tag                 # the tag asked for, then the message's
     int req                 # the transport request; NOT_POSTED, or FROM_MAILBOX
@@ -28,14 +29,16 @@ cdef class Batch:
     cdef Transport t
     cdef Mailbox box
     cdef double timeout
-    cdef list bufs          # Buffer of each operation: keeps its memory pinned
-    cdef BatchOp* ops       # the operations, in the order they were added
+    cdef list bufs          # what keeps each operation's memory: its array, or the
+                            # Buffer that holds another object's exported buffer
+    cdef BatchOp* ops       # the operations, in the order they were added: ``inline``
+    cdef BatchOp inline[4]  # while they fit, else malloc'd
     cdef int n, cap
     cdef int n_waiting      # receives not matched yet
     cdef int first_open     # no operation before it is open
 
     cdef void _attach(self, Transport t, Mailbox box, double timeout)
-    cdef int _append(self, Buffer b, int peer, int tag, int req) except -1
+    cdef int _append(self, object held, const View* b, int peer, int tag, int req) except -1
     cdef void _wait_for(self, int i) noexcept
     cdef void _close(self, int i) noexcept
     cdef int _waiting_source(self) noexcept
@@ -52,6 +55,8 @@ cdef class Batch:
     cpdef int add_send(self, object buf, int dst, int tag, object timeout=*) except -1
     cpdef int add_recv(self, object buf, int src, int tag, object timeout=*) except -1
     cpdef list progress(self, double seconds)
+    cdef int move(self, double seconds) except -1
+    cdef int next_ended(self, int start) except -2
     cpdef tuple result(self, int i)
 
 cdef Py_ssize_t stash_to(Transport t, Mailbox box, Batch batch, Py_ssize_t* handed,

@@ -24,10 +24,10 @@ describes the next matching message without receiving it.
 
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
-from pycollect._ext._buffer cimport View, as_buffer, pin, view_of
+from pycollect._ext._buffer cimport View, pin
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import MismatchError, Timeout
@@ -455,7 +455,7 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     status is a receive's (source, element count, tag); where it is still in flight, it is
     operation ``index`` of the Batch returned, for the runner to drive.  A receive while
     messages wait in the mailbox takes the Batch's way (``add_recv``) from the start."""
-    cdef Buffer b
+    cdef View b
     cdef OpDesc d
     cdef Probe pr
     cdef Batch batch
@@ -465,7 +465,9 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
         i = batch.add_recv(buf, peer, tag)
         batch._match(pc_now_ns())
         return _moved(batch, i)
-    b = as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
+    held = pin(buf, &b, "recv" if is_recv else "send", "buf", is_recv)
+    if held is None:
+        held = buf
     fill_desc(&d, 0 if is_recv else t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
     with nogil:
         rc = t.begin(&d, timeout)
@@ -473,7 +475,7 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
             req = rc = t.post_send_async(peer, b.ptr, b.nbytes)
         elif rc == 0:
             t.past_collectives(1)       # a peer's collective first: wait behind it (Batch._head)
-            got = _probe_head(t, peer, &pr, pc_now_ns())
+            got = _probe_head(t, peer, &pr, PROBE_ONCE)
             t.past_collectives(0)
             if got >= 0 and _wants(peer, tag, got, pr.desc.root):
                 req = rc = _post_body(t, got, &pr, b.ptr, b.nbytes, b.dtype, b.count)
@@ -489,10 +491,11 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     batch = Batch.__new__(Batch)
     batch._attach(t, box, timeout)
     if req >= 0:            # a send in flight, or a receive reading its message
-        i = batch._append(b, got if is_recv else peer, pr.desc.root if is_recv else tag, req)
+        i = batch._append(held, &b, got if is_recv else peer, pr.desc.root if is_recv else tag,
+                          req)
         return batch, i, False, None
     # A receive whose message has not come (or another's head came first): the Batch's way.
-    i = batch._append(b, peer, tag, NOT_POSTED)
+    i = batch._append(held, &b, peer, tag, NOT_POSTED)
     batch._wait_for(i)
     if got >= 0:
         batch._match(pc_now_ns())
@@ -540,7 +543,8 @@ cdef class Batch:
             raise_error(t)
 
     def __dealloc__(self):
-        free(self.ops)
+        if self.ops != self.inline:
+            free(self.ops)
 
     cdef void _attach(self, Transport t, Mailbox box, double timeout):
         """Empty, on ``t``'s operation (begun by the caller)."""
@@ -555,10 +559,11 @@ cdef class Batch:
 
     cpdef int add_send(self, object buf, int dst, int tag, object timeout=None) except -1:
         """Post a send (``timeout``: its deadline, else the batch's); its index."""
-        cdef Buffer b = as_buffer(buf, "send", "buf", False)
+        cdef View b
         cdef OpDesc d
         cdef int req
         cdef double tmo = self.timeout if timeout is None else timeout
+        held = pin(buf, &b, "send", "buf", False)
         fill_desc(&d, self.t.p2p_seq, COLL_P2P, b.dtype, 0, 0, tag, b.count)
         with nogil:
             self.t.extend_deadline(tmo)
@@ -567,14 +572,16 @@ cdef class Batch:
                 req = self.t.post_send_async(dst, b.ptr, b.nbytes)
         if req < 0:
             raise_error(self.t)
-        return self._append(b, dst, tag, req)
+        return self._append(buf if held is None else held, &b, dst, tag, req)
 
     cpdef int add_recv(self, object buf, int src, int tag, object timeout=None) except -1:
         """Add a receive (matched at once from the mailbox when it can be; ``timeout``: its
         deadline, else the batch's); its index."""
-        cdef Buffer b = as_buffer(buf, "recv", "buf", True)
-        cdef int i = self._append(b, src, tag, NOT_POSTED)
+        cdef View b
+        cdef int i
         cdef double tmo = self.timeout if timeout is None else timeout
+        held = pin(buf, &b, "recv", "buf", True)
+        i = self._append(buf if held is None else held, &b, src, tag, NOT_POSTED)
         with nogil:
             self.t.extend_deadline(tmo)
         m = self.box.take(src, tag)
@@ -584,19 +591,29 @@ cdef class Batch:
             self._wait_for(i)
         return i
 
-    cdef int _append(self, Buffer b, int peer, int tag, int req) except -1:
+    cdef int _append(self, object held, const View* b, int peer, int tag, int req) except -1:
+        """Add an operation on ``b``, whose memory ``held`` keeps (the array itself, or the
+        Buffer that ``pin`` made for another object); its index."""
         cdef BatchOp* grown
         cdef BatchOp* op
         cdef int cap
-        if self.n == self.cap:
-            cap = 4 if self.cap == 0 else 2 * self.cap
-            grown = <BatchOp*>realloc(self.ops, cap * sizeof(BatchOp))
+        if self.cap == 0:
+            self.ops, self.cap = self.inline, 4
+        elif self.n == self.cap:
+            cap = 2 * self.cap
+            if self.ops == self.inline:
+                grown = <BatchOp*>malloc(cap * sizeof(BatchOp))
+                if grown != NULL:
+                    memcpy(grown, self.inline, self.n * sizeof(BatchOp))
+            else:
+                grown = <BatchOp*>realloc(self.ops, cap * sizeof(BatchOp))
             if grown == NULL:
                 raise MemoryError("a batch of %d sends and receives" % cap)
             self.ops, self.cap = grown, cap
-        self.bufs.append(b)
+        self.bufs.append(held)
         op = &self.ops[self.n]
         op.ptr, op.nbytes, op.count, op.dtype = b.ptr, b.nbytes, b.count, b.dtype
+        op.itemsize = b.itemsize
         op.peer, op.tag, op.req, op.got = peer, tag, req, 0
         op.waiting, op.open = False, True
         self.n += 1
@@ -616,7 +633,9 @@ cdef class Batch:
     cdef _from_mailbox(self, int i, object m):
         cdef BatchOp* op = &self.ops[i]
         cdef View b
-        view_of(self.bufs[i], &b)
+        b.ptr, b.nbytes, b.count, b.dtype, b.itemsize = op.ptr, op.nbytes, op.count, op.dtype, \
+            op.itemsize
+        b.readonly = False
         op.peer, op.got, op.tag = _deliver(m, &b, "recv")
         op.req = FROM_MAILBOX
 
@@ -761,9 +780,20 @@ cdef class Batch:
         return req == FROM_MAILBOX or req >= 0 and self.t.done(req)
 
     cpdef list progress(self, double seconds):
-        """Move every request for up to ``seconds``; return the indices of the operations
-        that completed since the last call.  Raises the transport's error (which fails
-        them all).
+        """Move every request for up to ``seconds`` (``move``); return the indices of the
+        operations that completed since the last call (``next_ended``).  Raises the
+        transport's error (which fails them all)."""
+        cdef int i
+        self.move(seconds)
+        done = []
+        i = self.next_ended(0)
+        while i >= 0:
+            done.append(i)
+            i = self.next_ended(i + 1)
+        return done
+
+    cdef int move(self, double seconds) except -1:
+        """Move every request for up to ``seconds``; raises the transport's error.
 
         An operation that has ended, or a request in flight (a send, a matched
         receive's body), does not wait for the heads that other receives wait for: the
@@ -789,12 +819,17 @@ cdef class Batch:
                 rc = self.t.progress_until(until)
             if rc < 0:
                 raise_error(self.t)
-        done = []
-        for i in range(self.first_open, self.n):
+        return 0
+
+    cdef int next_ended(self, int start) except -2:
+        """The first operation from ``start`` on that has ended and was not reported yet,
+        now reported (closed); -1 where none has."""
+        cdef int i
+        for i in range(start if start > self.first_open else self.first_open, self.n):
             if self.ops[i].open and self._ended(i):
                 self._close(i)
-                done.append(i)
-        return done
+                return i
+        return -1
 
     cpdef tuple result(self, int i):
         """A completed receive's (source rank, element count, tag)."""
@@ -804,4 +839,4 @@ cdef class Batch:
         op = &self.ops[i]
         if op.req == FROM_MAILBOX:
             return op.peer, op.got, op.tag
-        return op.peer, _count(self.t, op.req, (<Buffer>self.bufs[i]).itemsize), op.tag
+        return op.peer, _count(self.t, op.req, op.itemsize), op.tag

@@ -39,6 +39,9 @@ cdef class P2P:
 
 cdef class Runner
 
+cdef class BatchOwner:
+    cpdef object run_drive(self, Runner runner)
+
 cdef class Work:
     cdef public Completion _end
     cdef public object _result, _exception, _callbacks
@@ -54,6 +57,7 @@ cdef class Work:
     @staticmethod
     cdef Work made_ended(object description, object result, object exception)
     cpdef complete(self, object algorithm=*, object exception=*)
+    cdef object _outcome(self)
     cdef _run_callbacks(self)
 
 cdef class Runner:

@@ -213,6 +213,16 @@ cdef class Completion:
 cdef Completion _ENDED = Completion(True)
 
 
+cdef class BatchOwner:
+    """What a batch of sends and receives belongs to: the compiled call path of a context
+    (``_call.CallPath``), whose ``run_drive`` the runner calls as C, not through Python's
+    call (a wait for an async receive goes through it once)."""
+
+    cpdef object run_drive(self, Runner runner):
+        """Drive ``runner``'s batch (``Runner.drive``) under the owner's lock."""
+        raise NotImplementedError
+
+
 cdef class Work:
     """The handle of an operation started with ``async_op=True``."""
 
@@ -289,6 +299,10 @@ cdef class Work:
                 raise Timeout("%s did not complete within %g s" % (self.description, seconds))
         elif timeout is not None:
             wait_seconds(timeout, "Work.wait")      # a bad timeout is refused all the same
+        return self._outcome()
+
+    cdef object _outcome(self):
+        """An ended operation's result, or its error raised."""
         if self._exception is not None:
             raise self._exception
         r = self._result
@@ -390,24 +404,48 @@ def wait_all(works, timeout=None):
     """Wait for every handle of ``works``; return their results in order (the first error
     raises).  ``timeout`` bounds the whole wait."""
     cdef dict last = None
+    cdef object first = None, first_work = None
+    cdef list results
     if timeout is None:
         # Run what each context's queue holds up to the last of its handles here, on
         # this thread, first: a wait for the first alone would hand the rest to the
         # runner when it returns (Runner._done_running), and each later wait would then
-        # sleep until the runner had run its own.
+        # sleep until the runner had run its own.  (One runner, the common case, needs
+        # no dict.)
         for w in works:
             if not _ended(w):
                 runner = (<Work>w)._runner if type(w) is Work else getattr(w, "_runner", None)
-                if runner is not None:
+                if runner is None:
+                    continue
+                if first is None or runner is first:
+                    first, first_work = runner, w
+                else:
                     if last is None:
                         last = {}
                     last[runner] = w
-        if last is not None:
-            for runner, w in last.items():
-                runner.run_until(w)
-        return [w.wait() for w in works]
+        if first is not None:
+            _run_until(first, first_work)
+            if last is not None:
+                for runner, w in last.items():
+                    _run_until(runner, w)
+        results = []
+        for w in works:
+            if type(w) is Work and (<Work>w)._end.done:
+                results.append((<Work>w)._outcome())
+            else:
+                results.append(w.wait())
+        return results
     end = time.monotonic() + wait_seconds(timeout, "wait_all")
     return [w.wait(max(end - time.monotonic(), 0.0)) for w in works]     # each hurries
+
+
+cdef inline _run_until(object runner, object work):
+    """``runner.run_until(work)``, as C where both are this module's (as ``Work.wait`` runs
+    its runner's queue)."""
+    if isinstance(runner, Runner) and type(work) is Work:
+        (<Runner>runner)._run_while_not((<Work>work)._end)
+    else:
+        runner.run_until(work)
 
 
 def wait_any(works, timeout=None):
@@ -1059,6 +1097,7 @@ cdef class Runner:
         cdef list posting = self._posting
         cdef list ended
         cdef tuple entry
+        cdef int i, n_ended
         cdef P2P op
         cdef Work work
         cdef Batch batch
@@ -1078,20 +1117,31 @@ cdef class Runner:
             while posting:
                 op = posting[0][0]
                 running[op.post(batch)] = posting.pop(0)
-            ended = []
-            for i in batch.progress(slice_s):
+            # What ended: the first in first/first_exc, any more in ``ended`` (most passes
+            # end one operation: no list is made for it).
+            batch.move(slice_s)
+            n_ended, first, first_exc, ended = 0, None, None, None
+            i = batch.next_ended(0)
+            while i >= 0:
                 entry = running.pop(i)
+                failure = None
                 try:
                     (<P2P>entry[0]).finish(batch, i)
                 except Exception as exc:
                     # Its own failure (a status's set, a staged copy back): its handle
                     # raises it; the rest of the batch goes on.
-                    ended.append((entry[1], exc))
+                    failure = exc
+                if n_ended == 0:
+                    first, first_exc = entry[1], failure
                 else:
-                    ended.append((entry[1], None))
+                    if ended is None:
+                        ended = []
+                    ended.append((entry[1], failure))
+                n_ended += 1
+                i = batch.next_ended(i + 1)
             self._mutex.take()
-            self._in_batch -= len(ended)
-            self.backlog -= len(ended)
+            self._in_batch -= n_ended
+            self.backlog -= n_ended
             idle = not running and (
                 not self._queue or type(self._queue[0][0]) is not P2P
                 or (<P2P>self._queue[0][0]).owner is not owner)
@@ -1100,8 +1150,11 @@ cdef class Runner:
                 self._batch_owner = None
             beside = not idle and self._beside_head()
             self._mutex.give()
-            for work, exc in ended:
-                work.complete(None, exc)
+            if n_ended:
+                (<Work>first).complete(None, first_exc)
+                if ended is not None:
+                    for work, exc in ended:
+                        work.complete(None, exc)
             if idle or until is not None and _done(until):
                 return None
             if beside:
@@ -1129,7 +1182,7 @@ cdef class Runner:
                     owner = (<P2P>self._queue[0][0]).owner
                 finally:
                     self._mutex.give()
-            owner.run_drive(self)
+            (<BatchOwner?>owner).run_drive(self)
         except BaseException as exc:      # fails every operation handed to the batch
             failed = [entry[1] for entry in list(self._batch_ops.values()) + self._posting]
             self._batch_ops.clear()
