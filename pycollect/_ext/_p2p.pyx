@@ -22,6 +22,7 @@ A receive returns (source, element count, tag): the status of MPI.  ``probe``
 describes the next matching message without receiving it.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport free, malloc, realloc
@@ -517,6 +518,7 @@ cdef tuple _moved(Batch batch, int i):
     return batch, i, False, None
 
 
+@cython.freelist(4)
 cdef class Batch:
     """Sends and receives of one context in flight together, completing in any order.
 

@@ -53,6 +53,7 @@ def wait_seconds(timeout, what):
     return max(float(timeout), 0.0)
 
 
+@cython.freelist(8)
 cdef class Status:
     """What a receive got, as MPI's status: ``source``, ``tag`` and ``count`` (elements).
 
@@ -107,6 +108,7 @@ cdef object filled(object status, tuple got):
 
 
 @cython.final
+@cython.freelist(8)
 cdef class Later:
     """A result that the operation itself produces (a receive's Status)."""
 
@@ -125,6 +127,7 @@ cdef class Later:
 
 
 @cython.final
+@cython.freelist(8)
 cdef class P2P:
     """A queued send or receive: consecutive ones run together as one batch."""
 
@@ -176,6 +179,7 @@ doorbell_type = Doorbell
 
 
 @cython.final
+@cython.freelist(8)
 cdef class Completion:
     """Whether something has ended (``done``), and a wait for it that makes a
     ``threading.Event`` (microseconds to make) only when it has to block: most ends
@@ -223,6 +227,7 @@ cdef class BatchOwner:
         raise NotImplementedError
 
 
+@cython.freelist(8)
 cdef class Work:
     """The handle of an operation started with ``async_op=True``."""
 
