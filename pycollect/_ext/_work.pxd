@@ -67,6 +67,7 @@ cdef class Runner:
     cdef public object _queue, _batch, _batch_owner, _batch_ops, _posting, _thread
     cdef public Doorbell _bell
     cdef public Py_ssize_t _in_batch, backlog, _begun
+    cdef Py_ssize_t _n_running          # operations of _batch_ops that have not ended
     cdef public Py_ssize_t notified     # posts of the hand-off semaphore (tests count them)
     cdef readonly CallLock _mutex
     cdef sem_t _handoff
@@ -96,5 +97,7 @@ cdef class Runner:
     cdef bint _poll_batch(self, Work work) except -1
     cdef void _notify_runner(self, bint handed) noexcept
     cdef list _take_p2p(self, object owner)
+    cdef int _hold(self, Py_ssize_t index, tuple entry) except -1
+    cdef tuple _release(self, Py_ssize_t index)
     cdef _run_batch(self, object until, double slice_s)
     cdef object drive(self)

@@ -580,7 +580,10 @@ cdef class Runner:
         self.busy = False
         self._batch = None      # the batch of sends and receives in flight, between drivers
         self._batch_owner = None    # ... the context whose operations it holds
-        self._batch_ops = {}    # ... its operations: batch index -> (op, work)
+        # ... its operations: entry i is (op, work, None) for the batch's operation i, None
+        # once it has ended; _n_running of them have not
+        self._batch_ops = []
+        self._n_running = 0
         self._posting = []      # ... taken off the queue, not yet posted to it
         self._parked = False    # ... begun on a caller's thread (claim), with a doorbell
                                 # token for whoever drives it next
@@ -691,7 +694,7 @@ cdef class Runner:
         self._mutex.take()
         self._batch = batch
         self._batch_owner = op.owner
-        self._batch_ops[index] = (op, work, None)
+        self._hold(index, (op, work, None))
         self._in_batch += 1
         self.backlog += 1
         self._mutex.give()
@@ -871,8 +874,8 @@ cdef class Runner:
                     or (self._wanted is not None and self._wanted.held)):
                 return False
             if not mine:
-                for entry in self._batch_ops.values():
-                    if entry[1] is work:
+                for entry in self._batch_ops:
+                    if entry is not None and entry[1] is work:
                         mine = True
                         break
             if not mine:
@@ -1090,6 +1093,25 @@ cdef class Runner:
         ``_execute``, which says why a closed or failed context does not)."""
         return self.drive()
 
+    cdef int _hold(self, Py_ssize_t index, tuple entry) except -1:
+        """Operation ``index`` of the batch runs: its (op, work, None)."""
+        cdef list ops = self._batch_ops
+        while len(ops) <= index:
+            ops.append(None)
+        ops[index] = entry
+        self._n_running += 1
+        return 0
+
+    cdef tuple _release(self, Py_ssize_t index):
+        """Operation ``index`` of the batch has ended: its (op, work, None), taken off."""
+        cdef list ops = self._batch_ops
+        entry = ops[index] if 0 <= index < len(ops) else None
+        if entry is None:
+            raise KeyError("operation %d of the batch is not running" % index)
+        ops[index] = None
+        self._n_running -= 1
+        return <tuple>entry
+
     cdef object drive(self):
         """One drive of the batch (``_run_batch``), run under the context's lock
         (``CallPath.run_drive``): post what the queue's head holds, and what is queued
@@ -1098,7 +1120,6 @@ cdef class Runner:
         or another thread wants the lock."""
         cdef object until = self._drive_until
         cdef double slice_s = self._drive_slice
-        cdef dict running = self._batch_ops
         cdef list posting = self._posting
         cdef list ended
         cdef tuple entry
@@ -1121,14 +1142,14 @@ cdef class Runner:
                 posting.extend(self._take_p2p(owner))
             while posting:
                 op = posting[0][0]
-                running[op.post(batch)] = posting.pop(0)
+                self._hold(op.post(batch), posting.pop(0))
             # What ended: the first in first/first_exc, any more in ``ended`` (most passes
             # end one operation: no list is made for it).
             batch.move(slice_s)
             n_ended, first, first_exc, ended = 0, None, None, None
             i = batch.next_ended(0)
             while i >= 0:
-                entry = running.pop(i)
+                entry = self._release(i)
                 failure = None
                 try:
                     (<P2P>entry[0]).finish(batch, i)
@@ -1147,12 +1168,13 @@ cdef class Runner:
             self._mutex.take()
             self._in_batch -= n_ended
             self.backlog -= n_ended
-            idle = not running and (
+            idle = self._n_running == 0 and (
                 not self._queue or type(self._queue[0][0]) is not P2P
                 or (<P2P>self._queue[0][0]).owner is not owner)
             if idle:
                 self._batch = None
                 self._batch_owner = None
+                del self._batch_ops[:]      # the next batch numbers its operations from 0
             beside = not idle and self._beside_head()
             self._mutex.give()
             if n_ended:
@@ -1189,8 +1211,10 @@ cdef class Runner:
                     self._mutex.give()
             (<BatchOwner?>owner).run_drive(self)
         except BaseException as exc:      # fails every operation handed to the batch
-            failed = [entry[1] for entry in list(self._batch_ops.values()) + self._posting]
-            self._batch_ops.clear()
+            failed = [entry[1] for entry in self._batch_ops + self._posting
+                      if entry is not None]
+            del self._batch_ops[:]
+            self._n_running = 0
             del self._posting[:]
             self._mutex.take()
             self._batch = None
