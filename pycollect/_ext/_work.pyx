@@ -39,6 +39,7 @@ __all__ = ["BATCH_SLICE_S", "Completion", "Work", "Later", "P2P", "Runner", "Sta
 # for more of them in its queue.
 BATCH_SLICE_S = 0.002
 cdef double _SLICE_S = BATCH_SLICE_S
+cdef double _POST_ONLY = -1.0      # a drive's slice that posts what it takes, and stops
 
 
 def wait_seconds(timeout, what):
@@ -731,9 +732,11 @@ cdef class Runner:
         """Under ``claim_batch``: post the send or receive ``op`` (a ``P2P``) to the batch in
         flight and drive the batch on the calling thread (completing whatever of it ends
         meanwhile): until ``op`` has ended where the caller ``wait``s for it (a blocking
-        call), else for one pass, as an async call begun when nothing was in flight moves
-        once (its send goes out now, not at the next wait); what is left in flight stays
-        parked for the next driver.  Its handle."""
+        call), else, for an async send, for one pass, as an async call begun when nothing
+        was in flight moves once (its send goes out now, not at the next wait); an async
+        receive is posted only (MPI's Irecv: its message is matched by the next look, wait
+        or pass of the batch, as the batch's other receives are); what is left in flight
+        stays parked for the next driver.  Its handle."""
         cdef Work work
         try:
             work = Work.made_pending(description, op.result)
@@ -746,7 +749,8 @@ cdef class Runner:
         self.backlog += 1
         self._mutex.give()
         self._posting.append((op, work, None))
-        self._run_next(None, work._end if wait else _ENDED, _SLICE_S if wait else 0.0)
+        self._run_next(None, work._end if wait else _ENDED,
+                       _SLICE_S if wait else _POST_ONLY if op.is_recv else 0.0)
         return work
 
     cpdef begun_collective(self, object op, Work work, bint alone=False):
@@ -1143,6 +1147,8 @@ cdef class Runner:
             while posting:
                 op = posting[0][0]
                 self._hold(op.post(batch), posting.pop(0))
+            if slice_s == _POST_ONLY:
+                return None
             # What ended: the first in first/first_exc, any more in ``ended`` (most passes
             # end one operation: no list is made for it).
             batch.move(slice_s)
