@@ -46,8 +46,8 @@ cdef class Batch:
     cdef _from_mailbox(self, int i, object m)
     cdef bint _offer(self, object m) except -1
     cdef int _taker(self, int src, int tag) except -2
-    cdef int _match(self, int64_t until_ns) except -1
-    cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3
+    cdef int _match(self, int64_t until_ns, int64_t now_ns) except -1
+    cdef int _head(self, int src, Probe* pr, int64_t until_ns, int64_t now_ns) except -3
     cdef int _moving(self) except -1
     cdef bint _ended(self, int i) except -1
     cpdef bint on_wire(self) except -1

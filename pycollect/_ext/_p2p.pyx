@@ -461,10 +461,12 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     cdef Probe pr
     cdef Batch batch
     cdef int rc = 0, req = -1, got = -2
+    cdef int64_t now
     if is_recv and len(box.mail):
         batch = Batch(t, box, timeout)
         i = batch.add_recv(buf, peer, tag)
-        batch._match(pc_now_ns())
+        now = pc_now_ns()
+        batch._match(now, now)
         return _moved(batch, i)
     held = pin(buf, &b, "recv" if is_recv else "send", "buf", is_recv)
     if held is None:
@@ -481,7 +483,7 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
             if got >= 0 and _wants(peer, tag, got, pr.desc.root):
                 req = rc = _post_body(t, got, &pr, b.ptr, b.nbytes, b.dtype, b.count)
         if rc >= 0 and req >= 0 and not t.done(req):
-            rc = t.progress_until(pc_now_ns())
+            rc = t.progress_until(PROGRESS_ONCE)
     if rc < 0:
         raise_error(t)
     if got == -1:
@@ -499,7 +501,8 @@ cpdef tuple start(Transport t, Mailbox box, double timeout, bint is_recv, object
     i = batch._append(held, &b, peer, tag, NOT_POSTED)
     batch._wait_for(i)
     if got >= 0:
-        batch._match(pc_now_ns())
+        now = pc_now_ns()
+        batch._match(now, now)
     return _moved(batch, i)
 
 
@@ -509,7 +512,7 @@ cdef tuple _moved(Batch batch, int i):
     cdef int rc
     if not batch._ended(i) and not batch.n_waiting:
         with nogil:
-            rc = batch.t.progress_until(pc_now_ns())
+            rc = batch.t.progress_until(PROGRESS_ONCE)
         if rc < 0:
             raise_error(batch.t)
     if batch._ended(i):
@@ -681,20 +684,21 @@ cdef class Batch:
                 return True
         return False
 
-    cdef int _match(self, int64_t until_ns) except -1:
-        """Hand the heads that show up before ``until_ns`` to the waiting receives."""
+    cdef int _match(self, int64_t until_ns, int64_t now_ns) except -1:
+        """Hand the heads that show up before ``until_ns`` to the waiting receives (``now_ns``:
+        the clock read at or before the call)."""
         cdef BatchOp* op
         cdef Probe pr
         cdef int i, peer = -1, req, src
         while self.n_waiting:
             src = self._waiting_source()
-            peer = self._head(src, &pr, until_ns)
+            peer = self._head(src, &pr, until_ns, now_ns)
             if peer == -2 and src < 0:
                 # A look at any rank's head passes over pairs that ended: look at each
                 # rank a receive waits for, so that one that left is named.
                 for src in range(self.t.size):
                     if self._waits_for(src):
-                        peer = self._head(src, &pr, pc_now_ns())
+                        peer = self._head(src, &pr, PROBE_ONCE, PROBE_ONCE)
                         if peer != -2:
                             break
             if peer == -2:
@@ -708,17 +712,19 @@ cdef class Batch:
             # so that the progress that reports it need not move the transport again.
             req = _post_body(self.t, peer, &pr, op.ptr, op.nbytes, op.dtype, op.count)
             if req >= 0 and pr.nbytes <= READ_HELD_BYTES and not self.t.done(req) \
-                    and self.t.progress_until(pc_now_ns()) < 0:
+                    and self.t.progress_until(PROGRESS_ONCE) < 0:
                 req = -1
             if req < 0:
                 raise_error(self.t)
             op.peer, op.tag, op.req = peer, pr.desc.root, req
         return 0
 
-    cdef int _head(self, int src, Probe* pr, int64_t until_ns) except -3:
-        """The next head from ``src`` (-1: any rank), -2 once ``until_ns`` passes; a
-        failure raised naming a waiting receive: one from the rank the failure names,
-        else the first added."""
+    cdef int _head(self, int src, Probe* pr, int64_t until_ns, int64_t now_ns) except -3:
+        """The next head from ``src`` (-1: any rank), -2 once ``until_ns`` passes (``now_ns``:
+        a clock reading at or before the call, so that none is needed to tell whether
+        ``until_ns`` has passed already: an older one only costs a wait that ends at
+        once); a failure raised naming a waiting receive: one from the rank the failure
+        names, else the first added."""
         cdef BatchOp* op
         cdef OpDesc d
         cdef int peer, i, j
@@ -728,7 +734,7 @@ cdef class Batch:
         # One look with the GIL held (a message that is here costs no release of it),
         # then the wait without it.
         peer = _probe_head(self.t, src, pr, PROBE_ONCE)
-        if peer == -2 and until_ns > pc_now_ns():
+        if peer == -2 and until_ns > now_ns:
             with nogil:
                 peer = _probe_head(self.t, src, pr, until_ns)
         self.t.past_collectives(0)
@@ -811,10 +817,10 @@ cdef class Batch:
         if moving == _ENDED:
             until = now         # what has ended is reported without waiting
         if self.n_waiting and moving == _IDLE:
-            self._match(until)
+            self._match(until, now)
         else:
             if self.n_waiting:
-                self._match(now)
+                self._match(now, now)
                 if self.n_waiting and until - now > IN_FLIGHT_LOOK_NS:
                     until = now + IN_FLIGHT_LOOK_NS
             with nogil:

@@ -31,6 +31,8 @@ cdef enum ErrorKind:
 cdef enum:
     REASON_BYTES = 160  # the most bytes of reason a refusal (Transport.refuse) carries
     PROBE_ONCE = -1     # probe_until's until_ns for one look that leaves a kick pending
+    PROGRESS_ONCE = 1   # progress_until's until_ns for one pass (a time long past: no
+                        # clock is read for it, only if the pass leaves something to do)
 
 # Collective codes carried in the descriptor.
 cdef enum Collective:
@@ -146,8 +148,8 @@ cdef class Transport:
     # descriptor later posts carry without starting a new operation;
     # post_recv_upto takes the peer's next point-to-point message of at most
     # ``capacity`` bytes (its size is received(req) once done); progress_until
-    # moves every request until all are done (0), ``until_ns`` passes (1) or
-    # an error (-1); probe_until is probe that gives up at ``until_ns`` (-2), or after one
+    # moves every request until all are done (0), ``until_ns`` passes (1; after one pass
+    # for PROGRESS_ONCE) or an error (-1); probe_until is probe that gives up at ``until_ns`` (-2), or after one
     # look (PROBE_ONCE: a kick made meanwhile still ends the next bounded wait).
     cdef int set_op(self, const OpDesc* op) noexcept nogil
     cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil
