@@ -3,7 +3,9 @@
 which every peer runs once, in an order that rotates from round to round.
 
 A peer's run writes its figures as JSON to a file it is given; ``take_turns`` collects
-them, per peer, in round order.
+them, per peer, in round order.  The runs import pycollect from the checkout these scripts
+lie in (its root first on ``PYTHONPATH``), as compare.py's workers do: to time another
+build, run that checkout's copy of the script.
 """
 
 import argparse
@@ -14,6 +16,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+# The checkout these scripts lie in: its pycollect is the one the runs time.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def importable(modules, mpirun=False):
@@ -40,7 +45,9 @@ def take_turns(peers, rounds, command):
     """Run ``command(peer, out)`` (an argv whose run writes JSON to ``out``) for every peer,
     ``rounds`` times; {peer: [the JSON of each round]}."""
     runs = {p: [] for p in peers}
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join(p for p in (CHECKOUT, os.environ.get("PYTHONPATH"))
+                                          if p))
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds if peers else 0):
             for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
