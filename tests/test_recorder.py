@@ -15,6 +15,7 @@ import pytest
 
 import pycollect as pc
 from pycollect import trace
+from pycollect.recorder import FIELDS
 from group import outcomes, run_ranks
 from jobs import stop
 
@@ -268,3 +269,29 @@ def test_the_verdict_on_a_missing_rank_follows_the_errors_that_name_it(last_link
     assert trace.analyse(dumps)[-1] == (
         "VERDICT: rank(s) 2 %s (no dump; the others' errors name rank 2) at #5 "
         "(allreduce float32[10])" % verdict)
+
+
+def test_the_peers_an_entry_hands_out_are_its_own():
+    """The call path records one peers list per rank, kept from call to call: what
+    ``entries()`` hands out is a copy, so that changing one entry's peers changes neither
+    another entry's nor the next ``entries()``."""
+    ctxs = contexts(2, timeout=10)
+    try:
+        def body(r):
+            ctx = ctxs[r]
+            buf = np.zeros(2, np.float32)
+            for _ in range(2):
+                if r == 0:
+                    ctx.send(buf, 1, tag=3)
+                else:
+                    ctx.recv(buf, 0, tag=3)
+            first, second = ctx._recorder.entries()[-2:]
+            peers = FIELDS.index("peers")
+            first[peers].append(99)
+            return second[peers], [e[peers] for e in ctx._recorder.entries()[-2:]]
+
+        for r, (second, again) in enumerate(run_ranks(2, body)):
+            assert second == [1 - r] and again == [[1 - r], [1 - r]]
+    finally:
+        for c in ctxs:
+            c.close()

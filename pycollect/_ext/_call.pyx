@@ -393,6 +393,7 @@ cdef class CallPath(BatchOwner):
     cdef public Ring _recorder      # the flight recorder, or None
     cdef public object _mailbox     # point-to-point messages not yet received
     cdef tuple _what                # per kind, a handle's description ("send on rank R")
+    cdef tuple _peer_lists          # per rank, [rank]: the recorder's peers (peer_list)
     # auto's rules, per kind: from min_bytes[i] on, run code[i] (-1: hierarchical)
     cdef int n_rules[N_KINDS]
     cdef Py_ssize_t min_bytes[N_KINDS][MAX_RULES]
@@ -694,8 +695,8 @@ cdef class CallPath(BatchOwner):
             if self._closed or self._failure is not None or self.runner_engaged():
                 return _TAKE_SLOW
             if rec is not None:
-                sent = _note(rec, K_SEND, sendbuf, NONE, [dst], True)
-                got = _note(rec, K_RECV, recvbuf, NONE, [src], True)
+                sent = _note(rec, K_SEND, sendbuf, NONE, self.peer_list(dst), True)
+                got = _note(rec, K_RECV, recvbuf, NONE, self.peer_list(src), True)
             self._busy = True
             try:
                 result = _p2p_sendrecv(t, self._mailbox, sendbuf, dst, sendtag, recvbuf, src,
@@ -747,7 +748,7 @@ cdef class CallPath(BatchOwner):
                 runner.unclaim()
                 return None
             if rec is not None:
-                entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
+                entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, self.peer_list(peer), True)
             self._busy = True
             try:
                 batch, index, ended, got = _p2p_start(t, self._mailbox, timeout, is_recv, buf,
@@ -823,7 +824,7 @@ cdef class CallPath(BatchOwner):
             if batch is None or batch.on_wire() or not t.sends_now(dst, b.nbytes):
                 return _TAKE_SLOW
             if rec is not None:
-                entry = _note(rec, K_SEND, buf, NONE, [dst], True)
+                entry = _note(rec, K_SEND, buf, NONE, self.peer_list(dst), True)
             self._busy = True
             try:
                 _send_beside(t, batch, &b, dst, tag, timeout)
@@ -875,7 +876,7 @@ cdef class CallPath(BatchOwner):
         if not runner.claim_batch(self):
             return _TAKE_SLOW
         if rec is not None:
-            entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, [peer], True)
+            entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, self.peer_list(peer), True)
         work = runner.join(op, self.what(K_RECV if is_recv else K_SEND), not async_op)
         if async_op:
             if entry >= 0:
@@ -1350,6 +1351,16 @@ cdef class CallPath(BatchOwner):
         runner.begun_collective(q, work, q.code == ALGO_DIRECT)
         return work
 
+    cdef list peer_list(self, int peer):
+        """``[peer]``: the flight recorder's peers of a send or receive, one list per rank,
+        made once (the recorder keeps a reference that changes only when the object does,
+        and copies lists out for a dump)."""
+        if not 0 <= peer < self._size:
+            return [peer]
+        if self._peer_lists is None:
+            self._peer_lists = tuple([[p] for p in range(self._size)])
+        return <list>self._peer_lists[peer]
+
     cdef str what(self, int kind):
         """A handle's description for ``kind``: "allreduce on rank 3"."""
         if self._what is None:
@@ -1511,7 +1522,7 @@ cdef class CallPath(BatchOwner):
                 beside = True
             seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
-                entry = _note(rec, kind, described, root, [root] if p2p else None, True,
+                entry = _note(rec, kind, described, root, self.peer_list(root) if p2p else None, True,
                               NONE if p2p else seq)
             self._busy = True
             if beside:

@@ -289,7 +289,7 @@ cdef class Ring:
             o = &self.objects[(id & self.mask) * N_OBJECTS]
             code = _get(o[4])
             out.append([s.id, _opt(s.seq), _get(o[0]), _get(o[1]), _get(o[2]),
-                        _opt(s.count), _opt(s.root), _get(o[3]), _STATES[s.state],
+                        _opt(s.count), _opt(s.root), _copied(o[3]), _STATES[s.state],
                         self.wall(s.queued_ns, ns_per_tick),
                         self.wall(s.started_ns, ns_per_tick), self.wall(s.ended_ns, ns_per_tick),
                         None if code is None else (code, _line(code, s.line)), _get(o[5])])
@@ -337,6 +337,12 @@ cdef int _is_outside(void* ring, PyObject* code) noexcept:
 
 cdef inline object _get(PyObject* p):
     return None if p == NULL else <object>p
+
+
+cdef inline object _copied(PyObject* p):
+    """A slot's peers as a list of the entry's own (the call path records one list per
+    rank, kept from call to call)."""
+    return None if p == NULL else list(<object>p) if type(<object>p) is list else <object>p
 
 
 cdef inline object _opt(int64_t v):
