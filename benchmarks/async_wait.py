@@ -21,7 +21,9 @@ with a blocking allreduce of the buffer before the send (``irecv+allreduce+send+
 ``Irecv``, ``Allreduce``, ``Send``, ``Wait``, the allreduce running while the receive
 waits), the same exchange blocking, ``sendrecv``
 (``ctx.sendrecv(buf, peer, other, peer, 3, 3)``; ``comm.Sendrecv(buf, peer, 3, other,
-peer, 3)``), and an async broadcast
+peer, 3)``), a halo exchange as each rank of a ring makes it with its two neighbours (here
+the one peer, twice, by tag: ``halo``: two receives posted, two async sends, all waited for;
+``Irecv``, ``Irecv``, ``Isend``, ``Isend``, ``Waitall``), and an async broadcast
 from rank 0 waited on (``ctx.broadcast(buf, 0, async_op=True).wait()``;
 ``Ibcast(buf, 0).Wait()``), and an allgather of the buffer, blocking
 (``ctx.allgather(buf, out)``; ``Allgather(buf, out)``) and async, waited on and polled
@@ -47,13 +49,13 @@ from turns import save_figures, two_ranks_main, two_ranks_table
 PEERS = ("pycollect-shm", "mpi-shm", "pycollect-tcp", "mpi-tcp")
 WAYS = ("blocking", "async+wait", "async+poll", "4 async+wait_all", "isend+irecv+wait_all",
         "irecv+send+wait", "irecv+isend+wait_all", "irecv+allreduce+send+wait", "sendrecv",
-        "broadcast async+wait", "allgather blocking", "allgather async+wait",
+        "halo", "broadcast async+wait", "allgather blocking", "allgather async+wait",
         "allgather async+poll", "reduce_scatter blocking", "reduce_scatter async+wait",
         "reduce_scatter async+poll", "alltoall blocking", "alltoall async+wait",
         "alltoall async+poll")
 # --pattern: the ways of one kind of call, or all of them.
-GROUPS = {"allreduce": WAYS[:4], "exchange": WAYS[4:9], "broadcast": WAYS[9:10],
-          "allgather": WAYS[10:13], "reduce_scatter": WAYS[13:16], "alltoall": WAYS[16:19]}
+GROUPS = {"allreduce": WAYS[:4], "exchange": WAYS[4:10], "broadcast": WAYS[10:11],
+          "allgather": WAYS[11:14], "reduce_scatter": WAYS[14:17], "alltoall": WAYS[17:20]}
 PATTERNS = ("all",) + tuple(GROUPS)
 BATCH = 100
 TITLE = ("2 ranks, allreduce of float32 (SUM, in place), an exchange by async send and receive, "
@@ -65,8 +67,8 @@ TITLE = ("2 ranks, allreduce of float32 (SUM, in place), an exchange by async se
 
 def _endpoint(peer):
     """(ways(buf): {way: a call making one allreduce of ``buf`` that way ("4 ...": four of
-    them; "isend+irecv+wait_all", "irecv+send+wait", "irecv+isend+wait_all" and "sendrecv":
-    an exchange of ``buf``)},
+    them; "isend+irecv+wait_all", "irecv+send+wait", "irecv+isend+wait_all", "sendrecv" and
+    "halo": an exchange of ``buf``)},
     this process's rank, a closer)."""
     import numpy as np
     if peer.startswith("pycollect-"):
@@ -75,6 +77,7 @@ def _endpoint(peer):
 
         def ways(buf):
             other, peer = np.empty_like(buf), 1 - ctx.rank
+            other2 = np.empty_like(buf)
             gathered = np.empty(2 * buf.size, buf.dtype)
             two = np.ones(2 * buf.size, buf.dtype)
             return {"blocking": lambda: ctx.allreduce(buf),
@@ -94,6 +97,12 @@ def _endpoint(peer):
                         ctx.recv(other, peer, 3, async_op=True),
                         lambda: (ctx.allreduce(buf), ctx.send(buf, peer, 3))),
                     "sendrecv": lambda: ctx.sendrecv(buf, peer, other, peer, 3, 3),
+                    # From the left neighbour (its send to the right: tag 4) and the right.
+                    "halo": lambda: pc.wait_all(
+                        [ctx.recv(other, peer, 4, async_op=True),
+                         ctx.recv(other2, peer, 3, async_op=True),
+                         ctx.send(buf, peer, 4, async_op=True),
+                         ctx.send(buf, peer, 3, async_op=True)]),
                     "broadcast async+wait": lambda: ctx.broadcast(buf, 0, async_op=True).wait(),
                     "allgather blocking": lambda: ctx.allgather(buf, gathered),
                     "allgather async+wait": lambda: ctx.allgather(buf, gathered,
@@ -116,6 +125,7 @@ def _endpoint(peer):
 
     def ways(buf):
         other, peer = np.empty_like(buf), 1 - comm.rank
+        other2 = np.empty_like(buf)
         gathered = np.empty(2 * buf.size, buf.dtype)
         two = np.ones(2 * buf.size, buf.dtype)
         return {"blocking": lambda: comm.Allreduce(MPI.IN_PLACE, buf),
@@ -134,6 +144,9 @@ def _endpoint(peer):
                     comm.Irecv(other, peer, 3),
                     lambda: (comm.Allreduce(MPI.IN_PLACE, buf), comm.Send(buf, peer, 3)), "Wait"),
                 "sendrecv": lambda: comm.Sendrecv(buf, peer, 3, other, peer, 3),
+                "halo": lambda: MPI.Request.Waitall(
+                    [comm.Irecv(other, peer, 4), comm.Irecv(other2, peer, 3),
+                     comm.Isend(buf, peer, 4), comm.Isend(buf, peer, 3)]),
                 "broadcast async+wait": lambda: comm.Ibcast(buf, 0).Wait(),
                 "allgather blocking": lambda: comm.Allgather(buf, gathered),
                 "allgather async+wait": lambda: comm.Iallgather(buf, gathered).Wait(),

@@ -44,7 +44,7 @@ from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
 from pycollect._ext._broadcast cimport broadcast as run_broadcast
 from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
-from pycollect._ext._buffer cimport View, as_buffer, pin
+from pycollect._ext._buffer cimport View, pin
 from pycollect._ext._lock cimport CallLock
 from pycollect._ext._work cimport BatchOwner, Later, P2P, Runner, Status, Work, filled
 from pycollect._ext._p2p cimport Batch
@@ -857,18 +857,20 @@ cdef class CallPath(BatchOwner):
         waits for its message: MPI's Irecv, then Send or Isend): it joins that batch
         (``Runner.claim_batch``, ``Runner.join``), without the Python path's checks and
         queue.  A blocking one drives the batch on this thread until it has ended and
-        returns a receive's Status, a send's None; an async one moves the batch once (its
-        send goes out now) and returns its handle.  _TAKE_SLOW, with nothing done, where
+        returns a receive's Status, a send's None; an async send moves the batch once (its
+        message goes out now), an async receive is posted only (``Runner.join``); either
+        returns its handle.  _TAKE_SLOW, with nothing done, where
         the Python path takes it (the runner has more than that batch, or the buffer is
         refused: the Python path says why)."""
         cdef Ring rec = self._recorder
         cdef Py_ssize_t entry = -1
         cdef Runner runner = self._runner
         cdef Work work
+        cdef View checked      # the buffer's check alone: the batch pins it when posted
         if runner is None:
             return _TAKE_SLOW
         try:
-            as_buffer(buf, "recv" if is_recv else "send", "buf", is_recv)
+            pin(buf, &checked, "recv" if is_recv else "send", "buf", is_recv)
         except InvalidArgument:
             return _TAKE_SLOW
         op = P2P.of(is_recv, buf, peer, tag, self, Later.of(status) if is_recv else None,
