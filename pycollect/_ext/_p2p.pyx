@@ -587,8 +587,7 @@ cdef class Batch:
         cdef double tmo = self.timeout if timeout is None else timeout
         held = pin(buf, &b, "recv", "buf", True)
         i = self._append(buf if held is None else held, &b, src, tag, NOT_POSTED)
-        with nogil:
-            self.t.extend_deadline(tmo)
+        self.t.extend_deadline(tmo)     # a clock read: with the GIL held
         m = self.box.take(src, tag)
         if m is not None:
             self._from_mailbox(i, m)
