@@ -96,8 +96,8 @@ cdef int _place_and_write(Transport t, char* recv, const char* src, const Layout
     return 0
 
 
-def allgather(Transport t, object sendbuf, object recvbuf, object counts, unsigned int seq,
-              double timeout, size_t segment_bytes, int algo=ALGO_RING):
+cpdef int allgather(Transport t, object sendbuf, object recvbuf, object counts, unsigned int seq,
+                    double timeout, size_t segment_bytes, int algo=ALGO_RING) except? -1:
     """Every rank's ``recvbuf`` receives all ``sendbuf`` blocks in rank order (counts: allgatherv);
     return the algorithm code that ran (``direct`` falls back to the ring where some rank
     may not read every peer's memory)."""

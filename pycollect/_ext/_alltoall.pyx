@@ -59,8 +59,8 @@ cdef size_t _prefix(size_t* offs, const size_t* lens, int n) noexcept nogil:
     return total
 
 
-def alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf, object recvcounts,
-             unsigned int seq, double timeout):
+cpdef int alltoall(Transport t, object sendbuf, object sendcounts, object recvbuf,
+                   object recvcounts, unsigned int seq, double timeout) except? -1:
     """Block p of ``sendbuf`` goes to rank p, block p of ``recvbuf`` comes from rank p."""
     name = "alltoall" if sendcounts is None else "alltoallv"
     cdef View sb

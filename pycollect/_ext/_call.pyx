@@ -36,9 +36,10 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t
 
 from pycollect._ext._allreduce cimport allreduce as run_allreduce
+from pycollect._ext._allgather cimport allgather as _allgather
 from pycollect._ext._allgather cimport allgather_begin, allgather_end, allgather_step
 from pycollect._ext._allreduce cimport allreduce_begin, allreduce_end, allreduce_step
-from pycollect._ext._alltoall cimport alltoall_begin, alltoall_end
+from pycollect._ext._alltoall cimport alltoall as _alltoall, alltoall_begin, alltoall_end
 from pycollect._ext._direct cimport BEGUN_DIRECT, BEGUN_DIRECT_STAGED
 from pycollect._ext._barrier cimport barrier as run_barrier
 from pycollect._ext._barrier cimport barrier_begin, barrier_end
@@ -50,7 +51,9 @@ from pycollect._ext._work cimport BatchOwner, Later, P2P, Runner, Status, Work, 
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
+from pycollect._ext._reduce_scatter cimport reduce_scatter as _reduce_scatter
 from pycollect._ext._reduce_scatter cimport reduce_scatter_begin, reduce_scatter_end
+from pycollect._ext._rooted cimport gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._p2p cimport start as _p2p_start
 from pycollect._ext._p2p cimport stash_to
 from pycollect._ext._record cimport NONE, Ring
@@ -62,17 +65,13 @@ from os import sched_yield as _sched_yield
 from time import monotonic as _monotonic, sleep as _sleep
 
 from pycollect._ext._allgather import ALGORITHMS as _ALLGATHER_ALGORITHMS
-from pycollect._ext._allgather import allgather as _allgather
 from pycollect._ext._allreduce import ALGORITHMS as _ALLREDUCE_ALGORITHMS
 from pycollect._ext._flags import OUTSTANDING as _OUTSTANDING, posts_complete as _posts_complete
 from pycollect._ext._flags cimport flags_fit
-from pycollect._ext._alltoall import alltoall as _alltoall
 from pycollect._ext._broadcast import ALGORITHMS as _BROADCAST_ALGORITHMS
-from pycollect._ext._reduce_scatter import reduce_scatter as _reduce_scatter
 from pycollect._ext._p2p import ANY_SOURCE as _ANY_SOURCE, ANY_TAG as _ANY_TAG
 from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
-from pycollect._ext._rooted import gather as _gather, reduce as _reduce, scatter as _scatter
 from pycollect._ext._transport import ALGORITHM_NAMES, fail as _fail_transport
 from pycollect.errors import Aborted, Error, InvalidArgument, MismatchError, Timeout
 from pycollect.types import ReduceOp
@@ -185,9 +184,9 @@ cdef inline double _seconds(object timeout, double default):
 cdef object _run_other(int kind, Transport t, object buf, object recv, int code, int op,
                        int root, unsigned int seq, double timeout, Py_ssize_t seg,
                        object counts, object recvcounts, object mailbox):
-    """The call into the algorithm modules' Python-level entry points of the kinds other than
-    allreduce, broadcast and barrier, as the Python path makes it (what it returns: an
-    algorithm code, or None)."""
+    """The call into the algorithm modules' entry points of the kinds other than allreduce,
+    broadcast and barrier (``cpdef``: called as C here, as the Python path calls them from
+    Python); what they return: an algorithm code, a receive's (source, count, tag)."""
     if kind == K_REDUCE:
         return _reduce(t, buf, root, op, code, seq, timeout, seg)
     if kind == K_ALLGATHER:

@@ -2,6 +2,9 @@
 # the ring's exchange of 2 ranks), for the compiled call path (_call.pyx).
 from pycollect._ext._transport cimport Transport
 
+cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, int op,
+                         unsigned int seq, double timeout, size_t segment_bytes) except? -1
+
 cpdef int reduce_scatter_begin(Transport t, object sendbuf, object recvbuf, int op,
                                unsigned int seq, double timeout,
                                size_t segment_bytes) except? -1

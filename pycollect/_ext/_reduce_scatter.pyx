@@ -38,8 +38,8 @@ from pycollect._ext._transport cimport *
 from pycollect.errors import InvalidArgument
 
 
-def reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, int op,
-                   unsigned int seq, double timeout, size_t segment_bytes):
+cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, int op,
+                         unsigned int seq, double timeout, size_t segment_bytes) except? -1:
     """Reduce ``sendbuf`` across ranks; rank r receives block r (counts: reduce_scatterv)."""
     name = "reduce_scatter" if counts is None else "reduce_scatterv"
     cdef View sb

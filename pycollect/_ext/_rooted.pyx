@@ -76,8 +76,8 @@ cdef int ring_reduce(Transport t, char* work, size_t n, size_t es, int dtype, in
     return rc
 
 
-def reduce(Transport t, object buf, int root, int op, int algo, unsigned int seq,
-           double timeout, size_t segment_bytes):
+cpdef int reduce(Transport t, object buf, int root, int op, int algo, unsigned int seq,
+                 double timeout, size_t segment_bytes) except? -1:
     """Reduce every rank's ``buf`` into root's ``buf``; other ranks' buffers are untouched."""
     cdef bint is_root = t.rank == root
     cdef View b
@@ -143,8 +143,8 @@ cdef int _linear(Transport t, char* block_base, const size_t* offs, const size_t
     return t.wait_all()
 
 
-cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object counts, int root,
-                           unsigned int seq, double timeout, bint gathering, str name):
+cdef int _rooted_blocks(Transport t, object sendbuf, object recvbuf, object counts, int root,
+                        unsigned int seq, double timeout, bint gathering, str name) except -1:
     """gather/gatherv (gathering) and scatter/scatterv: validation, then one nogil call."""
     cdef bint is_root = t.rank == root
     cdef int P = t.size, p
@@ -196,15 +196,15 @@ cdef object _rooted_blocks(Transport t, object sendbuf, object recvbuf, object c
     return ALGO_LINEAR
 
 
-def gather(Transport t, object sendbuf, object recvbuf, object counts, int root,
-           unsigned int seq, double timeout):
+cpdef int gather(Transport t, object sendbuf, object recvbuf, object counts, int root,
+                 unsigned int seq, double timeout) except? -1:
     """Root's ``recvbuf`` receives every rank's ``sendbuf`` in rank order (counts: gatherv)."""
     return _rooted_blocks(t, sendbuf, recvbuf, counts, root, seq, timeout, True,
                           "gather" if counts is None else "gatherv")
 
 
-def scatter(Transport t, object sendbuf, object recvbuf, object counts, int root,
-            unsigned int seq, double timeout):
+cpdef int scatter(Transport t, object sendbuf, object recvbuf, object counts, int root,
+                  unsigned int seq, double timeout) except? -1:
     """Rank r's ``recvbuf`` receives block r of root's ``sendbuf`` (counts: scatterv)."""
     return _rooted_blocks(t, sendbuf, recvbuf, counts, root, seq, timeout, False,
                           "scatter" if counts is None else "scatterv")
