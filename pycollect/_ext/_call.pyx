@@ -48,7 +48,7 @@ from pycollect._ext._broadcast cimport broadcast_begin, broadcast_end
 from pycollect._ext._buffer cimport View, pin
 from pycollect._ext._lock cimport CallLock
 from pycollect._ext._work cimport BatchOwner, Later, P2P, Runner, Status, Work, filled
-from pycollect._ext._p2p cimport Batch
+from pycollect._ext._p2p cimport Batch, Mailbox
 from pycollect._ext._p2p cimport recv as _recv, send as _send, send_beside as _send_beside
 from pycollect._ext._p2p cimport probe_beside as _probe_beside
 from pycollect._ext._reduce_scatter cimport reduce_scatter as _reduce_scatter
@@ -1283,7 +1283,7 @@ cdef class CallPath(BatchOwner):
         cdef Work work
         # A direct allreduce is begun only with nothing else begun (and nothing is begun
         # behind it: begun_collective's ``alone``).
-        if len(self._mailbox) or not runner.claim_post(1 if code == ALGO_DIRECT
+        if self.has_mail() or not runner.claim_post(1 if code == ALGO_DIRECT
                                                        else _OUTSTANDING):
             return None
         exception = None
@@ -1379,7 +1379,7 @@ cdef class CallPath(BatchOwner):
         cdef unsigned int seq
         cdef int code
         lock.take()
-        if not q.begun and (self._closed or self._failure is not None or len(self._mailbox)):
+        if not q.begun and (self._closed or self._failure is not None or self.has_mail()):
             lock.give()
             return self._execute((q, 1, None, None if q.entry < 0 else q.entry))
         try:
@@ -1420,7 +1420,7 @@ cdef class CallPath(BatchOwner):
         runner has work and nothing else stands in the way, and the transport has a flag
         area or reads point-to-point messages aside (``Transport.can_stash``)."""
         return (self._runner is not None and self._runner.backlog and self.ready_async()
-                and not len(self._mailbox) and (self._transport.flag_area is not None
+                and not self.has_mail() and (self._transport.flag_area is not None
                                                  or self._transport.can_stash()))
 
     cdef Batch runs_beside(self, int kind, object buf, int code):
@@ -1442,7 +1442,7 @@ cdef class CallPath(BatchOwner):
             nbytes = (<cnp.ndarray>buf).nbytes
         elif kind != K_BARRIER:
             return None
-        if runner is None or runner.busy or len(self._mailbox):
+        if runner is None or runner.busy or self.has_mail():
             return None
         if not ((code == ALGO_FLAGS or kind == K_BARRIER) and flags_fit(t, nbytes) != NULL
                 or t.can_stash()):
@@ -1462,7 +1462,16 @@ cdef class CallPath(BatchOwner):
 
     cdef inline bint ready(self):
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
-        return self.ready_p2p() and not len(self._mailbox)
+        return self.ready_p2p() and not self.has_mail()
+
+    cdef inline bint has_mail(self):
+        """Point-to-point messages wait in the mailbox (they came before their receives):
+        its list's length read as C (``len()`` of the Mailbox went through its Python
+        ``__len__`` at every blocking call)."""
+        m = self._mailbox
+        if type(m) is Mailbox:
+            return len((<Mailbox>m).mail) != 0
+        return len(m) != 0
 
     cdef int auto(self, int kind, Py_ssize_t nbytes) except -2:
         """auto's algorithm code for ``nbytes`` (-1 for a hierarchical plan)."""
