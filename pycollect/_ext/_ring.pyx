@@ -30,9 +30,12 @@ cdef enum:
 
 
 cdef int _layout_alloc(Layout* lay, int parts, int shift) noexcept nogil:
+    lay.shift = shift
+    if parts <= LAYOUT_INLINE:
+        lay.off, lay.len = lay.inline_off, lay.inline_len
+        return 0
     lay.off = <size_t*>calloc(parts, sizeof(size_t))
     lay.len = <size_t*>calloc(parts, sizeof(size_t))
-    lay.shift = shift
     if lay.off == NULL or lay.len == NULL:
         layout_free(lay)
         return -1
@@ -62,8 +65,10 @@ cdef int layout_counts(Layout* lay, const size_t* counts, int parts, int shift) 
 
 
 cdef void layout_free(Layout* lay) noexcept nogil:
-    free(lay.off)
-    free(lay.len)
+    if lay.off != lay.inline_off:
+        free(lay.off)
+    if lay.len != lay.inline_len:
+        free(lay.len)
     lay.off = NULL
     lay.len = NULL
 
