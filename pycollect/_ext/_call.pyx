@@ -390,7 +390,7 @@ cdef class CallPath(BatchOwner):
     cdef public bint _detail        # PYCOLLECT_DEBUG=detail: the Python path checks calls
     cdef public bint _logs          # PYCOLLECT_DEBUG=1: the Python path logs every call
     cdef public Ring _recorder      # the flight recorder, or None
-    cdef public object _mailbox     # point-to-point messages not yet received
+    cdef public Mailbox _mailbox    # point-to-point messages not yet received
     cdef tuple _what                # per kind, a handle's description ("send on rank R")
     cdef tuple _peer_lists          # per rank, [rank]: the recorder's peers (peer_list)
     # auto's rules, per kind: from min_bytes[i] on, run code[i] (-1: hierarchical)
@@ -747,7 +747,8 @@ cdef class CallPath(BatchOwner):
                 runner.unclaim()
                 return None
             if rec is not None:
-                entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, self.peer_list(peer), True)
+                entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE,
+                              self.peer_list(peer), True)
             self._busy = True
             try:
                 batch, index, ended, got = _p2p_start(t, self._mailbox, timeout, is_recv, buf,
@@ -877,7 +878,8 @@ cdef class CallPath(BatchOwner):
         if not runner.claim_batch(self):
             return _TAKE_SLOW
         if rec is not None:
-            entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE, self.peer_list(peer), True)
+            entry = _note(rec, K_RECV if is_recv else K_SEND, buf, NONE,
+                          self.peer_list(peer), True)
         work = runner.join(op, self.what(K_RECV if is_recv else K_SEND), not async_op)
         if async_op:
             if entry >= 0:
@@ -1465,13 +1467,8 @@ cdef class CallPath(BatchOwner):
         return self.ready_p2p() and not self.has_mail()
 
     cdef inline bint has_mail(self):
-        """Point-to-point messages wait in the mailbox (they came before their receives):
-        its list's length read as C (``len()`` of the Mailbox went through its Python
-        ``__len__`` at every blocking call)."""
-        m = self._mailbox
-        if type(m) is Mailbox:
-            return len((<Mailbox>m).mail) != 0
-        return len(m) != 0
+        """Point-to-point messages wait in the mailbox (they came before their receives)."""
+        return self._mailbox is not None and len(self._mailbox.mail) != 0
 
     cdef int auto(self, int kind, Py_ssize_t nbytes) except -2:
         """auto's algorithm code for ``nbytes`` (-1 for a hierarchical plan)."""
@@ -1532,7 +1529,8 @@ cdef class CallPath(BatchOwner):
                 beside = True
             seq = self.seq_ + 1
             if rec is not None:     # the lock is held: started
-                entry = _note(rec, kind, described, root, self.peer_list(root) if p2p else None, True,
+                entry = _note(rec, kind, described, root,
+                              self.peer_list(root) if p2p else None, True,
                               NONE if p2p else seq)
             self._busy = True
             if beside:

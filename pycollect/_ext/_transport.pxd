@@ -149,8 +149,9 @@ cdef class Transport:
     # post_recv_upto takes the peer's next point-to-point message of at most
     # ``capacity`` bytes (its size is received(req) once done); progress_until
     # moves every request until all are done (0), ``until_ns`` passes (1; after one pass
-    # for PROGRESS_ONCE) or an error (-1); probe_until is probe that gives up at ``until_ns`` (-2), or after one
-    # look (PROBE_ONCE: a kick made meanwhile still ends the next bounded wait).
+    # for PROGRESS_ONCE) or an error (-1); probe_until is probe that gives up at
+    # ``until_ns`` (-2), or after one look (PROBE_ONCE: a kick made meanwhile still ends
+    # the next bounded wait).
     cdef int set_op(self, const OpDesc* op) noexcept nogil
     cdef int post_recv_upto(self, int peer, void* buf, size_t capacity) noexcept nogil
     cdef int done(self, int req) noexcept nogil
