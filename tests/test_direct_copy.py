@@ -206,6 +206,28 @@ def test_the_root_writes_the_head_of_each_buffer_itself():
             t.close()
 
 
+def test_an_allgather_writes_its_block_to_each_peer_in_one_kernel_copy():
+    """The allgather's block goes to every peer whole: one process_vm_writev each, where
+    pieces of DIRECT_READ_BYTES would take four here (each call costs microseconds beyond
+    its copy, and nothing of the block is read again)."""
+    engines = ring_engines(3, by_address_min=0)     # messages stream: only the writes count
+    try:
+        n = 3 * DIRECT_READ_BYTES // 8 + 5
+        sends = [np.arange(n, dtype=np.float64) + r * n for r in range(3)]
+        recvs = [np.zeros(3 * n) for _ in range(3)]
+        before = [t.kernel_copies() for t in engines]
+        codes = _on_engines(engines, lambda r, t: _allgather.allgather(
+            t, sends[r], recvs[r], None, 1, 10.0, 1 << 20, _allgather.ALGORITHMS["direct"]))
+        assert [ALGORITHM_NAMES[c] for c in codes] == ["direct"] * 3, codes
+        for r, t in enumerate(engines):
+            np.testing.assert_array_equal(recvs[r], np.arange(3 * n, dtype=np.float64))
+            copies = [a - b for a, b in zip(t.kernel_copies(), before[r])]
+            assert copies == [0 if p == r else 1 for p in range(3)], (r, copies)
+    finally:
+        for t in engines:
+            t.close()
+
+
 def test_auto_picks_the_direct_broadcast_and_allgather_where_the_table_says():
     edge = selection.min_bytes("broadcast", "direct")
     big = np.zeros(edge // 4, np.float32)

@@ -10,8 +10,8 @@ Direct (every rank on one host, each able to reach the others' memory; one
 copy per block): the ranks exchange the addresses of their ``recvbuf``
 (``direct_hello``), then rank r places its own block and writes the whole
 block into position r of every peer's ``recvbuf`` (``direct_write``, peers
-r+1, r+2, ... in turn: one kernel copy per read piece of _direct.pyx, or a
-memcpy where the peer's ``recvbuf`` is mapped here), and returns once every
+r+1, r+2, ... in turn: one kernel copy per peer, or a memcpy where the peer's
+``recvbuf`` is mapped here), and returns once every
 peer has said it has finished writing (``direct_release``): no caller uses a
 ``recvbuf`` that a peer still writes.  The block goes out whole, not in
 cache-sized pieces: each process_vm_writev call costs microseconds beyond its
@@ -91,7 +91,7 @@ cdef int _place_and_write(Transport t, char* recv, const char* src, const Layout
         return 1
     for i in range(1, P):
         q = (r + i) % P
-        if direct_write(t, q, &hello[q], lay.off[r] * es, src, nbytes) < 0:
+        if direct_write(t, q, &hello[q], lay.off[r] * es, src, nbytes, True) < 0:
             return -1
     return 0
 

@@ -424,7 +424,7 @@ cdef int _direct_reduce(Transport t, char* buf, size_t n, size_t es, int dtype, 
             reduce_into(buf + off, buf + off, other, take, dtype, op)
         for i in range(1, P):
             p = (r + i) % P
-            if direct_write(t, p, &hello[p], off, buf + off, take * es) < 0:
+            if direct_write(t, p, &hello[p], off, buf + off, take * es, False) < 0:
                 return -1
         c += take
     return 0

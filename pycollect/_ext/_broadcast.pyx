@@ -189,7 +189,7 @@ cdef int direct_broadcast(Transport t, char* buf, size_t nbytes, int root) noexc
         wrote[p] = <uint64_t>t.can_read_remote(p)
         if wrote[p]:
             direct_view(t, p, &answers[p], nbytes)
-        if wrote[p] and head and direct_write(t, p, &answers[p], 0, buf, head) < 0:
+        if wrote[p] and head and direct_write(t, p, &answers[p], 0, buf, head, False) < 0:
             return -1
         if t.post_send(p, &wrote[p], sizeof(uint64_t)) < 0 or \
                 t.post_recv(p, &dones[p], sizeof(uint64_t)) < 0:

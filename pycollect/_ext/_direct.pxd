@@ -48,7 +48,7 @@ cdef int direct_hello(Transport t, const void* addr, size_t nbytes,
 cdef int direct_read(Transport t, int peer, const DirectHello* theirs, size_t off, void* dst,
                      size_t nbytes) noexcept nogil
 cdef int direct_write(Transport t, int peer, const DirectHello* theirs, size_t off,
-                      const void* src, size_t nbytes) noexcept nogil
+                      const void* src, size_t nbytes, bint whole) noexcept nogil
 cdef int direct_release(Transport t) noexcept nogil
 # A direct algorithm begun by an async call sends its hello in the call and receives the
 # peers' later (direct_hello's halves), and likewise its release (see _direct.pyx).

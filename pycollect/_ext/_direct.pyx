@@ -11,7 +11,8 @@ transport's ``can_read_remote``: shared memory with cross-memory attach).
    copies that many bytes of the peer's pages: pieces of about a megabyte keep
    the copy at memcpy's pace and the pieces in cache).  ``direct_write`` is the
    same in the other direction, for a rank that would otherwise sit idle (a
-   broadcast's root).  Where the peer's buffer lies in its pool of shared
+   broadcast's root), or whole, in one kernel copy, for a block nothing reads
+   again (the allgather's).  Where the peer's buffer lies in its pool of shared
    buffers (``pycollect.empty``: the hello carries its PoolRef) and this rank
    maps that pool (``direct_view``, the transport's ``view_remote``), a read or
    write is a plain memcpy, with no system call and no pages pinned, and an
@@ -213,24 +214,27 @@ cdef int direct_read(Transport t, int peer, const DirectHello* theirs, size_t of
     if theirs.view:
         memcpy(dst, <char*>theirs.view + off, nbytes)
         return 0
-    return _pieces(t, peer, <char*>dst, theirs.addr + off, nbytes, 0)
+    return _pieces(t, peer, <char*>dst, theirs.addr + off, nbytes, 0, _read_bytes)
 
 
 cdef int direct_write(Transport t, int peer, const DirectHello* theirs, size_t off,
-                      const void* src, size_t nbytes) noexcept nogil:
-    """Copy ``nbytes`` at ``src`` to ``off`` in ``peer``'s buffer, a piece at a time."""
+                      const void* src, size_t nbytes, bint whole) noexcept nogil:
+    """Copy ``nbytes`` at ``src`` to ``off`` in ``peer``'s buffer, a piece at a time, or
+    with ``whole`` in one kernel copy (where nothing of it is read again soon, pieces only
+    add system calls: the allgather's block)."""
     if theirs.view:
         memcpy(<char*>theirs.view + off, src, nbytes)
         return 0
-    return _pieces(t, peer, <char*>src, theirs.addr + off, nbytes, 1)
+    return _pieces(t, peer, <char*>src, theirs.addr + off, nbytes, 1,
+                   nbytes if whole else _read_bytes)
 
 
 cdef int _pieces(Transport t, int peer, char* local, uint64_t addr, size_t nbytes,
-                 bint write) noexcept nogil:
+                 bint write, size_t piece) noexcept nogil:
     cdef size_t take
     cdef int rc
     while nbytes > 0:
-        take = nbytes if nbytes < _read_bytes else _read_bytes
+        take = nbytes if nbytes < piece else piece
         rc = t.write_remote(peer, addr, local, take) if write \
             else t.read_remote(peer, local, addr, take)
         if rc < 0:

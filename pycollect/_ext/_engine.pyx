@@ -145,6 +145,7 @@ cdef struct Pair:
     uint32_t recv_msgs
     int data_waiting    # a message is queued that no receive is posted for yet
     uint64_t by_address_sent    # messages sent by address
+    uint64_t kernel_copies      # system calls that copied this peer's memory (read or write)
     int ack_head        # sent by address, waiting for the peer to copy them out
     int ack_tail
     # What recover() needs to find the next frame boundary of a failed stream:
@@ -329,6 +330,11 @@ cdef class Engine(Transport):
         """How many messages this rank has sent each peer by address (its memory read by the
         peer instead of streamed)."""
         return [self.pairs[p].by_address_sent for p in range(self.size)]
+
+    def kernel_copies(self):
+        """How many system calls have copied each peer's memory (cross-memory attach reads
+        and writes of the direct algorithms and of messages sent by address)."""
+        return [self.pairs[p].kernel_copies for p in range(self.size)]
 
     @property
     def spin_us(self):
@@ -896,6 +902,7 @@ cdef class Engine(Transport):
         while nbytes > 0:
             done = ch.ops.write_remote(ch, remote_addr, local, nbytes) if write \
                 else ch.ops.read_remote(ch, local, remote_addr, nbytes)
+            self.pairs[peer].kernel_copies += 1
             if done <= 0:
                 return self.set_error(ERR_PEER, peer, ch.write_call if write else ch.remote_call,
                                       errno if done < 0 else EFAULT,
@@ -1564,6 +1571,7 @@ cdef class Engine(Transport):
                         return progressed
                 elif want:
                     n = ch.ops.read_remote(ch, r.buf + r.done, r.where.addr + r.done, want)
+                    pr.kernel_copies += 1
                     if n <= 0:
                         return self.set_error(ERR_PEER, peer, ch.remote_call, errno,
                                               "cannot read the peer's memory")
