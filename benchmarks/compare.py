@@ -967,7 +967,8 @@ def markers(doc):
 
 
 def markdown(doc, images):
-    """The generated section of docs/performance.md."""
+    """The generated section of docs/performance.md; ``images``: the plots' paths by world
+    size, or None where they could not be made (the page says so where they would be)."""
     peers = doc["peers"]
     ours = next((p for p in peers if p.startswith("pycollect-")), None)
     v = doc["versions"]
@@ -1018,7 +1019,10 @@ def markdown(doc, images):
                           f"OSU's (each rank's time in its calls over the calls, the slowest "
                           f"rank's); ratios of the averages", ""]
             lines += _table(doc, size, small, "case", avg=True)
-        if size in images:
+        if images is None:
+            lines += ["", "(No plot in this run: matplotlib is not installed; "
+                          "`pip install '.[bench]'`.)"]
+        elif size in images:
             lines += ["", f"![allreduce latency and busbw against size, {size} ranks]"
                           f"({images[size]})"]
     lines += ["", "### What the machine allows", ""] + ceilings(doc)
@@ -1418,14 +1422,16 @@ def main(argv=None):
     try:
         images = plot(doc, args.img_dir)
     except ImportError:
-        print("compare: matplotlib is missing (pip install '.[bench]'); no plots",
-              file=sys.stderr)
-        images = {}
+        print("compare: matplotlib is missing (pip install '.[bench]'); no plots, and the "
+              "page says so", file=sys.stderr)
+        images = None
     page = Path(args.out)
-    rel = {k: os.path.relpath(os.path.join(args.img_dir, Path(v).name), page.parent)
-           for k, v in images.items()}
+    rel = None if images is None else {
+        k: os.path.relpath(os.path.join(args.img_dir, Path(v).name), page.parent)
+        for k, v in images.items()}
     write_page(page, markdown(doc, rel))
-    print(f"compare: wrote {page} and {len(images)} plot(s) in {args.img_dir}", file=sys.stderr)
+    print(f"compare: wrote {page} and {len(rel or ())} plot(s) in {args.img_dir}",
+          file=sys.stderr)
     return 0
 
 

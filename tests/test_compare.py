@@ -40,6 +40,25 @@ def test_a_tiny_run_reports_p50_average_and_placement(tmp_path, bind):
     assert [row.split(" | ")[0] for row in small[2:]] == ["| allreduce 1", "| barrier"]
 
 
+def test_a_page_without_plots_says_why(tmp_path):
+    """Where matplotlib is missing the page says there is no plot, instead of dropping
+    the images silently; with plots it links them."""
+    out = tmp_path / "run.json"
+    done = subprocess.run(
+        [sys.executable, "-P", str(COMPARE), "--peers", "pycollect-shm", "--transports", "shm",
+         "--ranks", "2", "--counts", "1", "--collectives", "none", "--budget", "0.05",
+         "--rounds", "1", "--no-write", "--json", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compare = _compare_module()
+    doc = json.loads(out.read_text())
+    without = compare.markdown(doc, None)
+    assert "No plot in this run: matplotlib is not installed" in without
+    assert "![allreduce" not in without
+    linked = compare.markdown(doc, {2: "img/allreduce-2ranks.png"})
+    assert "(img/allreduce-2ranks.png)" in linked and "No plot" not in linked
+
+
 def _compare_module():
     import importlib.util
     spec = importlib.util.spec_from_file_location("compare_under_test", COMPARE)
