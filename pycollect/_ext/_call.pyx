@@ -670,7 +670,7 @@ cdef class CallPath(BatchOwner):
     def _seq(self, unsigned int seq):
         self.numbered(seq)
 
-    cdef inline void numbered(self, unsigned int seq):
+    cdef inline void numbered(self, unsigned int seq) noexcept:
         """The last collective is number ``seq``: point-to-point sends from now on carry
         the next one (Transport.p2p_seq), to tell a message that came early from one left
         unreceived."""
@@ -1148,7 +1148,7 @@ cdef class CallPath(BatchOwner):
                 self._recorder.end(other, None, exc)
             self._failed_trace(exc)
 
-    cdef inline bint is_peer(self, object rank):
+    cdef inline bint is_peer(self, object rank) noexcept:
         """``rank`` is an int naming another rank of this group."""
         return self.is_rank(rank) and rank != self._rank
 
@@ -1184,7 +1184,7 @@ cdef class CallPath(BatchOwner):
             return self._gatherv_any(sendbuf, recvbuf, counts, root, async_op, timeout)
         return self._scatterv_any(sendbuf, counts, recvbuf, root, async_op, timeout)
 
-    cdef inline bint is_rank(self, object root):
+    cdef inline bint is_rank(self, object root) noexcept:
         """``root`` is an int naming a rank of this group (the Python path words the rest)."""
         return type(root) is int and 0 <= root < self._size
 
@@ -1407,16 +1407,16 @@ cdef class CallPath(BatchOwner):
             rec.end(q.entry, name, None)
         return name
 
-    cdef inline bint ready_async(self):
+    cdef inline bint ready_async(self) noexcept:
         """Nothing stands in the way of queueing a compiled call (queued work does not)."""
         return not (self._closed or self._failure is not None or self._detail or self._logs)
 
-    cdef inline bint ready_p2p(self):
+    cdef inline bint ready_p2p(self) noexcept:
         """As ``ready``, but messages waiting in the mailbox do not stand in the way: for a
         call that looks there itself (sendrecv)."""
         return self.ready_async() and not (self._runner is not None and self._runner.backlog)
 
-    cdef inline bint may_run_beside(self):
+    cdef inline bint may_run_beside(self) noexcept:
         """Outside the lock, for a blocking call that ``ready`` turned away: whether it may
         yet run beside the runner's batch (``runs_beside`` decides under the lock): the
         runner has work and nothing else stands in the way, and the transport has a flag
@@ -1452,7 +1452,7 @@ cdef class CallPath(BatchOwner):
         batch = self.batch_beside(runner)
         return None if batch is None or batch.on_wire() else batch
 
-    cdef inline bint runner_engaged(self):
+    cdef inline bint runner_engaged(self) noexcept:
         """Under the context lock, before a call runs itself: whether the runner has work
         queued or in flight, or another thread holds it (a claim: an async call being
         begun, a batch being joined or driven), which took the lock after this call's
@@ -1462,11 +1462,11 @@ cdef class CallPath(BatchOwner):
         cdef Runner runner = self._runner
         return runner is not None and (runner.busy or runner.backlog)
 
-    cdef inline bint ready(self):
+    cdef inline bint ready(self) noexcept:
         """Nothing stands in the compiled path's way (the Python path handles the rest)."""
         return self.ready_p2p() and not self.has_mail()
 
-    cdef inline bint has_mail(self):
+    cdef inline bint has_mail(self) noexcept:
         """Point-to-point messages wait in the mailbox (they came before their receives)."""
         return self._mailbox is not None and len(self._mailbox.mail) != 0
 

@@ -424,8 +424,10 @@ cdef class Engine(Transport):
         self.timeout_s = timeout_s
         self.deadline_ns = DEADLINE_LAZY       # read the clock only if the operation waits
         # Sends of the previous operation still in flight (a large message the
-        # peer has not acknowledged yet) finish before their slots are reused.
-        if not self._all_done(-1) and self._progress(-1) < 0:
+        # peer has not acknowledged yet) finish before their slots are reused.  With no
+        # request posted since the last begin (a flags operation, a world of one) nothing
+        # can be in flight: the pairs are not looked at.
+        if self.nreqs and not self._all_done(-1) and self._progress(-1) < 0:
             return -1
         self.nreqs = 0
         return 0

@@ -52,7 +52,7 @@ cdef class FlagArea:
 
 # The flags path's object of ``t`` for a message of ``nbytes``, or NULL (no area, or too
 # large); called with the GIL, before the nogil call.
-cdef Flags* flags_fit(Transport t, size_t nbytes)
+cdef Flags* flags_fit(Transport t, size_t nbytes) noexcept
 cdef int flags_barrier(Transport t, Flags* f) noexcept nogil
 cdef int flags_broadcast(Transport t, Flags* f, char* buf, size_t nbytes,
                          int root) noexcept nogil

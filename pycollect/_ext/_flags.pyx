@@ -171,7 +171,7 @@ cdef class FlagArea:
         return FLAGS_MAX_BYTES
 
 
-cdef Flags* flags_fit(Transport t, size_t nbytes):
+cdef Flags* flags_fit(Transport t, size_t nbytes) noexcept:
     cdef FlagArea area
     if t.flag_area is None or nbytes > FLAGS_MAX_BYTES:
         return NULL
