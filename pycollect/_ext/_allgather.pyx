@@ -11,9 +11,9 @@ copy per block): the ranks exchange the addresses of their ``recvbuf``
 (``direct_hello``), then rank r places its own block and writes the whole
 block into position r of every peer's ``recvbuf`` (``direct_write``, peers
 r+1, r+2, ... in turn: one kernel copy per peer, or a memcpy where the peer's
-``recvbuf`` is mapped here), and returns once every
-peer has said it has finished writing (``direct_release``): no caller uses a
-``recvbuf`` that a peer still writes.  The block goes out whole, not in
+``recvbuf`` is mapped here), and returns once every peer has said it has
+finished writing (``direct_release``): no caller uses a ``recvbuf`` that a
+peer still writes.  The block goes out whole, not in
 cache-sized pieces: each process_vm_writev call costs microseconds beyond its
 copy (2 ranks, 1M floats per rank, against MPI in turns: 1.31x MPI's time in
 256 KiB pieces, 0.88x whole; docs/algorithms.md).  Where some rank may not

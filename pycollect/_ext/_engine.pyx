@@ -904,12 +904,12 @@ cdef class Engine(Transport):
         while nbytes > 0:
             done = ch.ops.write_remote(ch, remote_addr, local, nbytes) if write \
                 else ch.ops.read_remote(ch, local, remote_addr, nbytes)
-            self.pairs[peer].kernel_copies += 1
             if done <= 0:
                 return self.set_error(ERR_PEER, peer, ch.write_call if write else ch.remote_call,
                                       errno if done < 0 else EFAULT,
                                       "has a buffer this rank cannot write" if write
                                       else "has a buffer this rank cannot read")
+            self.pairs[peer].kernel_copies += 1
             local += done
             remote_addr += <uint64_t>done
             nbytes -= <size_t>done
@@ -1573,10 +1573,10 @@ cdef class Engine(Transport):
                         return progressed
                 elif want:
                     n = ch.ops.read_remote(ch, r.buf + r.done, r.where.addr + r.done, want)
-                    pr.kernel_copies += 1
                     if n <= 0:
                         return self.set_error(ERR_PEER, peer, ch.remote_call, errno,
                                               "cannot read the peer's memory")
+                    pr.kernel_copies += 1
                     r.done += <size_t>n
                     progressed = 1
                     if r.done < r.nbytes:
