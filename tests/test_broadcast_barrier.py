@@ -67,6 +67,39 @@ def test_broadcast_root_buffer_may_be_read_only(group):
         assert np.array_equal(res, np.arange(10.0))
 
 
+
+@pytest.mark.parametrize("root", [0, "last"])
+def test_a_pipelined_root_returns_once_the_chains_end_has_the_message(group, root):
+    """The root of a pipelined broadcast leaves the call only after the last rank of the
+    chain has the whole message, though every byte fits in the sockets' or rings' buffers
+    (here 64 KiB in 64-byte segments) and the last rank comes late; its bytes are right."""
+    if group.size == 1:
+        pytest.skip("a world of one has no chain")
+    size = group.size
+    root = size - 1 if root == "last" else root
+    tail = (root - 1) % size
+    entered = {}
+    left = {}
+    lock = threading.Lock()
+
+    def body(ctx):
+        buf = np.arange(16384, dtype=np.float32) if ctx.rank == root else \
+            np.zeros(16384, np.float32)
+        if ctx.rank == tail:
+            time.sleep(0.3)
+        with lock:
+            entered[ctx.rank] = time.monotonic()
+        work = ctx.broadcast(buf, root=root, algorithm="pipelined", async_op=True)
+        work.wait(timeout=60)
+        assert work.algorithm == "pipelined"
+        with lock:
+            left[ctx.rank] = time.monotonic()
+        return buf
+
+    for res in group.run(body):
+        assert np.array_equal(res, np.arange(16384, dtype=np.float32))
+    assert left[root] >= entered[tail]
+
 def test_barrier_repeated(group):
     """Twenty barriers in a row, a different rank late to each: none lets a rank through
     before the late one has entered it."""

@@ -8,7 +8,16 @@ one message each: the latency choice.
 Pipelined: ranks form the chain root, root+1, ...; the message is cut into
 segments, each received straight into the caller's buffer and forwarded to
 the next rank as soon as it lands, so all links carry data at once.  Time is
-about one message plus (size-2) segments: the bandwidth choice.
+about one message plus (size-2) segments: the bandwidth choice.  The
+chain's last rank tells the root (an empty message) once it holds the
+whole message, and the root returns only then: without it the root (and each
+rank down the chain) could leave the call as soon as the sockets took its
+bytes, run calls ahead of the ranks behind it while the socket buffers hold
+whole messages, and every rank's call would then last as long as the
+slowest link's backlog at a different moment (4 ranks over loopback TCP, 1M
+floats back to back: the slowest rank's p50 3.0-3.3 ms against a period of
+1.7-1.9 ms; with the answer 1.3-1.9 ms, the period unchanged:
+docs/performance.md).
 
 Direct (ranks of one host that may read the root's memory; one copy): the
 root sends every rank its buffer's address, and each rank answers with its
@@ -94,6 +103,8 @@ cdef int pipelined_broadcast(Transport t, char* buf, size_t nbytes, int root,
         for g in range(nseg):
             if t.post_send(next_rank, buf + g * seg, segment_length(nbytes, seg, g)) < 0:
                 return -1
+        if t.post_recv(prev_rank, NULL, 0) < 0:    # the chain's end has it all
+            return -1
         return t.wait_all()
     reqs = <int*>malloc((nseg + 1) * sizeof(int))
     if reqs == NULL:
@@ -111,6 +122,8 @@ cdef int pipelined_broadcast(Transport t, char* buf, size_t nbytes, int root,
             break
     free(reqs)
     if rc < 0:
+        return -1
+    if v == P - 1 and t.post_send(next_rank, NULL, 0) < 0:
         return -1
     return t.wait_all()
 
