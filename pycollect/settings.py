@@ -118,8 +118,9 @@ SETTINGS = {s.name: s for s in (
             "the `tcp://` store's host. For other stores it is the host name's address, or "
             "`127.0.0.1` when that address is loopback."),
     Setting("PYCOLLECT_MAX_SEGMENT_BYTES", _int_at_least(1), None, "a byte count (an int >= 1)",
-            "the segment size of `ring_chunked` allreduce, `pipelined` broadcast, and the ring "
-            "phases of `reduce`, `allgather` and `reduce_scatter` (default 1048576)"),
+            "the segment size of `ring_chunked` allreduce (at 2 ranks below 16 MiB at most "
+            "128 KiB), `pipelined` broadcast, and the ring phases of `reduce`, `allgather` and "
+            "`reduce_scatter` (default 1048576)"),
     Setting("PYCOLLECT_CMA", _on_unless_zero, True, "0 or 1",
             "`0` turns off single-copy reads of a same-host peer's memory "
             "(`process_vm_readv`); large messages then stream through the shared-memory rings"),

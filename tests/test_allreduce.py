@@ -109,10 +109,37 @@ def test_allreduce_large_default_segments():
         g.close()
 
 
+def test_two_ranks_cut_ring_chunked_into_small_segments_below_16_mib():
+    """ring_chunked at 2 ranks: segments of at most 128 KiB below 16 MiB (each chunk in many
+    of them), the context's segment from 16 MiB on and at other sizes; the result is right
+    over TCP with the context's default segment of 1 MiB."""
+    from group import ThreadGroup
+    from pycollect._ext._allreduce import ring_segment_bytes
+    mib = 1 << 20
+    assert ring_segment_bytes(mib, 4 * mib, 2) == 128 << 10
+    assert ring_segment_bytes(mib, 16 * mib - 1, 2) == 128 << 10
+    assert ring_segment_bytes(mib, 16 * mib, 2) == mib
+    assert ring_segment_bytes(mib, 4 * mib, 3) == mib
+    assert ring_segment_bytes(mib, 4 * mib, 4) == mib
+    assert ring_segment_bytes(64, 4 * mib, 2) == 64          # a smaller one is kept
+    g = ThreadGroup(2, transport="tcp")
+    try:
+        n = (3 << 20) // 4 + 5
+        def body(ctx):
+            buf = np.arange(n, dtype=np.float32) * (ctx.rank + 1)
+            work = ctx.allreduce(buf, algorithm="ring_chunked", async_op=True)
+            work.wait(timeout=60)
+            assert work.algorithm == "ring_chunked"
+            return buf
+        for res in g.run(body):
+            assert np.array_equal(res, np.arange(n, dtype=np.float32) * 3)
+    finally:
+        g.close()
+
 @pytest.mark.parametrize("size, transport, cases", [
     (2, "auto", [(4 << 10, "flags"), ((4 << 10) + 4, "direct"), (32 << 10, "direct")]),
     (2, "tcp", [(64 << 10, "recursive_doubling"), ((64 << 10) + 4, "halving_doubling"),
-                (4 << 20, "ring_chunked")]),
+                ((1 << 20) - 4, "halving_doubling"), (1 << 20, "ring_chunked")]),
     (4, "auto", [(4 << 10, "flags"), (8 << 10, "flags"), ((8 << 10) + 4, "direct"),
                  (128 << 10, "direct")]),
     (4, "tcp", [(4 << 10, "recursive_doubling"), ((256 << 10) - 4, "halving_doubling"),
