@@ -789,14 +789,14 @@ def test_a_message_nobody_received_fails_the_next_collective_on_every_rank():
 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_a_message_sent_after_a_collective_that_comes_early_waits_for_its_receive(transport):
-    """MPI's unexpected messages: the root of a pipelined broadcast (1 -> 2 -> 0) finishes
-    its part at once and sends rank 0 a message that rank 0 receives after the broadcast.
-    It comes while rank 0 still waits in a receive from any rank for another tag, which
-    puts it in the mailbox; rank 0's broadcast must not count it as one left unreceived
-    (it failed with MismatchError), and the receive after the broadcast takes it.  The
-    message carries the number of the sender's next collective (2) and rank 0's broadcast
-    is number 1.  A message sent before the collective and left unreceived still fails it
-    (the test above)."""
+    """MPI's unexpected messages: a leaf of a binomial reduce (rank 1, whose partial goes
+    straight to the root, rank 2) finishes its part at once and sends rank 0 a message that
+    rank 0 receives after the reduce.  It comes while rank 0 still waits in a receive from
+    any rank for another tag, which puts it in the mailbox; rank 0's reduce must not count
+    it as one left unreceived (it failed with MismatchError), and the receive after the
+    reduce takes it.  The message carries the number of the sender's next collective (2)
+    and rank 0's reduce is number 1.  A message sent before the collective and left
+    unreceived still fails it (the test above)."""
     g = ThreadGroup(3, timeout=20, transport=transport)
     try:
         def body(ctx):
@@ -805,25 +805,25 @@ def test_a_message_sent_after_a_collective_that_comes_early_waits_for_its_receiv
                 first = np.zeros(2)
                 ctx.recv(first, pc.ANY_SOURCE, tag=1)   # rank 2's, 0.5 s late
                 parked = len(ctx._mailbox)
-                ctx.broadcast(buf, root=1, algorithm="pipelined")
+                ctx.reduce(buf, root=2, algorithm="binomial")
                 early = np.zeros(3)
                 st = pc.Status()
                 ctx.recv(early, 1, tag=2, status=st)
                 return parked, first.tolist(), buf.tolist(), early.tolist(), st.source
             if ctx.rank == 1:
-                ctx.broadcast(buf, root=1, algorithm="pipelined")
+                ctx.reduce(buf, root=2, algorithm="binomial")
                 ctx.send(np.full(3, 7.0), 0, tag=2)
                 return buf.tolist()
             time.sleep(0.5)
             ctx.send(np.full(2, 5.0), 0, tag=1)
-            ctx.broadcast(buf, root=1, algorithm="pipelined")
+            ctx.reduce(buf, root=2, algorithm="binomial")
             return buf.tolist()
 
         results = g.run(body)
     finally:
         g.close()
-    assert results[0] == (1, [5.0, 5.0], [1.0] * 4, [7.0] * 3, 1), results
-    assert results[1] == results[2] == [1.0] * 4, results
+    assert results[0] == (1, [5.0, 5.0], [0.0] * 4, [7.0] * 3, 1), results
+    assert results[1] == [1.0] * 4 and results[2] == [3.0] * 4, results
 
 
 def test_a_message_that_does_not_fit_its_receive_is_a_mismatch():
