@@ -113,10 +113,10 @@ def _allreduce_rules(collective, large_multi_host, why):
         Rule(collective, None, "shm", 8 * KiB + 1, "direct",
              "each rank reduces its slice straight from the peers' memory and writes it "
              "into theirs"),
-        Rule(collective, 2, "any", 1 * MiB, "ring_chunked",
+        Rule(collective, 2, "any", 256 * KiB + 1, "ring_chunked",
              "segments overlap the reduction with the wire; at 2 ranks 128 KiB ones below "
-             "16 MiB keep the socket's bytes in cache (crossover.py over TCP, 1 MiB: 150 "
-             "against 275 us)"),
+             "16 MiB keep the socket's bytes in cache (crossover.py over TCP: the fastest "
+             "from 400 KiB, at 1 MiB 150-262 against 275-316 us for halving-doubling)"),
         Rule(collective, 4, "any", 16 * MiB, "ring_chunked",
              "segments overlap the reduction with the wire"),
         Rule(collective, 4, "any", 256 * KiB, "bcube",
@@ -125,9 +125,9 @@ def _allreduce_rules(collective, large_multi_host, why):
         Rule(collective, None, "flags", 0, "flags",
              "copy into shared memory, raise a flag, reduce every rank's copy: one "
              "synchronisation"),
-        Rule(collective, 2, "any", 64 * KiB + 1, "halving_doubling"),
         Rule(collective, 2, "any", 0, "recursive_doubling",
-             "at 2 ranks one message each way instead of two"),
+             "at 2 ranks one message each way instead of two (crossover.py over TCP, 128 "
+             "and 200 KiB: 10-23 % ahead of halving-doubling)"),
         Rule(collective, None, "any", 4 * KiB + 1, "halving_doubling"),
         Rule(collective, None, "any", 0, "recursive_doubling",
              "the latency choice: one whole-buffer swap per step"),

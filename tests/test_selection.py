@@ -25,8 +25,8 @@ def test_the_docs_table_is_the_rule_table():
 @pytest.mark.parametrize("size,shm,multi,cases", [
     (2, True, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "direct"),
                       (32 * KiB, "direct"), (64 * MiB, "direct")]),
-    (2, False, False, [(64 * KiB, "recursive_doubling"), (64 * KiB + 1, "halving_doubling"),
-                       (1 * MiB - 1, "halving_doubling"), (1 * MiB, "ring_chunked")]),
+    (2, False, False, [(256 * KiB, "recursive_doubling"), (256 * KiB + 1, "ring_chunked"),
+                       (1 * MiB, "ring_chunked"), (64 * MiB, "ring_chunked")]),
     (4, False, False, [(4 * KiB, "recursive_doubling"), (4 * KiB + 1, "halving_doubling"),
                        (256 * KiB, "bcube"), (16 * MiB, "ring_chunked")]),
     (4, True, False, [(8 * KiB, "halving_doubling"), (8 * KiB + 1, "direct"),
