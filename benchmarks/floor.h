@@ -1,4 +1,5 @@
-/* What the floor programs of benchmarks/ (tcp_floor.c, barrier_floor.c) share. */
+/* What the floor programs of benchmarks/ (tcp_floor.c, tcp_stream_floor.c, barrier_floor.c)
+ * share. */
 #ifndef PYCOLLECT_BENCH_FLOOR_H
 #define PYCOLLECT_BENCH_FLOOR_H
 
