@@ -84,10 +84,7 @@ static int mate_inside(const Line* lines, int me, int ranks, int cores, long k) 
 /* Rank ``me``'s part: its calls' times into took[me * BARRIERS ...]. */
 static void run_rank(Line* lines, double* took, int me, int ranks, int cores, int way,
                      double work_us) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(me % cores, &set);
-    if (sched_setaffinity(0, sizeof set, &set) < 0) die("sched_setaffinity");
+    if (on_cpu(me % cores) < 0) die("sched_setaffinity");
     for (long k = 1; k <= WARMUP + BARRIERS; k++) {
         double t0 = now();
         unsigned looks = 0;

@@ -84,17 +84,9 @@ int main(int argc, char** argv) {
     for (int way = 0; way < WAYS; way++) {
         if (only >= 0 && way != only) continue;
         double mean, median;
-        struct sockaddr_in a = {0};
-        socklen_t len = sizeof a;
-        int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0), s;
+        struct sockaddr_in a;
+        int ls = loopback_listener(&a), s;
         pid_t child;
-        if (ls < 0) die("socket");
-        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (bind(ls, (struct sockaddr*)&a, sizeof a) < 0 || listen(ls, 1) < 0 ||
-            getsockname(ls, (struct sockaddr*)&a, &len) < 0)
-            die("listen");
         child = fork();
         if (child < 0) die("fork");
         if (child == 0) {

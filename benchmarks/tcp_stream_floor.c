@@ -31,13 +31,6 @@
 
 enum { MESSAGE = 4 << 20, MESSAGES = 300, WARMUP = 20, BUFFER = 4 << 20 };
 
-static void on_cpu(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof set, &set);   /* best effort: one CPU runs both */
-}
-
 /* Read exactly n bytes, spinning on recv(MSG_DONTWAIT). */
 static void read_all(int fd, char* buf, size_t n) {
     size_t got = 0;
@@ -66,14 +59,7 @@ static void write_all(int fd, const char* buf, size_t n) {
 
 static void connect_pair(int fds[2]) {
     struct sockaddr_in addr;
-    socklen_t len = sizeof addr;
-    int listener = socket(AF_INET, SOCK_STREAM, 0), one = 1, size = BUFFER;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (listener < 0 || bind(listener, (struct sockaddr*)&addr, sizeof addr) < 0 ||
-        listen(listener, 1) < 0 || getsockname(listener, (struct sockaddr*)&addr, &len) < 0)
-        die("listen");
+    int listener = loopback_listener(&addr), one = 1, size = BUFFER;
     fds[0] = socket(AF_INET, SOCK_STREAM, 0);
     if (fds[0] < 0 || connect(fds[0], (struct sockaddr*)&addr, sizeof addr) < 0)
         die("connect");
@@ -115,7 +101,7 @@ int main(int argc, char** argv) {
     if (child < 0)
         die("fork");
     if (child == 0) {               /* the receiver */
-        on_cpu(1);
+        on_cpu(1);                  /* best effort: one CPU may run both */
         for (int m = 0; m < WARMUP + MESSAGES; m++) {
             for (size_t g = 0; g < segments; g++) {
                 size_t len = g == segments - 1 ? MESSAGE - g * segment : segment;
