@@ -24,14 +24,13 @@ which also diagnoses ranks that are missing, duplicated or started with another 
 import logging
 import os
 import threading
-from urllib.parse import urlsplit, urlunsplit
 
 from . import settings
 from .context import Context
 from .errors import InvalidArgument
 from .join import join_run, leave_run
 from .plugins.registry import get_transport, open_store, transport_options
-from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store
+from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, redact
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
 
@@ -73,21 +72,6 @@ def _debug_enabled():
             log.addHandler(handler)
         log.setLevel(logging.DEBUG)
     return level
-
-
-def redact(url):
-    """``url`` with any password replaced by ``***``, for logs and messages."""
-    if not isinstance(url, str):
-        return getattr(url, "url", repr(url))
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc="%s:***@%s" % (user, host)))
-    except ValueError:
-        return url
 
 
 def _present(environ, var):

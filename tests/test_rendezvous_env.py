@@ -12,7 +12,8 @@ import pytest
 
 import pycollect as pc
 from pycollect import rendezvous
-from pycollect.rendezvous import detect_launcher, redact
+from pycollect.plugins.store import redact
+from pycollect.rendezvous import detect_launcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -128,6 +129,7 @@ def test_the_debug_log_hides_passwords(env, caplog):
     assert "hunter2" not in caplog.text and "redis://:***@host:6379/0" in caplog.text
     assert redact("redis://u:pw@h:1/2?prefix=x") == "redis://u:***@h:1/2?prefix=x"
     assert redact("tcp://h:1") == "tcp://h:1"
+    assert redact("redis://:pw@[h:1") == "redis://:***@[h:1"     # urlsplit refuses it
 
 
 def test_no_launcher_and_no_size_lists_the_launchers(env):

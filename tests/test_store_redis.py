@@ -172,6 +172,18 @@ def test_bad_urls_are_invalid_arguments(url):
         parse_redis_url(url)
 
 
+@pytest.mark.parametrize("url", [
+    "redis://:s3cret@h:1/db2", "redis://u:s3cret@h:1/?ttl=-1", "redis://:s3cret@h:1/?mode=x",
+    "redis://:s3cret@h:0x/", "redis://:s3cret@h:1/#frag", "redis://:s3cret@[h:1",
+    "redis://:s3cret@h:1/?prefix=a&prefix=b",
+    # a host name the resolver refuses: the opener's own exception, wrapped by the registry
+    "redis://:s3cret@" + "a" * 64 + ".example:6379"])
+def test_a_bad_url_is_refused_without_its_password(url):
+    with pytest.raises((pc.InvalidArgument, pc.PluginError)) as refused:
+        open_store(url, timeout=1)
+    assert "s3cret" not in str(refused.value) and ":***@" in str(refused.value)
+
+
 def test_prefix_query_and_registry(server):
     assert pc.plugins.available()["stores"]["redis"] == "pycollect"
     with open_store(server.url(query="?prefix=job7"), timeout=5) as store:

@@ -15,7 +15,7 @@ import threading
 from urllib.parse import parse_qsl, urlencode, urlunsplit
 
 from ..errors import Error, InvalidArgument, PluginError
-from .store import PrefixStore, Store, parse_url
+from .store import PrefixStore, Store, parse_url, redact, redact_text
 
 __all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_store_opener", "get_transport",
            "open_store", "refresh", "transport_options"]
@@ -153,7 +153,7 @@ def _split_prefix(spec):
     if not prefixes:
         return spec, None
     if len(prefixes) > 1 or not prefixes[0]:
-        raise InvalidArgument(f"store URL {spec!r} must have at most one non-empty "
+        raise InvalidArgument(f"store URL {redact(spec)!r} must have at most one non-empty "
                               f"?{PREFIX_QUERY}=NAME")
     rest = urlencode([(name, value) for name, value in query if name != PREFIX_QUERY])
     return urlunsplit(parts._replace(query=rest)), prefixes[0]
@@ -170,7 +170,7 @@ def open_store(spec, *, timeout=None, rank=None, size=None):
         raise InvalidArgument(f"a store must be a Store or a URL str, got {type(spec).__name__}")
     scheme = parse_url(spec).scheme.lower()
     if not scheme:
-        raise InvalidArgument(f"store URL {spec!r} has no scheme; available: "
+        raise InvalidArgument(f"store URL {redact(spec)!r} has no scheme; available: "
                               f"{', '.join(_stores.distributions()) or 'none'}")
     url, prefix = _split_prefix(spec)
     opener = _stores.load(scheme)
@@ -181,8 +181,8 @@ def open_store(spec, *, timeout=None, rank=None, size=None):
     except Error:
         raise
     except Exception as err:
-        raise PluginError(f"store plugin {scheme!r} failed to open {url!r}: "
-                          f"{type(err).__name__}: {err}") from err
+        raise PluginError(f"store plugin {scheme!r} failed to open {redact(url)!r}: "
+                          + redact_text(f"{type(err).__name__}: {err}", url)) from err
     if not isinstance(store, Store):
         raise PluginError(f"store plugin {scheme!r} returned a {type(store).__name__}, "
                           f"not a pycollect Store")

@@ -12,8 +12,9 @@ import datetime
 import math
 import numbers
 import operator
+import re
 import time
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .. import settings
 from ..errors import InvalidArgument, StoreError, Timeout
@@ -26,6 +27,8 @@ __all__ = [
     "backoff_delays",
     "parse_counter",
     "parse_url",
+    "redact",
+    "redact_text",
     "resolve_timeout",
     "split_store_url",
 ]
@@ -33,6 +36,8 @@ __all__ = [
 DEFAULT_TIMEOUT = settings.SETTINGS["PYCOLLECT_TIMEOUT"].default
 # A Timeout message lists at most this many missing keys, then a count.
 MISSING_KEYS_SHOWN = 8
+# A password in a URL that urlsplit cannot read: what lies between "//user:" and "@".
+_PASSWORD = re.compile(r"(//[^/?#@:]*:)[^/?#@]*@")
 
 
 def _seconds(timeout, what):
@@ -140,16 +145,45 @@ def parse_url(url):
     try:
         return urlsplit(url)
     except ValueError as err:
-        raise InvalidArgument(f"malformed store URL {url!r}: {err}") from None
+        raise InvalidArgument(f"malformed store URL {redact(url)!r}: {err}") from None
+
+
+def redact(url):
+    """``url`` with any password replaced by ``***``, for logs and messages (a URL that
+    does not parse has whatever stands between ``//user:`` and ``@`` replaced)."""
+    if not isinstance(url, str):
+        return getattr(url, "url", repr(url))
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return _PASSWORD.sub(r"\1***@", url)
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc="%s:***@%s" % (user, host)))
+
+
+def redact_text(text, url):
+    """``text`` (an error's message, say) with the password of ``url``, as written in it
+    or percent-decoded, replaced by ``***``."""
+    try:
+        password = urlsplit(url).password if isinstance(url, str) else None
+    except ValueError:
+        password = None
+    for secret in (password, unquote(password or "")):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def split_store_url(url, scheme):
     """Split a store URL, checking its scheme and that it has no query or fragment."""
     parts = parse_url(url)
     if parts.scheme.lower() != scheme:
-        raise InvalidArgument(f"expected a {scheme}:// URL, got {url!r}")
+        raise InvalidArgument(f"expected a {scheme}:// URL, got {redact(url)!r}")
     if parts.query or parts.fragment:
-        raise InvalidArgument(f"{scheme}:// store URL {url!r} takes no query or fragment "
+        raise InvalidArgument(f"{scheme}:// store URL {redact(url)!r} takes no query or fragment "
                               f"(only ?prefix=NAME, which open_store handles)")
     return parts
 

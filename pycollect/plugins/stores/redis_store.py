@@ -20,7 +20,7 @@ import time
 from urllib.parse import parse_qsl, quote, unquote
 
 from ...errors import InvalidArgument, PluginError, StoreError, Timeout
-from ..store import Deadline, Store, backoff_delays, parse_url
+from ..store import Deadline, Store, backoff_delays, parse_url, redact
 
 try:
     import hiredis
@@ -333,19 +333,20 @@ class RedisStore(Store):
                     self._sock.shutdown(socket.SHUT_RDWR)
 
 
-def _parse_ttl(url, query):
+def _parse_ttl(shown, query):
+    """``?ttl=SECONDS`` of a redis:// URL (``shown``: the URL as messages show it)."""
     if not query:
         return DEFAULT_KEY_TTL_S
     names = [name for name, _ in query]
     if names != ["ttl"]:
-        raise InvalidArgument(f"redis store URL {url!r}: unknown query {names!r}; it takes "
+        raise InvalidArgument(f"redis store URL {shown!r}: unknown query {names!r}; it takes "
                               f"?prefix=NAME and ?ttl=SECONDS only")
     try:
         ttl = float(query[0][1])
     except ValueError:
         ttl = -1.0
     if not math.isfinite(ttl) or ttl < 0:
-        raise InvalidArgument(f"redis store URL {url!r}: ttl must be a number of seconds "
+        raise InvalidArgument(f"redis store URL {shown!r}: ttl must be a number of seconds "
                               f">= 0 (0: keys never expire)")
     return ttl
 
@@ -353,26 +354,27 @@ def _parse_ttl(url, query):
 def parse_redis_url(url):
     """The keyword arguments of ``RedisStore`` that ``redis://...`` describes."""
     parts = parse_url(url)
+    shown = redact(url)
     if parts.scheme.lower() != "redis":
-        raise InvalidArgument(f"expected a redis:// URL, got {url!r}")
+        raise InvalidArgument(f"expected a redis:// URL, got {shown!r}")
     if parts.fragment:
-        raise InvalidArgument(f"redis store URL {url!r} takes no fragment")
+        raise InvalidArgument(f"redis store URL {shown!r} takes no fragment")
     if not parts.hostname:
-        raise InvalidArgument(f"redis store URL {url!r} names no host: "
+        raise InvalidArgument(f"redis store URL {shown!r} names no host: "
                               f"redis://[:password@]host:port[/db]")
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
-        raise InvalidArgument(f"redis store URL {url!r} has an invalid port") from None
+        raise InvalidArgument(f"redis store URL {shown!r} has an invalid port") from None
     path = parts.path.strip("/")
     if path and not path.isdigit():
-        raise InvalidArgument(f"redis store URL {url!r}: the path must be a database number, "
+        raise InvalidArgument(f"redis store URL {shown!r}: the path must be a database number, "
                               f"as in redis://host:6379/2")
     password = None if parts.password is None else unquote(parts.password)
     username = unquote(parts.username) if parts.username else None
     return {"host": parts.hostname, "port": port, "db": int(path or 0), "password": password,
             "username": username,
-            "key_ttl": _parse_ttl(url, parse_qsl(parts.query, keep_blank_values=True))}
+            "key_ttl": _parse_ttl(shown, parse_qsl(parts.query, keep_blank_values=True))}
 
 
 def open_redis_store(url, *, timeout=None, rank=None, size=None):
