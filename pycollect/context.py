@@ -961,14 +961,18 @@ class Context(CallPath):
 
     def dump_trace(self, path=None):
         """Write this context's flight recorder (its last operations) to ``path`` (a file,
-        or a directory that gets ``pycollect_trace_rank<R>.json``; default
-        PYCOLLECT_TRACE_DIR); return the file name.  ``pycollect-trace DIR`` reads it."""
+        or a directory that gets ``pycollect_trace_rank<R>.json``: one that exists or whose
+        name ends with a separator; default PYCOLLECT_TRACE_DIR, a directory); return the
+        file name.  A directory that does not exist yet is made.  ``pycollect-trace DIR``
+        reads it."""
         if self._recorder is None:
             raise Error("rank %d: the flight recorder is off (PYCOLLECT_TRACE_SIZE=0)"
                         % self._rank)
         path = self._trace_dir if path is None else os.fspath(path)
         if path is None:
             raise InvalidArgument("dump_trace: no path given and PYCOLLECT_TRACE_DIR is unset")
+        if path == self._trace_dir or path.endswith(os.sep):
+            os.makedirs(path, exist_ok=True)
         return self._recorder.dump(path, "dump_trace")
 
     def abort(self):

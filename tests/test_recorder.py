@@ -140,6 +140,23 @@ def test_async_sends_and_receives_end_their_entries_with_their_handles(tmp_path)
             c.close()
 
 
+def test_dump_trace_makes_the_trace_directory_it_writes_into(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_TRACE_DIR", str(tmp_path / "new" / "trace"))
+    ctxs = contexts(1)
+    try:
+        ctxs[0].barrier()
+        path = ctxs[0].dump_trace()
+        assert path == str(tmp_path / "new" / "trace" / "pycollect_trace_rank0.json")
+        assert trace.main([str(tmp_path / "new" / "trace")]) == 0     # the reader finds it
+        # A path given that ends with a separator is a directory too; any other is a file.
+        assert ctxs[0].dump_trace(str(tmp_path / "d") + os.sep) == \
+            str(tmp_path / "d" / "pycollect_trace_rank0.json")
+        assert ctxs[0].dump_trace(tmp_path / "f.json") == str(tmp_path / "f.json")
+        assert os.path.isfile(tmp_path / "f.json")
+    finally:
+        ctxs[0].close()
+
+
 def test_size_zero_turns_the_recorder_off(monkeypatch, tmp_path):
     monkeypatch.setenv("PYCOLLECT_TRACE_SIZE", "0")
     ctxs = contexts(1)
