@@ -8,7 +8,8 @@ At a random step one random rank is killed (SIGKILL).  The survivors catch the
 PeerError, agree that the step did not complete, shrink the context to the
 three of them, re-shard the rows over three ranks, redo the step and finish.
 Then a clean three-rank run starts from that step's model and the two final
-models are compared: they must be identical.
+models are compared: they must be identical, bit for bit (both runs sum with one
+algorithm: see ``step``).
 """
 
 import argparse
@@ -41,9 +42,14 @@ def shard(x, y, rank, size):
 
 
 def step(ctx, w, xs, ys):
-    """One gradient step: the gradient of the squared error, summed over every rank's rows."""
+    """One gradient step: the gradient of the squared error, summed over every rank's rows.
+
+    The sum names its algorithm: floating-point addition depends on its order, and the
+    order is the algorithm's.  ``auto`` picks by the group's shape, which differs here (a
+    fresh job on one host reduces through its shared-memory flags, the context that
+    ``shrink`` returns has none), so with ``auto`` the two runs could end a few ulps apart."""
     grad = 2.0 * xs.T @ (xs @ w - ys)
-    ctx.allreduce(grad)
+    ctx.allreduce(grad, algorithm="recursive_doubling")
     return w - LR * grad / ROWS
 
 
