@@ -1191,13 +1191,11 @@ class Context(CallPath):
         return int(tag)
 
     def _check_op(self, op, what):
-        if type(op) is ReduceOp:
-            return op
-        try:
-            return ReduceOp(op)
-        except ValueError:
+        checked = _as_reduce_op(op)
+        if checked is None:
             raise InvalidArgument("%s: unknown reduction op %r (use pycollect.ReduceOp)"
-                                  % (what, op)) from None
+                                  % (what, op))
+        return checked
 
 
 def _shared(kind):
@@ -1377,16 +1375,29 @@ _OBJECT_OPS = {ReduceOp.SUM: operator.add, ReduceOp.PRODUCT: operator.mul,
                ReduceOp.BOR: operator.or_, ReduceOp.BXOR: operator.xor}
 
 
+def _as_reduce_op(op):
+    """``op`` as a ReduceOp: the member itself or its integer (a bool or a float is none);
+    None for anything else."""
+    if type(op) is ReduceOp:
+        return op
+    if isinstance(op, bool) or not isinstance(op, (int, np.integer)):
+        return None
+    try:
+        return ReduceOp(int(op))
+    except ValueError:
+        return None
+
+
 def _object_op(op, what):
     """A function of two values for ``op`` (a ReduceOp, or already a function)."""
     if callable(op) and not isinstance(op, ReduceOp):
         return op
-    try:
-        return _OBJECT_OPS[ReduceOp(op)]
-    except (ValueError, KeyError):
+    fn = _OBJECT_OPS.get(_as_reduce_op(op))
+    if fn is None:
         raise InvalidArgument("%s: op %r has no meaning on Python values; pass SUM, PRODUCT, "
                               "MIN, MAX, BAND, BOR, BXOR or a function of two values"
-                              % (what, op)) from None
+                              % (what, op))
+    return fn
 
 
 def _check_counts(counts, size, what, arg="counts"):

@@ -100,6 +100,13 @@ def test_bad_op_and_algorithm(pair):
             ctx.allreduce(np.ones(3), op=pc.BXOR)
         with pytest.raises(pc.InvalidArgument, match="unknown reduction op"):
             ctx.allreduce(np.ones(3), op=42)
+        # A bool or a float equal to a member's value is not an op, nor is its name.
+        for op in (True, 1.0, "sum"):
+            with pytest.raises(pc.InvalidArgument, match="unknown reduction op"):
+                ctx.allreduce(np.ones(3), op=op)
+        with pytest.raises(pc.InvalidArgument, match="no meaning on Python values"):
+            ctx.allreduce_object(3, op=True)
+        assert ctx.allreduce(np.ones(3), op=3)[0] == 1      # MAX by its integer
         with pytest.raises(pc.InvalidArgument, match="unknown algorithm 'fastest'"):
             ctx.allreduce(np.ones(3), algorithm="fastest")
         with pytest.raises(pc.InvalidArgument, match="unknown algorithm"):
