@@ -56,6 +56,7 @@ _OPS = {
 _UNSET = ray_types.unset_timeout_ms
 _RAY_SUM = ray_types.ReduceOp.SUM
 _opened = itertools.count()
+_RAY_COLLECTIVE = os.path.dirname(col.__file__) + os.sep      # Ray's frames between the caller and us
 
 def register():
     """Register the backend ``"pycollect"`` with Ray in this process (importing does it)."""
@@ -105,9 +106,21 @@ def _output(obj, what):
         raise pc.InvalidArgument("%s: the array is read-only and not contiguous" % what)
     warnings.warn("pycollect.ray: %s writes into a read-only array (memory of Ray's object "
                   "store, as Ray's gloo backend does); copy it first (array.copy()) if "
-                  "anything else reads that object" % what, RuntimeWarning, stacklevel=4)
+                  "anything else reads that object" % what, RuntimeWarning,
+                  stacklevel=_caller_level())
     raw = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
     return np.frombuffer(raw, arr.dtype).reshape(arr.shape)
+
+
+def _caller_level():
+    """The ``stacklevel`` of the first frame, seen from the caller, that is neither this
+    module's nor Ray's collective library's: the line of the program that called Ray, so
+    that a warning shows once per such line (a list comprehension, say, is a frame too)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename == __file__ or
+                                 frame.f_code.co_filename.startswith(_RAY_COLLECTIVE)):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _blocks(tensor_list, world_size, like, what):

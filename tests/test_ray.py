@@ -513,6 +513,17 @@ def test_send_from_torch_to_numpy(pair):
         assert (received == 2).all() and (sent == 2).all()
 
 
+def test_a_read_only_array_is_written_with_a_warning_at_the_callers_line(pair):
+    with Group(pair) as g:
+        for warned, total, gathered in g.call("read_only_warnings"):
+            assert (total, gathered) == (2.0, [1.0, 1.0])
+            # Each warning names the actor's line that called Ray (one per call site),
+            # not a line of Ray's collective library or of pycollect.ray.
+            # (one warning per read-only array: allgather's two blocks warn at one line)
+            assert {name for name, _ in warned} == {"ray_worker.py"}, warned
+            assert len(warned) == 3 and len({line for _, line in warned}) == 2, warned
+
+
 def test_barrier(actors):
     with Group(actors) as g:
         assert g.call("barrier") == [True] * g.size
