@@ -19,10 +19,12 @@ that share their memory; a collective may mix the two.  An array that Ray
 handed the actor read-only (an argument or a ``ray.get`` result: its memory
 is Ray's object store) is written in place, as Ray's "gloo" backend does,
 with a warning: copy it first when anything else reads that object.  The
-deadline of a group is, first match wins, the ``gloo_timeout`` given to
-``create_collective_group``, else ``PYCOLLECT_TIMEOUT`` (120 s when unset;
-Ray passes ``init_collective_group``'s ``gloo_timeout`` to its gloo backend
-only); an option's ``timeout_ms`` bounds one call.  See docs/ray.md.
+deadline of a group made by ``create_collective_group`` is its ``gloo_timeout``
+(Ray keeps 30000 ms where none is given; ``gloo_timeout=None`` leaves it to
+``PYCOLLECT_TIMEOUT``); a group made by ``init_collective_group`` takes
+``PYCOLLECT_TIMEOUT`` (120 s when unset: Ray passes that call's ``gloo_timeout``
+to its gloo backend only).  An option's ``timeout_ms`` bounds one call.  See
+docs/ray.md.
 """
 
 import ctypes
@@ -167,7 +169,8 @@ def _call_timeout(options):
 # -- the group ---------------------------------------------------------------
 
 def _group_timeout(group_name):
-    """The group's deadline: create_collective_group's gloo_timeout, else PYCOLLECT_TIMEOUT."""
+    """The group's deadline: create_collective_group's gloo_timeout (Ray keeps 30000 ms where
+    none was given), else PYCOLLECT_TIMEOUT."""
     try:
         info = ray.get_actor(INFO_ACTOR_PREFIX + group_name)
     except ValueError:

@@ -10,7 +10,8 @@ dropped while the job goes on.  All of it runs under one deadline.
 
 A transport that encrypts its pairs passes a hook (``tls=``) that wraps each
 socket right after the TCP connect, before the hello, so the token never
-crosses the network in clear.  The mesh hands back plain file descriptors;
+crosses a link between ranks in clear (it does pass through the store, whose
+own traffic may be plain).  The mesh hands back plain file descriptors;
 the transport factories (transports/) build their transport over them.
 """
 
