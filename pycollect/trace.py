@@ -22,6 +22,7 @@ __all__ = ["load", "analyse", "main"]
 
 # What a rank's error names: the peer it blames.
 _BLAME = (
+    re.compile(r"that rank (\d+) disagrees"),
     re.compile(r"relayed that rank (\d+) failed"),
     re.compile(r"involving rank (\d+)\)"),
     re.compile(r"failed: rank (\d+) \("),

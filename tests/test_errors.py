@@ -1,6 +1,7 @@
 """Bad input is refused with a clear error; ranks that disagree fail fast, all of them."""
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
+from pycollect import trace
 from group import ThreadGroup, outcomes
 
 
@@ -164,6 +166,41 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
             assert isinstance(res, pc.MismatchError), (rank, res)
             assert "rank %d" % rank in str(res)
             assert isinstance(nxt, pc.MismatchError), (rank, nxt)
+    finally:
+        g.close()
+
+
+def test_a_rank_told_of_a_third_ranks_disagreement_names_that_rank(monkeypatch, tmp_path):
+    """Rank 0 finds rank 2's call out of step; rank 1, whose call matches rank 0's, is told
+    so: its error names rank 2 as the one out of step and rank 0 as the one who found it,
+    and pycollect-trace reads it as blaming rank 2."""
+    monkeypatch.setenv("PYCOLLECT_TRACE_DIR", str(tmp_path))
+    # Ranks that spin rather than sleep read the stream they wait on (rank 1: rank 0's)
+    # before looking at the others, where rank 2's relay of the same report may come first.
+    monkeypatch.setenv("PYCOLLECT_SPIN_US", "1000000")
+    g = ThreadGroup(3, timeout=20, transport="tcp")
+    try:
+        # halving_doubling at 3 ranks: rank 2 folds into rank 0, rank 1 meets only rank 0.
+        results = g.outcomes(lambda ctx: ctx.allreduce(
+            np.ones(11 if ctx.rank == 2 else 10, np.float32), algorithm="halving_doubling"),
+            timeout=30)
+        assert all(isinstance(r, pc.MismatchError) for r in results), results
+        told = str(results[1])
+        assert "disagrees with rank 0" not in told, told
+        if "relayed" in told:       # rank 2's relay came first after all: it names rank 2 too
+            assert "disagrees with rank 2" in told and "rank 0's report" in told, told
+        else:
+            assert told.startswith("rank 1: allreduce(float32 x 10, SUM, halving_doubling) "
+                                   "#1 failed: rank 0 ("), told
+            assert told.endswith("which called allreduce(float32 x 10, SUM, "
+                                 "halving_doubling) #1, reported that rank 2 disagrees with "
+                                 "it"), told
+        os.remove(tmp_path / "pycollect_trace_rank2.json")     # as if rank 2 had died
+        assert "rank(s) 0, 1 blame rank 2" in trace.analyse(trace.load(str(tmp_path))[0])
+        assert "disagrees with rank 0" in str(results[2]) and \
+            "which called allreduce(float32 x 10" in str(results[2])
+        assert "disagrees with rank 2" in str(results[0]) and \
+            "which called allreduce(float32 x 11" in str(results[0])
     finally:
         g.close()
 

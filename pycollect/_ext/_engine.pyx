@@ -1465,7 +1465,15 @@ cdef class Engine(Transport):
             if h.word.error_kind == ERR_REFUSED:
                 return self.set_error(ERR_REFUSED, peer, "", 0, "")
             if h.word.error_kind == ERR_MISMATCH:
-                if origin == peer:
+                # A third rank out of step is named (raise_error then leads with the peer's
+                # call, which this rank's may well match); else it is this rank or the peer.
+                if blamed >= 0 and blamed != self.rank and blamed != peer and origin == peer:
+                    snprintf(detail, sizeof(detail), "reported that rank %d disagrees with "
+                             "it", blamed)
+                elif blamed >= 0 and blamed != self.rank and blamed != peer:
+                    snprintf(detail, sizeof(detail), "relayed rank %d's report that rank %d "
+                             "disagrees with it", origin, blamed)
+                elif origin == peer:
                     snprintf(detail, sizeof(detail), "it reported that ranks disagree")
                 else:
                     snprintf(detail, sizeof(detail), "it relayed rank %d's report that ranks "

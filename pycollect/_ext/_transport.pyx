@@ -288,7 +288,12 @@ cdef int raise_error(Transport t) except -1:
                 me, what, peer, e.origin, call)
         raise MismatchError(msg)
     if e.kind == ERR_MISMATCH:
-        if e.has_theirs:
+        if e.has_theirs and e.peer >= 0 and e.blamed >= 0 and e.blamed != t.rank \
+                and e.blamed != e.peer:
+            # A peer found a third rank out of step: this rank's call is not in question.
+            msg = "%s: %s failed: %s, which called %s, %s" % (
+                me, what, peer, _desc(&e.theirs), detail)
+        elif e.has_theirs:
             msg = "%s: %s disagrees with %s, which called %s%s" % (
                 me, what, peer, _desc(&e.theirs), (": " + detail) if detail else "")
         else:
