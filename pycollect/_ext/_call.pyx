@@ -245,7 +245,7 @@ cdef class Queued:
     number, the flight recorder), and gets the algorithm's code.  Arguments that the
     algorithm refuses when it runs are told to the peers, as the Python path's are."""
 
-    cdef CallPath ctx           # the Context, whose _refuse tells the peers
+    cdef CallPath ctx           # the Context, whose ``refused`` tells the peers
     cdef Py_ssize_t entry       # its flight recorder entry, or -1
     cdef Transport t
     cdef int kind
@@ -310,7 +310,7 @@ cdef class Queued:
             return _run_other(kind, self.t, self.buf, self.recv, self.code, self.op,
                               self.root, seq, self.timeout, self.seg, None, None, None)
         except InvalidArgument as exc:
-            self.ctx._refuse(_COLLECTIVES[kind], exc, seq)
+            self.ctx.refused(kind, exc, seq)
             raise
 
     def execute(self):
@@ -1039,7 +1039,7 @@ cdef class CallPath(BatchOwner):
 
     cpdef object run_drive(self, Runner runner):
         """The runner's drive of its batch of sends and receives (``Runner.drive``), under
-        the context's lock: what ``Context._execute`` makes of ``(runner._drive, 0, None,
+        the context's lock: what ``Context._execute`` makes of ``(runner.drive_as_queued, 0, None,
         None)`` (no sequence number, check or recorder entry; the context fails where the
         transport did), without its Python steps.  A closed or failed context goes to
         ``_execute``, which says so."""
@@ -1057,7 +1057,7 @@ cdef class CallPath(BatchOwner):
                     self._busy = False
         finally:
             lock.give()
-        return self._execute((runner._drive, 0, None, None))
+        return self._execute((runner.drive_as_queued, 0, None, None))
 
     cdef object head_here(self, int peer):
         """Whether a receive from ``peer`` would find its message at once
@@ -1369,6 +1369,11 @@ cdef class CallPath(BatchOwner):
         if self._what is None:
             self._what = tuple(["%s on rank %d" % (name, self._rank) for name in _COLLECTIVES])
         return self._what[kind]
+
+    cdef void refused(self, int kind, exc, unsigned int seq) except *:
+        """A queued call of ``kind``, numbered ``seq``, refused its arguments as it ran:
+        tell the peers, as the Python path does (``Context._refuse``)."""
+        self._refuse(_COLLECTIVES[kind], exc, seq)
 
     cdef object run_queued(self, Queued q):
         """Run ``q`` under the context lock as collective number seq + 1, as ``run`` runs

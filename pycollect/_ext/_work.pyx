@@ -1092,7 +1092,7 @@ cdef class Runner:
             self._mutex.give()
         return taken
 
-    def _drive(self, seq):
+    def drive_as_queued(self, seq):
         """``drive`` as a queued item runs it (``(fn, seq, ...)``: the context's
         ``_execute``, which says why a closed or failed context does not)."""
         return self.drive()
