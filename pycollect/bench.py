@@ -293,6 +293,12 @@ class Config:
                                   "by pycollect-run take its own --bind")
         if args.json == "-" and args.csv == "-":
             raise InvalidArgument("--json and --csv cannot both go to stdout; give one a FILE")
+        for flag, path in (("--json", args.json), ("--csv", args.csv)):
+            # Checked now, not after the sweep: the file is written once every size has run.
+            where = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
+            if where is not None and not (os.path.isdir(where) and os.access(where, os.W_OK)):
+                raise InvalidArgument(f"{flag} {path}: cannot write into {where} (no such "
+                                      f"directory, or not writable)")
         stores = [flag for flag, value in (("--store", args.store), ("--redis-host",
                   args.redis_host), ("--shared-path", args.shared_path)) if value]
         if len(stores) > 1:
@@ -304,18 +310,27 @@ class Config:
             from urllib.parse import quote
             self.store = "file://" + quote(os.path.abspath(args.shared_path))
         if args.prefix:
+            from . import settings
             if self.store is None:
-                raise InvalidArgument("--prefix needs a store (--store, --redis-host or "
-                                      "--shared-path)")
-            self.store += ("&" if "?" in self.store else "?") + "prefix=" + args.prefix
+                self.store = settings.get("PYCOLLECT_STORE")    # pycollect-run's, say
+            if self.store is None:
+                raise InvalidArgument("--prefix needs a store (--store, --redis-host, "
+                                      "--shared-path or PYCOLLECT_STORE)")
+            from .plugins.registry import with_prefix
+            self.store = with_prefix(self.store, args.prefix)
         from .plugins.registry import get_transport
         if args.transport is not None:
             get_transport(args.transport)   # an unknown one fails here, with the registry's list
         self.transport = args.transport or _default_transport()
         if self.store is not None:
-            from .plugins.registry import get_store_opener
-            from .plugins.store import parse_url
-            get_store_opener(parse_url(self.store).scheme)   # e.g. no redis plugin yet
+            from .plugins.registry import check_store_url
+            from .plugins.store import redact
+            opener = check_store_url(self.store)    # e.g. no scheme, or no redis plugin yet
+            if args.local is not None and getattr(opener, "in_process", False):
+                raise InvalidArgument(f"--store {redact(self.store)!r} lives inside one "
+                                      f"process; the "
+                                      f"ranks --local starts are processes: use tcp://, "
+                                      f"file:// or redis://")
         self.elements = [0] if self.collective.startswith("barrier") else args.elements
 
     def check_size(self, size):
@@ -330,10 +345,9 @@ class Config:
 
 
 def _default_transport():
-    """The transport pycollect.init uses when none is named."""
-    import inspect
-    from .rendezvous import init
-    return inspect.signature(init).parameters["transport"].default
+    """The transport pycollect.init uses when none is named: PYCOLLECT_TRANSPORT's."""
+    from . import settings
+    return settings.get("PYCOLLECT_TRANSPORT")
 
 
 def numpy_dtype(name):

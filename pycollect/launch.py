@@ -39,9 +39,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 
+from pycollect.errors import Error
 from pycollect.plugins.hosts import cores, rank_cpus, started_on
+from pycollect.plugins.registry import check_store_url, with_prefix
+from pycollect.plugins.store import redact
 
 __all__ = ["main", "module_command"]
 
@@ -141,16 +143,6 @@ def _command(parser, program, args):
             parser.error(f"program is not executable: {program}")
         parser.error(f"program not found: {program}")
     return [path, *args]
-
-
-def _with_run_prefix(url, run_id):
-    """Return the store URL with this run's prefix added to its query."""
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    existing = [value for key, value in query if key == "prefix"]
-    prefix = f"{existing[-1].rstrip('/')}/{run_id}" if existing and existing[-1] else run_id
-    query = [(key, value) for key, value in query if key != "prefix"] + [("prefix", prefix)]
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query, safe="/")))
 
 
 def _describe(returncode):
@@ -392,6 +384,16 @@ def main(argv=None):
     server = None
     auth = None
     store_url = args.store
+    if store_url is not None:
+        # Checked before any rank starts: every rank would fail on it the same way.
+        try:
+            opener = check_store_url(store_url)
+        except Error as exc:
+            parser.error(f"--store: {exc}")
+        if getattr(opener, "in_process", False):
+            parser.error(f"--store {redact(store_url)!r}: that store lives inside one process, "
+                         f"and the ranks are separate processes; use tcp://, file:// or "
+                         f"redis:// (or no --store: the launcher hosts a TCP store)")
     if store_url is None:
         try:
             from pycollect.plugins.stores.tcp_store import TCPStoreServer
@@ -402,7 +404,7 @@ def main(argv=None):
         server = TCPStoreServer(host="127.0.0.1", port=0, auth=auth).start()
         store_url = server.url
     try:
-        envs = _rank_envs(args.nranks, _with_run_prefix(store_url, run_id), auth)
+        envs = _rank_envs(args.nranks, with_prefix(store_url, run_id), auth)
         # Ranks write into our pipes: make Python ranks flush every line.
         if args.prefix_output:
             for env in envs:

@@ -210,6 +210,11 @@ def test_local_hands_its_placement_to_the_launcher(monkeypatch, extra, bind):
     (["--json", "--csv", "allreduce"], "cannot both go to stdout"),
     (["--store", "file:///tmp/x", "--shared-path", "/tmp/y", "allreduce"], "two stores"),
     (["--store", "nosuch://host", "allreduce"], "no store plugin named 'nosuch'"),
+    (["--store", "notaurl", "allreduce"], "store URL 'notaurl' has no scheme"),
+    (["--local", "2", "--store", "hash://x", "allreduce"], "lives inside one process"),
+    (["--json=/nonexistent-dir/x.json", "allreduce"], "cannot write into /nonexistent-dir"),
+    (["--csv", "/nonexistent-dir/x.csv", "allreduce"], "cannot write into /nonexistent-dir"),
+    (["-x", "run7", "allreduce"], "--prefix needs a store"),
     (["--transport", "carrier-pigeon", "allreduce"], "no transport plugin named"),
     (["--elements", "ten", "allreduce"], "is not -1 or a list of counts"),
     (["--elements", "-2", "allreduce"], "counts must be >= 0"),
@@ -224,11 +229,20 @@ def test_argument_errors(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_gloo_store_flags_build_the_url(tmp_path):
+def test_gloo_store_flags_build_the_url(tmp_path, monkeypatch):
     parser = bench._parser()
     cfg = bench.Config(parser.parse_args(["--shared-path", str(tmp_path), "-x", "run7",
                                           "allreduce"]), parser)
     assert cfg.store == f"file://{tmp_path}?prefix=run7"
+    # Under pycollect-run the store (with the run's prefix) comes from PYCOLLECT_STORE.
+    monkeypatch.setenv("PYCOLLECT_STORE", "tcp://127.0.0.1:1?prefix=run-ab")
+    cfg = bench.Config(parser.parse_args(["-x", "run7", "allreduce"]), parser)
+    assert cfg.store == "tcp://127.0.0.1:1?prefix=run-ab/run7"
+    # The transport shown and written is the one init uses: PYCOLLECT_TRANSPORT's, or auto.
+    monkeypatch.delenv("PYCOLLECT_TRANSPORT", raising=False)
+    assert bench.Config(parser.parse_args(["allreduce"]), parser).transport == "auto"
+    monkeypatch.setenv("PYCOLLECT_TRANSPORT", "tcp")
+    assert bench.Config(parser.parse_args(["allreduce"]), parser).transport == "tcp"
     args = parser.parse_args(["--redis-host", "db", "-p", "7000", "allreduce"])
     try:
         cfg = bench.Config(args, parser)

@@ -326,3 +326,19 @@ def test_argument_errors(tmp_path, args, message):
     assert done.stderr.startswith(b"usage: pycollect-run -n N")
     assert b"pycollect-run: error: " in done.stderr and message.encode() in done.stderr
     assert done.stdout == b""
+
+
+@pytest.mark.parametrize("store, message", [
+    ("hash://x", "--store 'hash://x': that store lives inside one process"),
+    ("bogus://x", "--store: no store plugin named 'bogus'"),
+    ("notaurl", "--store: store URL 'notaurl' has no scheme"),
+    ("redis://:s3cret@h:1?prefix=a&prefix=b", "at most one non-empty ?prefix=NAME"),
+])
+def test_a_store_that_cannot_serve_the_ranks_is_refused_before_they_start(tmp_path, store,
+                                                                          message):
+    program = write_program(tmp_path, ENV_PRINTER)
+    done = subprocess.run(LAUNCHER + ["-n", "2", "--store", store, program],
+                          capture_output=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert message.encode() in done.stderr and b"s3cret" not in done.stderr, done.stderr
+    assert done.stdout == b""       # no rank ran

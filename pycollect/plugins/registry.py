@@ -17,8 +17,9 @@ from urllib.parse import parse_qsl, urlencode, urlunsplit
 from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url, redact, redact_text
 
-__all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "get_store_opener", "get_transport",
-           "open_store", "refresh", "transport_options"]
+__all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "check_store_url", "get_store_opener",
+           "get_transport",
+           "open_store", "refresh", "transport_options", "with_prefix"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"
@@ -159,10 +160,23 @@ def _split_prefix(spec):
     return urlunsplit(parts._replace(query=rest)), prefixes[0]
 
 
-def open_store(spec, *, timeout=None, rank=None, size=None):
-    """Return a Store as is, else open the store a URL names (``?prefix=NAME`` wraps it)."""
-    if isinstance(spec, Store):
-        return spec
+def with_prefix(url, name):
+    """The store URL ``url`` with ``name`` added to its ``?prefix=`` (``name`` alone where it
+    has none, else after the one it has: ``?prefix=a`` and ``b`` give ``?prefix=a/b``)."""
+    parts = parse_url(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    existing = [value for key, value in query if key == PREFIX_QUERY]
+    prefix = f"{existing[-1].rstrip('/')}/{name}" if existing and existing[-1] else name
+    query = [(key, value) for key, value in query if key != PREFIX_QUERY] + \
+        [(PREFIX_QUERY, prefix)]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
+
+
+def check_store_url(spec):
+    """Check the store URL ``spec`` without opening the store: a URL str whose scheme names a
+    registered store plugin (imported now), with at most one ``?prefix=``.  Returns the
+    plugin's opener; a plugin whose store lives inside one process (``hash://``) marks its
+    opener ``in_process = True``."""
     if not spec:
         raise InvalidArgument("a store is required: a Store, or a URL such as "
                               "tcp://HOST:PORT, file:///shared/dir or hash://NAME")
@@ -172,8 +186,17 @@ def open_store(spec, *, timeout=None, rank=None, size=None):
     if not scheme:
         raise InvalidArgument(f"store URL {redact(spec)!r} has no scheme; available: "
                               f"{', '.join(_stores.distributions()) or 'none'}")
+    _split_prefix(spec)
+    return _stores.load(scheme)
+
+
+def open_store(spec, *, timeout=None, rank=None, size=None):
+    """Return a Store as is, else open the store a URL names (``?prefix=NAME`` wraps it)."""
+    if isinstance(spec, Store):
+        return spec
+    opener = check_store_url(spec)
+    scheme = parse_url(spec).scheme.lower()
     url, prefix = _split_prefix(spec)
-    opener = _stores.load(scheme)
     if not callable(opener):
         raise PluginError(f"store plugin {scheme!r} is a {type(opener).__name__}, not a callable")
     try:

@@ -97,3 +97,6 @@ def open_hash_store(url, *, timeout=None, rank=None, size=None):
     if not name:
         raise InvalidArgument(f"{url!r} names no table; use hash://NAME so that ranks share it")
     return HashStore(name, timeout=timeout)
+
+
+open_hash_store.in_process = True      # its tables live in this process only
