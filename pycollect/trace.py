@@ -33,8 +33,14 @@ _BLAME = (
 LATE_S = 1.0        # a rank that entered a collective this long after the first one is late
 
 
+# What the analysis reads of a dump (recorder.Ring.snapshot writes these and more).
+_NEEDED = {"rank": int, "size": int, "group_id": int, "pid": int, "host": str, "reason": str,
+           "entries": list}
+
+
 def load(directory):
-    """The dumps in ``directory``, by group id: {group_id: {rank: dump}}."""
+    """The dumps in ``directory``, by group id: {group_id: {rank: dump}}; files that are not
+    whole pycollect dumps (other JSON, a dump cut short) are left out."""
     groups = {}
     for name in sorted(glob.glob(os.path.join(directory, "*.json"))):
         try:
@@ -42,7 +48,9 @@ def load(directory):
                 dump = json.load(f)
         except (OSError, ValueError):
             continue
-        if not isinstance(dump, dict) or dump.get("format") != FORMAT:
+        if not isinstance(dump, dict) or dump.get("format") != FORMAT or not all(
+                isinstance(dump.get(key), kind) for key, kind in _NEEDED.items()) or not all(
+                isinstance(e, dict) for e in dump["entries"]):
             continue
         groups.setdefault(dump["group_id"], {})[dump["rank"]] = dump
     return groups
@@ -190,6 +198,10 @@ def main(argv=None):
                     "rank never arrived.")
     parser.add_argument("directory", help="the PYCOLLECT_TRACE_DIR the ranks dumped into")
     args = parser.parse_args(argv)
+    if not os.path.isdir(args.directory):
+        print("pycollect-trace: %s is not a directory (give the PYCOLLECT_TRACE_DIR the ranks "
+              "dumped into)" % args.directory, file=sys.stderr)
+        return 2
     groups = load(args.directory)
     if not groups:
         print("pycollect-trace: no pycollect dumps in %s" % args.directory, file=sys.stderr)

@@ -238,6 +238,14 @@ def _run_victims(tmp_path, mode):
 def test_pycollect_trace_on_a_directory_without_dumps(tmp_path, capsys):
     assert trace.main([str(tmp_path)]) == 2
     assert "no pycollect dumps" in capsys.readouterr().err
+    # A dump cut short, or other JSON beside the dumps, is not one (no KeyError).
+    from pycollect.recorder import FORMAT
+    (tmp_path / "short.json").write_text(json.dumps({"format": FORMAT, "rank": 0}))
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert trace.main([str(tmp_path)]) == 2
+    assert "no pycollect dumps" in capsys.readouterr().err
+    assert trace.main([str(tmp_path / "nowhere")]) == 2
+    assert "nowhere is not a directory" in capsys.readouterr().err
 
 
 def test_signal_dumps_every_context(monkeypatch, tmp_path):
