@@ -230,7 +230,8 @@ class Config:
 
     def _validate(self, args):
         """Check every setting that needs no peer; raise InvalidArgument or PluginError."""
-        from .context import ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS, REDUCE_ALGORITHMS
+        from .context import (ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS, REDUCE_ALGORITHMS,
+                              allreduce_algorithm)
         from .errors import InvalidArgument
         from .types import DTYPES, ReduceOp
         name = args.benchmark
@@ -255,8 +256,10 @@ class Config:
             if self.algorithm != "bcube":
                 raise InvalidArgument("--base applies to allreduce_bcube only")
             self.algorithm = f"bcube:{args.base}"
-        if self.algorithm is not None and (self.algorithm.split(":")[0]
-                                           not in tables[self.collective]):
+        named = self.algorithm
+        if named is not None and self.collective == "allreduce":
+            named = allreduce_algorithm(named)[0]       # bcube:B: B checked here
+        if named is not None and named not in tables[self.collective]:
             what = "this build of pycollect has no" if name == "allreduce_bcube" else "unknown"
             raise InvalidArgument(f"{what} {self.collective} algorithm {self.algorithm!r} "
                                   f"(available: {', '.join(tables[self.collective])})")

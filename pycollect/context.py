@@ -213,14 +213,7 @@ class Context(CallPath):
             data, result = call.inout(buf, "buf"), buf
         else:
             data, result = call.out_of_place(buf, recvbuf), recvbuf
-        base = _allreduce.DEFAULT_BCUBE_BASE
-        if algorithm != "auto" and isinstance(algorithm, str) and algorithm.startswith("bcube:"):
-            algorithm, _, digits = algorithm.partition(":")
-            try:
-                base = int(digits)
-            except ValueError:
-                raise InvalidArgument("allreduce: bcube base %r is not an integer"
-                                      % digits) from None
+        algorithm, base = allreduce_algorithm(algorithm)
         plan = self.plan("allreduce", data, algorithm)
         if plan.hierarchical:
             return call.submit(self._topology.allreduce(data, op, tmo), result, async_op)
@@ -1196,6 +1189,23 @@ class Context(CallPath):
             raise InvalidArgument("%s: unknown reduction op %r (use pycollect.ReduceOp)"
                                   % (what, op))
         return checked
+
+
+def allreduce_algorithm(algorithm):
+    """(the name, the bcube base) of an allreduce's ``algorithm``: "bcube:B" is bcube in base
+    B, which must be an integer in 2..16; any other is returned as it is, with the default
+    base, for the plan to check."""
+    if not (isinstance(algorithm, str) and algorithm.startswith("bcube:")):
+        return algorithm, _allreduce.DEFAULT_BCUBE_BASE
+    name, _, digits = algorithm.partition(":")
+    try:
+        base = int(digits)
+    except ValueError:
+        raise InvalidArgument("allreduce: bcube base %r is not an integer" % digits) from None
+    if base not in _allreduce.BCUBE_BASES:
+        raise InvalidArgument("allreduce: bcube base %d is outside %d..%d" % (
+            base, _allreduce.BCUBE_BASES[0], _allreduce.BCUBE_BASES[-1]))
+    return name, base
 
 
 def _shared(kind):

@@ -123,6 +123,8 @@ cdef enum:
     PAIR_SEGMENT_BYTES = 128 << 10      # ring_chunked's segment at 2 ranks ...
     PAIR_FINE_BELOW = 16 << 20          # ... for buffers below this
 
+BCUBE_BASES = range(2, MAX_BCUBE_BASE + 1)     # the bases bcube takes
+
 
 cdef inline size_t _ring_segment(size_t segment_bytes, size_t nbytes, int P) noexcept nogil:
     """ring_chunked's segment in bytes: ``segment_bytes``, or at 2 ranks and below
