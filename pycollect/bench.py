@@ -791,18 +791,30 @@ class Case:
 
 def time_calls(call, barrier, agree_max, warmup_iters, iteration_time, iteration_count=None,
                min_iterations=1, max_iterations=MAX_ITERATIONS):
-    """Warm up, agree on one iteration count, time back-to-back calls; return this rank's times."""
+    """Warm up, agree on one iteration count, time back-to-back calls; return this rank's times.
+
+    Without ``iteration_count``, the count is sized so that the timed calls last about
+    ``iteration_time``: after the warmup, batches of 1, 2, 4, ... calls run until one lasts a
+    tenth of it on the slowest rank (the first calls of a size run slower than the rest, so
+    the warmup alone would size the count too small)."""
     clock = time.perf_counter_ns
     barrier()
-    start = clock()
     for _ in range(warmup_iters):
         call()
-    warm = (clock() - start) / 1e9 / max(1, warmup_iters)
     if iteration_count is not None:
         iterations = iteration_count
     else:
-        # Every rank must run the same count: size it on the slowest rank's warmup.
-        per_call = max(agree_max(warm if warmup_iters else 1e-3), 1e-9)
+        # Every rank must run the same count: each batch's length is the slowest rank's.
+        batch = 1
+        while True:
+            start = clock()
+            for _ in range(batch):
+                call()
+            took = agree_max((clock() - start) / 1e9)
+            if took >= iteration_time / 10 or batch >= max_iterations:
+                break
+            batch *= 2
+        per_call = max(took / batch, 1e-9)
         iterations = int(min(max_iterations, max(min_iterations, iteration_time // per_call)))
     times = [0] * iterations
     barrier()
