@@ -29,7 +29,10 @@ import time
 
 import numpy as np
 
+from pycollect.bench import numpy_dtype
 from pycollect.plugins.hosts import rank_cpus, started_on
+
+MAX_BCUBE_BASE = 16     # pycollect/_ext/_allreduce.pyx: a bcube base is 2..16
 
 
 def rank_main(args):
@@ -41,10 +44,10 @@ def rank_main(args):
     from pycollect._ext._direct import set_stage_bytes
     names = args.algorithms.split(",")
     if args.pooled:
-        buf = pc.empty(args.count, np.dtype(args.dtype))
+        buf = pc.empty(args.count, numpy_dtype(args.dtype))
         buf[:] = 1
     else:
-        buf = np.ones(args.count, np.dtype(args.dtype))
+        buf = np.ones(args.count, numpy_dtype(args.dtype))
     out = np.empty(args.count * args.ranks, buf.dtype)
     run = {"allreduce": lambda a: ctx.allreduce(buf, algorithm=a),
            "broadcast": lambda a: ctx.broadcast(buf, 0, algorithm=a),
@@ -93,8 +96,46 @@ def rank_main(args):
     ctx.close()
 
 
+def check_args(parser, args):
+    """Refuse, with ``parser``'s usage error, what the ranks could not run."""
+    from pycollect.errors import Error
+    from pycollect.selection import named
+    from pycollect.types import DTYPES
+    if args.ranks < 1:
+        parser.error("--ranks must be at least 1, got %d" % args.ranks)
+    if args.iterations < 1:
+        parser.error("--iterations must be at least 1, got %d" % args.iterations)
+    if args.count < 0:
+        parser.error("--count must be 0 or more, got %d" % args.count)
+    try:
+        dtype = numpy_dtype(args.dtype).name
+    except Error as exc:            # bfloat16 without ml_dtypes
+        parser.error(str(exc))
+    except TypeError:
+        dtype = None
+    if dtype not in DTYPES.values():
+        parser.error("--dtype %r is not a dtype pycollect has (choose from %s)"
+                     % (args.dtype, ", ".join(DTYPES.values())))
+    names = args.algorithms.split(",")
+    for name in names:
+        if name.startswith("direct@"):
+            chunk = name[len("direct@"):]
+            if not (chunk.isdigit() and int(chunk) >= 1):
+                parser.error("--algorithms: %r: direct@N takes a chunk of N >= 1 bytes" % name)
+        elif name.startswith("bcube:") and args.collective == "allreduce":
+            base = name[len("bcube:"):]
+            if not (base.isdigit() and 2 <= int(base) <= MAX_BCUBE_BASE):
+                parser.error("--algorithms: %r: bcube:B takes a base B of 2..%d"
+                             % (name, MAX_BCUBE_BASE))
+        elif name not in ("auto", "direct-cma"):
+            try:
+                named(args.collective, name)
+            except Error as exc:
+                parser.error("--algorithms: %s; or direct-cma, direct@N" % exc)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--collective", default="allreduce",
                         choices=("allreduce", "broadcast", "allgather"))
@@ -113,6 +154,7 @@ def main(argv=None):
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    check_args(parser, args)
     if args.rank is not None:
         return rank_main(args)
     with tempfile.TemporaryDirectory() as tmp:

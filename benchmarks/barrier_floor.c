@@ -4,6 +4,9 @@
  *     cc -O2 -o /tmp/barrier_floor benchmarks/barrier_floor.c && /tmp/barrier_floor
  *     /tmp/barrier_floor 4 2        # ranks, cores (default: 4, the CPUs this process may use)
  *
+ * CORES is at most the CPUs this process may use (more would bind a rank where it cannot
+ * run); a rank that cannot be bound or started calls the run off for every rank.
+ *
  * Ranks are processes bound as pycollect-run --bind core binds them (rank r to CPU r mod
  * cores).  Each barrier is what pycollect's flag-area barrier does with nothing else: a
  * rank stores its barrier number in its own cache line of a shared mapping and waits until
@@ -41,18 +44,21 @@
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
+#include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "floor.h"
 
-enum { BARRIERS = 100000, WARMUP = 2000, MAX_RANKS = 64, EVERY = 8 };
+enum { BARRIERS = 100000, WARMUP = 2000, MAX_RANKS = 64, EVERY = 8, SETUP_S = 10 };
 enum { YIELD_TO_MATE, YIELD_EIGHTH, YIELD_ALWAYS, HAND_OVER, WAYS };
 static const char* WAY_NAME[WAYS] = {"yield to a mate", "... and every 8th", "always yield",
                                      "... and hand over"};
@@ -62,6 +68,12 @@ typedef struct {
     volatile long left;         /* ... and the one it left last */
     char pad[64 - 2 * sizeof(long)];
 } Line;
+
+/* The line after the ranks' lines: how many ranks have joined the run, or -1 once it is off. */
+typedef struct {
+    volatile int joined;
+    char pad[64 - sizeof(int)];
+} Setup;
 
 static int by_value(const void* a, const void* b) {
     double x = *(const double*)a, y = *(const double*)b;
@@ -74,21 +86,70 @@ static void work(double us) {
     while (now() < until) {}
 }
 
-/* Whether a rank bound to this rank's CPU entered barrier ``k`` and has not left it. */
-static int mate_inside(const Line* lines, int me, int ranks, int cores, long k) {
+/* The ranks bound to this rank's CPU that entered barrier ``k`` and have not left it, as a
+ * mask of rank numbers. */
+static unsigned long long mates_inside(const Line* lines, int me, int ranks, int cores,
+                                       long k) {
+    unsigned long long inside = 0;
     for (int q = me % cores; q < ranks; q += cores)
-        if (q != me && lines[q].posted >= k && lines[q].left < k) return 1;
+        if (q != me && lines[q].posted >= k && lines[q].left < k) inside |= 1ULL << q;
+    return inside;
+}
+
+/* Whether a rank of ``mask`` has not left barrier ``k``. */
+static int still_inside(const Line* lines, unsigned long long mask, long k) {
+    for (; mask; mask &= mask - 1)
+        if (lines[__builtin_ctzll(mask)].left < k) return 1;
     return 0;
+}
+
+/* Call the run off unless every one of ``ranks`` has joined it: whether it is off. */
+static int call_off(Setup* setup, int ranks) {
+    for (;;) {
+        int joined = setup->joined;
+        if (joined < 0) return 1;
+        if (joined >= ranks) return 0;
+        if (__sync_bool_compare_and_swap(&setup->joined, joined, -1)) return 1;
+    }
+}
+
+/* Rank ``me`` bound to its CPU joins the run and waits for the others: 1 once every rank
+ * has, 0 where the run is off (a rank could not be bound or started, or SETUP_S passed), so
+ * that no rank waits in a barrier for one that will never come. */
+static int join(Setup* setup, int me, int ranks, int cores) {
+    double give_up;
+    if (on_cpu(me % cores) < 0) {
+        fprintf(stderr, "barrier_floor: rank %d cannot run on CPU %d: %s\n", me, me % cores,
+                strerror(errno));
+        call_off(setup, ranks);
+        return 0;
+    }
+    for (;;) {
+        int joined = setup->joined;
+        if (joined < 0) return 0;
+        if (__sync_bool_compare_and_swap(&setup->joined, joined, joined + 1)) break;
+    }
+    give_up = now() + SETUP_S;
+    while (setup->joined != ranks) {
+        if (setup->joined < 0) return 0;
+        if (now() > give_up && call_off(setup, ranks)) {
+            fprintf(stderr, "barrier_floor: not every rank started within %d s\n", SETUP_S);
+            return 0;
+        }
+        sched_yield();
+    }
+    return 1;
 }
 
 /* Rank ``me``'s part: its calls' times into took[me * BARRIERS ...]. */
 static void run_rank(Line* lines, double* took, int me, int ranks, int cores, int way,
                      double work_us) {
-    if (on_cpu(me % cores) < 0) die("sched_setaffinity");
     for (long k = 1; k <= WARMUP + BARRIERS; k++) {
         double t0 = now();
         unsigned looks = 0;
-        int after_mate = mate_inside(lines, me, ranks, cores, k);   /* a mate came first */
+        /* the mates that came first: with three or more ranks on a CPU, waiting for a mate
+           that came later too would have two ranks wait for each other */
+        unsigned long long first = mates_inside(lines, me, ranks, cores, k);
         lines[me].posted = k;
         for (int p = 0; p < ranks; p++) {
             while (p != me && lines[p].posted < k) {
@@ -103,47 +164,71 @@ static void run_rank(Line* lines, double* took, int me, int ranks, int cores, in
                     _mm_pause();
             }
         }
-        if (way == HAND_OVER && after_mate)
-            while (mate_inside(lines, me, ranks, cores, k)) sched_yield();
+        if (way == HAND_OVER && first)
+            while (still_inside(lines, first, k)) sched_yield();
         lines[me].left = k;
         if (k > WARMUP) took[(long)me * BARRIERS + (k - WARMUP - 1)] = now() - t0;
         work(work_us);
     }
 }
 
+static int usage(FILE* to, const char* me, int cpus) {
+    fprintf(to, "usage: %s [ranks 2..%d] [cores 1..%d: the CPUs this process may use] "
+            "[work us >= 0]\n", me, MAX_RANKS, cpus);
+    return to == stdout ? 0 : 2;
+}
+
 int main(int argc, char** argv) {
-    int ranks = argc > 1 ? atoi(argv[1]) : 4, cores;
-    double work_us = argc > 3 ? atof(argv[3]) : 0.0;
-    cpu_set_t mine;
-    if (sched_getaffinity(0, sizeof mine, &mine) < 0) die("sched_getaffinity");
-    cores = argc > 2 ? atoi(argv[2]) : CPU_COUNT(&mine);
-    if (argc > 4 || ranks < 2 || ranks > MAX_RANKS || cores < 1 || !(work_us >= 0)) {
-        fprintf(stderr, "usage: %s [ranks 2..%d] [cores] [work us]\n", argv[0], MAX_RANKS);
-        return 2;
-    }
+    int cpus = cpus_allowed(), ranks, cores;
+    long ranks_given = 4, cores_given = cpus;
+    double work_us = 0.0;
+    pid_t me = getpid();
+    if (argc > 1 && asks_help(argv[1]))
+        return usage(stdout, argv[0], cpus);
+    /* More cores than CPUs would bind a rank to a CPU it may not use. */
+    if (argc > 4 || (argc > 1 && !parse_long(argv[1], &ranks_given)) ||
+        (argc > 2 && !parse_long(argv[2], &cores_given)) ||
+        (argc > 3 && !parse_double(argv[3], &work_us)) ||
+        ranks_given < 2 || ranks_given > MAX_RANKS || cores_given < 1 || cores_given > cpus ||
+        !(work_us >= 0 && isfinite(work_us)))
+        return usage(stderr, argv[0], cpus);
+    ranks = (int)ranks_given;
+    cores = (int)cores_given;
     printf("%d ranks on %d CPUs (rank r on CPU r mod %d), %d barriers each way, %.2f us of "
            "work after each\n", ranks, cores, cores, BARRIERS, work_us);
     printf("%-20s %9s %9s %9s  (us)\n", "wait", "period", "p50", "average");
     for (int way = 0; way < WAYS; way++) {
         size_t bytes = (size_t)ranks * BARRIERS * sizeof(double);
-        Line* lines = mmap(NULL, MAX_RANKS * sizeof(Line), PROT_READ | PROT_WRITE,
-                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        size_t shared = (MAX_RANKS + 1) * sizeof(Line);   /* the ranks' lines, the Setup */
+        Line* lines = mmap(NULL, shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                           -1, 0);
+        Setup* setup = (Setup*)(lines + MAX_RANKS);
         double* took = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
                             -1, 0);
         double* slowest = malloc(BARRIERS * sizeof(double));
         double start, period, mean = 0, sum;
+        int ok;
         if (lines == MAP_FAILED || took == MAP_FAILED || slowest == NULL) die("memory");
         start = now();
         for (int r = 1; r < ranks; r++) {
-            pid_t child = fork();
-            if (child < 0) die("fork");
+            pid_t child = fork_flushed();
+            if (child < 0) {
+                call_off(setup, ranks);     /* the ranks already started give up */
+                die("fork");
+            }
             if (child == 0) {
+                /* a rank left alone would wait for the others for ever */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
+                if (getppid() != me) _exit(1);
+                if (!join(setup, r, ranks, cores)) _exit(1);
                 run_rank(lines, took, r, ranks, cores, way, work_us);
                 _exit(0);
             }
         }
-        run_rank(lines, took, 0, ranks, cores, way, work_us);
+        ok = join(setup, 0, ranks, cores);
+        if (ok) run_rank(lines, took, 0, ranks, cores, way, work_us);
         for (int r = 1; r < ranks; r++) wait(NULL);
+        if (!ok) return 1;
         period = (now() - start) / (WARMUP + BARRIERS);
         for (long i = 0; i < BARRIERS; i++) {
             slowest[i] = 0;
@@ -160,7 +245,7 @@ int main(int argc, char** argv) {
                slowest[BARRIERS / 2] * 1e6, mean * 1e6);
         free(slowest);
         munmap(took, bytes);
-        munmap(lines, MAX_RANKS * sizeof(Line));
+        munmap(lines, shared);
     }
     return 0;
 }

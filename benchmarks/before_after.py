@@ -17,7 +17,10 @@ noise is a slowdown.
 
 import argparse
 import json
+import math
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,28 @@ def _noise(values):
     return (max(values) - min(values)) / middle if middle and len(values) > 1 else 0.0
 
 
+def _duration(text):
+    """``--iteration-time`` as pycollect.bench takes it (``2s``, ``500ms`` or a bare number
+    of seconds, above 0), checked here and passed on as given."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s)?\s*", text)
+    if not match or not 0 < float(match.group(1)) < math.inf:
+        raise argparse.ArgumentTypeError("%r is not a duration above 0 such as 2s, 500ms or "
+                                         "0.3 (seconds)" % text)
+    return text
+
+
+def _ints(parser, option, text, low):
+    """The comma-separated integers of ``option``, each at least ``low`` (else the usage
+    error)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error("%s takes integers, comma-separated: %r" % (option, text))
+    if min(values) < low:
+        parser.error("%s must be at least %d each: %r" % (option, low, text))
+    return values
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="append", required=True, metavar="NAME=PYTHON",
@@ -49,13 +74,25 @@ def main(argv=None):
     parser.add_argument("--transports", default="shm,tcp")
     parser.add_argument("--elements", default=",".join(map(str, ELEMENTS)))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iteration-time", default="300ms")
+    parser.add_argument("--iteration-time", type=_duration, default="300ms")
     parser.add_argument("--json", help="write every sample here")
     args = parser.parse_args(argv)
     builds = [tuple(b.split("=", 1)) for b in args.build]
     if len(builds) != 2:
         parser.error("give exactly two --build NAME=PYTHON")
-    elements = [int(e) for e in args.elements.split(",")]
+    for build in builds:
+        if len(build) != 2 or not build[0] or not build[1]:
+            parser.error("--build takes NAME=PYTHON (a name, '=', an interpreter), got %r"
+                         % "=".join(build))
+        if shutil.which(build[1]) is None:
+            parser.error("--build %s: %r is not an interpreter that can run here"
+                         % ("=".join(build), build[1]))
+    if builds[0][0] == builds[1][0]:
+        parser.error("the two --build names must differ, got %r twice" % builds[0][0])
+    _ints(parser, "--ranks", args.ranks, 1)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1, got %d" % args.rounds)
+    elements = _ints(parser, "--elements", args.elements, 0)
     samples = {}    # (ranks, transport, build, elements) -> [p50 per round]
     lows = {}       # ... -> [min per round]
     with tempfile.TemporaryDirectory() as workdir:

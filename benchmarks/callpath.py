@@ -155,6 +155,9 @@ def main(argv=None):
     if bad:
         ap.error("unknown operation(s) %s (choose from %s, or all)"
                  % (", ".join(bad), ", ".join(OPS + MORE_OPS)))
+    for option, value in (("--rounds", args.rounds), ("--calls", args.calls)):
+        if value < 1:
+            ap.error("%s must be at least 1, got %d" % (option, value))
     if args.worker:
         return worker(args.worker, ops, args.calls, args.out)
 

@@ -1312,6 +1312,34 @@ def write_page(path, section, marks=(BEGIN_MARK, END_MARK), title="Latest compar
 
 # -- command line -------------------------------------------------------------------
 
+# What every results document that drive() writes has, and markdown() reads.
+RESULT_KEYS = ("started", "seconds", "command", "machine", "load_before", "load_after",
+               "pycollect", "versions", "missing", "peers", "warmup", "rounds", "budget_s",
+               "results")
+OTHER_PEERS = TORCH_PEERS + ("mpi-shm", "mpi-tcp")     # besides pycollect's and the ceiling
+
+
+def known_peers(transports):
+    """Every peer name --peers may give: the ceiling, pycollect over each of
+    ``transports``, torch's and MPI's (whether or not they are installed here)."""
+    return [CEILING] + [f"pycollect-{t}" for t in transports] + list(OTHER_PEERS)
+
+
+def read_result(parser, path):
+    """The results document in ``path`` (a --json file), else ``parser``'s usage error."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as exc:
+        parser.error(f"--from-json {path}: {exc.strerror or exc}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        parser.error(f"--from-json {path}: not JSON ({exc}), so not a compare.py result")
+    lacking = [k for k in RESULT_KEYS if k not in doc] if isinstance(doc, dict) else None
+    if lacking is None or lacking:
+        parser.error(f"--from-json {path}: not a compare.py result (a --json file of this "
+                     "script); it lacks " + (", ".join(lacking) if lacking else
+                                             "everything: it is not a JSON object"))
+    return doc
+
 
 def parse_args(argv=None):
     """Parse the command line."""
@@ -1384,6 +1412,19 @@ def parse_args(argv=None):
         args.no_write = True    # the page's tables are float32's
     args.transports = args.transports.split(",")
     args.collectives = args.collectives.split(",") if args.collectives else []
+    others = [c for c, _ in OTHER_CASES]
+    unknown = [c for c in args.collectives if c and c not in others + ["none"]]
+    if unknown:
+        parser.error("--collectives: unknown %s (choose from %s, or none; allreduce always "
+                     "runs)" % (", ".join(map(repr, unknown)), ", ".join(others)))
+    if args.peers:
+        known = known_peers(args.transports)
+        unknown = [p for p in args.peers.split(",") if p and p not in known]
+        if unknown:
+            parser.error("--peers: unknown %s (choose from %s; pycollect-T for each "
+                         "transport T of --transports)"
+                         % (", ".join(map(repr, unknown)), ", ".join(known)))
+    args.result = None if args.from_json is None else read_result(parser, args.from_json)
     if min(args.ranks) < 2 or min(args.counts) < 1:
         parser.error("--ranks must be >= 2 and --counts >= 1")
     if not (args.budget > 0 and args.rounds >= 1 and 1 <= args.min_iters <= args.max_iters
@@ -1398,7 +1439,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     if args.from_json:
-        doc = json.loads(Path(args.from_json).read_text())
+        doc = args.result
     else:
         doc = drive(args)
         doc["torch_only"] = args.torch

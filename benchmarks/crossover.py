@@ -26,6 +26,7 @@ import numpy as np
 
 import pycollect as pc
 from pycollect.context import ALLGATHER_ALGORITHMS, ALLREDUCE_ALGORITHMS, BROADCAST_ALGORITHMS
+from pycollect.plugins.registry import get_transport
 
 GLOO_SWEEP = [100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000,
               500000, 1000000, 2000000, 5000000]
@@ -84,6 +85,16 @@ def main():
     parser.add_argument("--transport", default="auto", help="tcp, shm or auto (default)")
     parser.add_argument("--collective", default="allreduce", choices=sorted(ALGORITHMS))
     args = parser.parse_args()
+    # Every rank checks the same arguments before it joins: a bad one is each rank's usage
+    # error, not a traceback from the rendezvous or the first round.
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1, got %d" % args.rounds)
+    if any(n < 0 for n in args.elements):
+        parser.error("--elements must be 0 or more")
+    try:
+        get_transport(args.transport)
+    except pc.Error as exc:
+        parser.error("--transport %s: %s" % (args.transport, exc))
     algorithms = [a for a in ALGORITHMS[args.collective] if a != "auto"] + ["auto"]
     results = []
     with pc.init(transport=args.transport) as ctx:

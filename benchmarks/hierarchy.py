@@ -161,6 +161,12 @@ def main():
                         "(e.g. 2gbit): a network slower than memory, as between real hosts")
     parser.add_argument("--rank-program", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for option, value in (("--hosts", args.hosts), ("--ranks-per-host", args.ranks_per_host),
+                          ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error("%s must be at least 1, got %d" % (option, value))
+    if any(n < 0 for n in args.elements):
+        parser.error("--elements must be 0 or more")
     if args.rank_program:
         return rank_main(args)
     return launch(args)

@@ -75,7 +75,17 @@ def main():
                         help="piece sizes (bytes per call), comma-separated")
     parser.add_argument("--repeat", type=int, default=50, help="timed transfers per case")
     args = parser.parse_args()
-    pieces = [int(p) for p in args.pieces.split(",")]
+    try:
+        pieces = [int(p) for p in args.pieces.split(",")]
+    except ValueError:
+        parser.error("--pieces takes positive integers (bytes), comma-separated: %r"
+                     % args.pieces)
+    if min(pieces) < 1:
+        parser.error("--pieces must be at least 1 byte each: %r" % args.pieces)
+    if args.bytes < 0:
+        parser.error("--bytes must be 0 or more, got %d" % args.bytes)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1, got %d" % args.repeat)
     libc = ctypes.CDLL(None, use_errno=True)
 
     to_child_r, to_child_w = os.pipe()

@@ -20,6 +20,8 @@ import time
 import numpy as np
 
 from pycollect import ReduceOp
+from pycollect.errors import Error
+from pycollect.types import DTYPES
 from pycollect._ext._reduce import divide, float16_simd, reduce
 from pycollect.bench import numpy_dtype
 
@@ -68,6 +70,8 @@ def rows(dtypes, ops, sizes, repeats):
                     for op in ops:
                         if op in ("BAND", "BOR", "BXOR") and dt.kind not in "iu":
                             continue
+                        if op in ("MIN", "MAX") and dt.kind == "c":
+                            continue        # complex numbers have no order
                         code = ReduceOp[op]
                         ours = _best(lambda: reduce(res, a, b, code), n, repeats)
                         theirs = _best(lambda: UFUNC[op](a, b, out=res), n, repeats)
@@ -93,11 +97,29 @@ def main(argv=None):
     for op in ops:
         if op not in UFUNC:
             parser.error("unknown op %r (choose from %s)" % (op, ", ".join(UFUNC)))
-    sizes = [int(x) for x in args.elements.split(",")]
+    dtypes = args.dtypes.split(",")
+    for name in dtypes:
+        try:
+            known = numpy_dtype(name).name in DTYPES.values()
+        except Error as exc:            # bfloat16 without ml_dtypes
+            parser.error("--dtypes: %s" % exc)
+        except TypeError:
+            known = False
+        if not known:
+            parser.error("--dtypes: unknown dtype %r (choose from %s)"
+                         % (name, ", ".join(DTYPES.values())))
+    try:
+        sizes = [int(x) for x in args.elements.split(",")]
+    except ValueError:
+        parser.error("--elements takes positive integers, comma-separated: %r" % args.elements)
+    if min(sizes) < 1:
+        parser.error("--elements must be at least 1 each: %r" % args.elements)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1, got %d" % args.repeats)
     print("| dtype | op | elements | pycollect ns/element | NumPy ns/element "
           "| NumPy ÷ pycollect |")
     print("|---|---|---:|---:|---:|---:|")
-    for name, op, n, ours, theirs in rows(args.dtypes.split(","), ops, sizes, args.repeats):
+    for name, op, n, ours, theirs in rows(dtypes, ops, sizes, args.repeats):
         print("| %s | %s | %d | %.3f | %.3f | %.2f× |" % (name, op, n, ours, theirs,
                                                         theirs / ours))
     return 0

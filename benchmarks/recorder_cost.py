@@ -56,11 +56,16 @@ def _per_call_us(ctxs, calls):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The first paragraph of the docstring: one sentence over two lines.
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    for option, value in (("--ranks", args.ranks), ("--calls", args.calls),
+                          ("--rounds", args.rounds)):
+        if value < 1:
+            ap.error("%s must be at least 1, got %d" % (option, value))
     off = _contexts(args.ranks, 0, "recorder-off")
     on = _contexts(args.ranks, 2000, "recorder-on")
     times = {"off": [], "on": []}

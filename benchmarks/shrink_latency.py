@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import pycollect as pc
+from pycollect.plugins.registry import get_transport
 
 
 def rank_main(rank, size, store, transport, stamp):
@@ -76,9 +77,22 @@ def main():
     args = ap.parse_args()
     if args.rank is not None:
         return rank_main(args.rank, args.rank_of, args.store, args.transport, args.stamp)
+    try:
+        sizes = [int(n) for n in args.ranks.split(",")]
+    except ValueError:
+        ap.error("--ranks takes integers, comma-separated: %r" % args.ranks)
+    if min(sizes) < 2:
+        ap.error("--ranks must be at least 2 each (one rank dies, the others shrink): %r"
+                 % args.ranks)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1, got %d" % args.rounds)
+    try:
+        get_transport(args.transport)
+    except pc.Error as exc:
+        ap.error("--transport %s: %s" % (args.transport, exc))
     print("ranks  transport  detection_ms  shrink_ms  total_ms   (median of %d rounds, "
           "slowest survivor)" % args.rounds)
-    for size in [int(n) for n in args.ranks.split(",")]:
+    for size in sizes:
         runs = [one_round(size, args.transport) for _ in range(args.rounds)]
         det, shr, tot = (statistics.median(r[i] for r in runs) * 1e3 for i in range(3))
         print("%5d  %9s  %12.2f  %9.2f  %8.2f" % (size, args.transport, det, shr, tot))

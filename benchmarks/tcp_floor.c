@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
         struct sockaddr_in a;
         int ls = loopback_listener(&a), s;
         pid_t child;
-        child = fork();
+        child = fork_flushed();     /* the rows printed so far stay the parent's */
         if (child < 0) die("fork");
         if (child == 0) {
             int c = socket(AF_INET, SOCK_STREAM, 0);

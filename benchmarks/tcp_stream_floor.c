@@ -74,22 +74,32 @@ static void connect_pair(int fds[2]) {
     }
 }
 
+static int usage(FILE* to, const char* me) {
+    fprintf(to, "usage: %s [SEGMENT [CREDITS [WINDOW]]] (integers: SEGMENT >= 0, CREDITS >= 0, "
+            "WINDOW >= 1, a WINDOW above 1 only without credits)\n", me);
+    return to == stdout ? 0 : 2;
+}
+
 int main(int argc, char** argv) {
-    size_t segment = argc > 1 ? strtoul(argv[1], NULL, 10) : 0;
-    long credits = argc > 2 ? strtol(argv[2], NULL, 10) : 0;
-    long window = argc > 3 ? strtol(argv[3], NULL, 10) : 1;
+    long given = 0, credits = 0, window = 1;
+    size_t segment;
     int fds[2];
-    char* buf = malloc(MESSAGE);
+    char* buf;
     char byte = 0;
+    if (argc > 1 && asks_help(argv[1]))
+        return usage(stdout, argv[0]);
+    if (argc > 4 || (argc > 1 && !parse_long(argv[1], &given)) ||
+        (argc > 2 && !parse_long(argv[2], &credits)) ||
+        (argc > 3 && !parse_long(argv[3], &window)))
+        return usage(stderr, argv[0]);
+    /* credits and answers share the receiver's one stream of bytes: a window of several
+       messages would read one as the other */
+    if (given < 0 || credits < 0 || window < 1 || (credits && window > 1))
+        return usage(stderr, argv[0]);
+    segment = (size_t)given;
+    buf = malloc(MESSAGE);
     if (buf == NULL)
         die("malloc");
-    if (credits < 0 || window < 1 || (credits && window > 1)) {
-        /* credits and answers share the receiver's one stream of bytes: a window of
-           several messages would read one as the other */
-        fprintf(stderr, "usage: %s [SEGMENT [CREDITS [WINDOW]]] (CREDITS >= 0, WINDOW >= 1, "
-                "a WINDOW above 1 only without credits)\n", argv[0]);
-        return 2;
-    }
     if (segment == 0 || segment > MESSAGE)
         segment = MESSAGE;
     if (segment == MESSAGE)

@@ -50,7 +50,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--elements", default="1,1024,1048576,16777216")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.elements.split(",")]
+    for option, value in (("--ranks", args.ranks), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error("%s must be at least 1, got %d" % (option, value))
+    try:
+        sizes = [int(x) for x in args.elements.split(",")]
+    except ValueError:
+        parser.error("--elements takes integers, comma-separated: %r" % args.elements)
+    if min(sizes) < 0:
+        parser.error("--elements must be 0 or more each: %r" % args.elements)
     with tempfile.TemporaryDirectory() as pki:
         ca = Authority(pki)
         cert, key = ca.issue("bench")

@@ -108,7 +108,8 @@ def _two_ranks_parser(doc, peers, iters, iters_help, patterns=None):
     """The options every 2-rank benchmark takes (``--peers``, ``--counts``, ``--rounds``,
     ``--iters``, ``--json``, and the worker's own), and ``--pattern`` where the benchmark
     has ``patterns`` (the first is the default)."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    # The docstring's first paragraph: its first sentence, which may span lines.
+    ap = argparse.ArgumentParser(description=" ".join(doc.split("\n\n")[0].split()))
     ap.add_argument("--peers", default=",".join(peers))
     ap.add_argument("--counts", default="1,4096", help="float32 elements")
     ap.add_argument("--rounds", type=int, default=3)

@@ -1,6 +1,7 @@
 """benchmarks/compare.py end to end on a tiny case: real worker processes, the report."""
 
 import json
+import os
 import select
 import socket
 import subprocess
@@ -175,3 +176,47 @@ def test_the_barrier_floor_is_measured_and_set_beside_the_peers():
         missing.close()
     doc["barrier_floor"] = {"ranks": 4, "cpus": 2, "runs": [], "note": missing.note}
     assert compare.barrier_floor(doc) == [f"Barrier floor, 4 ranks on 2 CPUs: {missing.note}."]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peers", "mpi-shmm"], "--peers: unknown 'mpi-shmm' (choose from ceiling-shm, "
+                              "pycollect-tcp, pycollect-shm, pycollect-shm-pooled, gloo, "
+                              "torch-pycollect, mpi-shm, mpi-tcp;"),
+    (["--peers", "pycollect-tcp", "--transports", "shm"], "unknown 'pycollect-tcp'"),
+    (["--collectives", "barier"], "--collectives: unknown 'barier' (choose from broadcast, "
+                                  "allgather, barrier, or none;"),
+    (["--from-json", "/nonexistent.json"], "--from-json /nonexistent.json: No such file"),
+    (["--from-json", "EMPTY"], "not a compare.py result"),
+], ids=["peer", "peer-of-no-transport", "collective", "no-file", "not-a-result"])
+def test_what_the_run_cannot_honour_is_a_usage_error(tmp_path, capsys, argv, message):
+    """A misspelt peer or collective is refused, not dropped; a --from-json file that is
+    missing or no result of this script is a usage error, not a traceback."""
+    (tmp_path / "empty.json").write_text("{}")
+    argv = [str(tmp_path / "empty.json") if a == "EMPTY" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        _compare_module().parse_args(argv + ["--no-write"])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_known_peer_is_taken_whether_or_not_it_is_installed():
+    # Whether it can run here is drive's to say (in "missing"), not the parser's.
+    args = _compare_module().parse_args(["--peers", "mpi-shm,gloo,pycollect-shm",
+                                         "--collectives", "none", "--no-write"])
+    assert args.peers == "mpi-shm,gloo,pycollect-shm" and args.collectives == ["none"]
+
+
+def test_the_barrier_floor_refuses_more_cores_than_cpus():
+    """barrier_floor.c refuses CPUs it may not use (it once bound a rank there, failed, and
+    left the others spinning), and words for numbers."""
+    floor = _compare_module().CFloor("barrier_floor")
+    try:
+        assert floor.note is None, floor.note
+        cpus = len(os.sched_getaffinity(0))
+        for args in (["4", str(cpus + 1)], ["4", "x"], ["4", "2", "1", "5"]):
+            done = subprocess.run([floor.exe, *args], capture_output=True, text=True,
+                                  timeout=30)
+            assert done.returncode == 2 and not done.stdout, (args, done)
+            assert done.stderr.startswith("usage: ") and f"cores 1..{cpus}" in done.stderr
+    finally:
+        floor.close()

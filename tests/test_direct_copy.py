@@ -344,3 +344,22 @@ def test_a_call_right_after_a_barrier_is_no_disagreement():
                           capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "direct" in done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ranks", "0"], "--ranks must be at least 1"),
+    (["--iterations", "0"], "--iterations must be at least 1"),
+    (["--algorithms", "direct,foo"], "unknown algorithm 'foo'"),
+    (["--algorithms", "direct@x"], "direct@N takes a chunk of N >= 1 bytes"),
+    (["--dtype", "foo"], "--dtype 'foo' is not a dtype pycollect has"),
+])
+def test_allreduce_paired_refuses_what_no_rank_could_run(args, message):
+    """allreduce_paired.py's usage error, before any rank starts (it was a traceback)."""
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "benchmarks", "allreduce_paired.py")
+    done = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert message in done.stderr and not done.stdout

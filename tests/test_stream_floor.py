@@ -38,7 +38,16 @@ def test_the_stream_floor_times_every_way(program, args, segment, credits, windo
     assert int(m[4]) > 0
 
 
-@pytest.mark.parametrize("args", [["131072", "2", "3"], ["0", "-1"], ["0", "0", "0"]])
+@pytest.mark.parametrize("args", [["131072", "2", "3"], ["0", "-1"], ["0", "0", "0"],
+                                  ["--help-me"], ["abc"], ["12k"], ["131072", "x"], ["-5"],
+                                  ["0", "0", "1", "1"]])
 def test_the_stream_floor_refuses_what_it_cannot_do(program, args):
+    # A word or an extra argument is no reason to run the benchmark (it once ran the default).
     done = subprocess.run([program] + args, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "usage" in done.stderr
+    assert done.returncode == 2 and "usage" in done.stderr and not done.stdout
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_the_stream_floor_says_its_usage_when_asked(program, flag):
+    done = subprocess.run([program, flag], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: ") and "WINDOW" in done.stdout
