@@ -11,8 +11,8 @@ mpirun).  The driver hands one case at a time to one group over a loopback
 control socket; the other groups sleep in a socket read meanwhile, so they take
 no CPU.  For every case the peers take turns, in a rotated order, for --rounds
 rounds.  Every peer times the same way (pycollect.bench.time_calls): a warmup,
-an iteration count agreed on from the slowest rank's warmup, back-to-back
-calls, and per call the slowest rank's time; beside its p50, the small messages'
+an iteration count agreed on from batches of calls timed on the slowest rank,
+back-to-back calls, and per call the slowest rank's time; beside its p50, the small messages'
 tables give OSU's average latency (each rank's time in its calls over the calls, the
 slowest rank's), which tells more where ranks share cores: there a rank that arrives
 last at a barrier leaves at once and its next call waits for a core, so per-call times

@@ -7,7 +7,8 @@ One local Ray (``ray.init(num_cpus=...)``) and two actors (``--actors``).  Each
 actor joins two groups, one per backend, and a case is timed in each actor
 by back-to-back ``ray.util.collective.allreduce`` calls on a float32 array
 that the actor made (pycollect.bench.time_calls: a warmup, one iteration
-count agreed on from the slowest actor's warmup, then timed calls).  The
+count agreed on from batches of calls timed on the slowest actor, then timed
+calls).  The
 backends take turns, in a rotated order, for ``--rounds`` rounds; per call
 the slowest actor's time counts, and the rounds' calls are pooled.  A third
 peer, "Context", is the same pycollect group called without Ray's layer
