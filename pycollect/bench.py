@@ -327,13 +327,8 @@ class Config:
         self.transport = args.transport or _default_transport()
         if self.store is not None:
             from .plugins.registry import check_store_url
-            from .plugins.store import redact
-            opener = check_store_url(self.store)    # e.g. no scheme, or no redis plugin yet
-            if args.local is not None and getattr(opener, "in_process", False):
-                raise InvalidArgument(f"--store {redact(self.store)!r} lives inside one "
-                                      f"process; the "
-                                      f"ranks --local starts are processes: use tcp://, "
-                                      f"file:// or redis://")
+            # e.g. no scheme, no redis plugin yet, or hash:// for the processes --local starts
+            check_store_url(self.store, across_processes=args.local is not None)
         self.elements = [0] if self.collective.startswith("barrier") else args.elements
 
     def check_size(self, size):

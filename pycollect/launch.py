@@ -43,7 +43,6 @@ import time
 from pycollect.errors import Error
 from pycollect.plugins.hosts import cores, rank_cpus, started_on
 from pycollect.plugins.registry import check_store_url, with_prefix
-from pycollect.plugins.store import redact
 
 __all__ = ["main", "module_command"]
 
@@ -387,13 +386,9 @@ def main(argv=None):
     if store_url is not None:
         # Checked before any rank starts: every rank would fail on it the same way.
         try:
-            opener = check_store_url(store_url)
+            check_store_url(store_url, across_processes=True)
         except Error as exc:
-            parser.error(f"--store: {exc}")
-        if getattr(opener, "in_process", False):
-            parser.error(f"--store {redact(store_url)!r}: that store lives inside one process, "
-                         f"and the ranks are separate processes; use tcp://, file:// or "
-                         f"redis:// (or no --store: the launcher hosts a TCP store)")
+            parser.error(f"--store: {exc} (or no --store: the launcher hosts a TCP store)")
     if store_url is None:
         try:
             from pycollect.plugins.stores.tcp_store import TCPStoreServer

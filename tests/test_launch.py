@@ -329,7 +329,7 @@ def test_argument_errors(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("store, message", [
-    ("hash://x", "--store 'hash://x': that store lives inside one process"),
+    ("hash://x", "--store: store 'hash://x' lives inside one process"),
     ("bogus://x", "--store: no store plugin named 'bogus'"),
     ("notaurl", "--store: store URL 'notaurl' has no scheme"),
     ("redis://:s3cret@h:1?prefix=a&prefix=b", "at most one non-empty ?prefix=NAME"),

@@ -172,11 +172,12 @@ def with_prefix(url, name):
     return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
-def check_store_url(spec):
+def check_store_url(spec, *, across_processes=False):
     """Check the store URL ``spec`` without opening the store: a URL str whose scheme names a
-    registered store plugin (imported now), with at most one ``?prefix=``.  Returns the
-    plugin's opener; a plugin whose store lives inside one process (``hash://``) marks its
-    opener ``in_process = True``."""
+    registered store plugin (imported now), with at most one ``?prefix=``; with
+    ``across_processes``, also a store that ranks in separate processes can share (a plugin
+    whose store lives inside one process, as ``hash://``'s does, marks its opener
+    ``in_process = True``).  Returns the plugin's opener."""
     if not spec:
         raise InvalidArgument("a store is required: a Store, or a URL such as "
                               "tcp://HOST:PORT, file:///shared/dir or hash://NAME")
@@ -187,7 +188,11 @@ def check_store_url(spec):
         raise InvalidArgument(f"store URL {redact(spec)!r} has no scheme; available: "
                               f"{', '.join(_stores.distributions()) or 'none'}")
     _split_prefix(spec)
-    return _stores.load(scheme)
+    opener = _stores.load(scheme)
+    if across_processes and getattr(opener, "in_process", False):
+        raise InvalidArgument(f"store {redact(spec)!r} lives inside one process, and the ranks "
+                              f"are separate processes: use tcp://, file:// or redis://")
+    return opener
 
 
 def open_store(spec, *, timeout=None, rank=None, size=None):
