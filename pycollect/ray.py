@@ -58,7 +58,8 @@ _OPS = {
 _UNSET = ray_types.unset_timeout_ms
 _RAY_SUM = ray_types.ReduceOp.SUM
 _opened = itertools.count()
-_RAY_COLLECTIVE = os.path.dirname(col.__file__) + os.sep      # Ray's frames between the caller and us
+# Ray's collective library: its frames lie between the program's call and this module.
+_RAY_COLLECTIVE = os.path.dirname(col.__file__) + os.sep
 
 def register():
     """Register the backend ``"pycollect"`` with Ray in this process (importing does it)."""

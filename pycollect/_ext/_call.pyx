@@ -1039,9 +1039,9 @@ cdef class CallPath(BatchOwner):
 
     cpdef object run_drive(self, Runner runner):
         """The runner's drive of its batch of sends and receives (``Runner.drive``), under
-        the context's lock: what ``Context._execute`` makes of ``(runner.drive_as_queued, 0, None,
-        None)`` (no sequence number, check or recorder entry; the context fails where the
-        transport did), without its Python steps.  A closed or failed context goes to
+        the context's lock: what ``Context._execute`` makes of ``(runner.drive_as_queued, 0,
+        None, None)`` (no sequence number, check or recorder entry; the context fails where
+        the transport did), without its Python steps.  A closed or failed context goes to
         ``_execute``, which says so."""
         cdef CallLock lock = self._lock
         lock.take()
