@@ -211,6 +211,14 @@ class _Join:
             # The store went away with the rank 0 that published the failure.
             self.stop(*self.earlier_failure)
 
+    def withdraw(self, run):
+        """Take back this rank's join of ``run``, which a newer run replaced in the store (an
+        earlier job's, read before this job's rank 0 published its own): its answer and its
+        own counter, so that this job leaves no key of its own there.  The run's total
+        stays as it is: the tickets it hands out only grow (``check_failed``)."""
+        self.scoped.delete("%s/join/%d" % (run, self.rank))
+        self.scoped.delete("%s/joins/%d" % (run, self.rank))
+
     def try_guest(self):
         scoped, rank, size = self.scoped, self.rank, self.size
         nonce = secrets.token_hex(8)
@@ -219,6 +227,8 @@ class _Join:
         for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
             run, their_size = self.read_run()
             if run != joined:
+                if joined is not None:
+                    self.withdraw(joined)
                 if their_size is not None and their_size != size:
                     self.fail([run], "the ranks were started with different sizes: rank 0 "
                               "with size %d, rank %d (%s) with size %d"

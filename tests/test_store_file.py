@@ -129,31 +129,42 @@ def test_two_stores_of_one_process_take_turns_on_the_lock(tmp_path):
     assert second.get("counter") == b"1"
 
 
-def _overwrite(directory, worker, rounds):
-    """Run in a child process: set one key over and over to a large value of its own."""
+def _overwrite(directory, worker, done):
+    """Run in a child process: set one key over and over to a large value of its own, until
+    ``done`` is set (at most 20,000 times and 20 s)."""
+    deadline = time.monotonic() + 20
     with FileStore(directory, timeout=20) as store:
-        for index in range(rounds):
-            store.set("contested", bytes([worker]) * (64 * 1024 + index))
+        for index in range(20000):
+            if done.is_set() or time.monotonic() > deadline:
+                break
+            store.set("contested", bytes([worker]) * (64 * 1024 + index % 4096))
 
 
 def test_concurrent_writers_of_one_key_never_show_a_torn_value(tmp_path):
     directory = str(tmp_path / "shared")
     context = multiprocessing.get_context(
         "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    writers = [context.Process(target=_overwrite, args=(directory, worker, 40))
+    done = context.Event()
+    writers = [context.Process(target=_overwrite, args=(directory, worker, done))
                for worker in (1, 2, 3)]
     for writer in writers:
         writer.start()
-    seen = set()
-    with FileStore(directory, timeout=20) as reader:
-        reader.get("contested")
-        while any(writer.is_alive() for writer in writers) and len(seen) < 2000:
-            value = reader.get("contested")
-            assert len(set(value)) == 1 and len(value) >= 64 * 1024, "a torn value"
-            seen.add(value[0])
-    for writer in writers:
-        writer.join(30)
+    seen, reads = set(), 0
+    try:
+        with FileStore(directory, timeout=20) as reader:
+            reader.get("contested")
+            # The writers go on until the reader has read 300 times while they write.
+            while reads < 300 and any(writer.is_alive() for writer in writers):
+                value = reader.get("contested")
+                assert len(set(value)) == 1 and len(value) >= 64 * 1024, "a torn value"
+                seen.add(value[0])
+                reads += 1
+    finally:
+        done.set()
+        for writer in writers:
+            writer.join(30)
     assert [writer.exitcode for writer in writers] == [0, 0, 0]
+    assert reads == 300 and len(seen) >= 2, (reads, seen)   # reads raced several writers
 
 
 def test_unusable_directory_is_a_store_error(tmp_path):
@@ -213,7 +224,8 @@ def test_a_directory_left_by_a_crashed_run_serves_the_next_run(tmp_path):
     assert all(code == 0 for code, _ in outputs), outputs
     assert time.monotonic() - started < 20
     # The new run removed its own keys; only the crashed run's may remain.
-    assert sorted(name for name in os.listdir(directory) if name.startswith("k.")) <= left
+    now = {name for name in os.listdir(directory) if name.startswith("k.")}
+    assert now <= set(left), (sorted(now - set(left)), left)
 
 
 def test_stale_keys_of_an_earlier_run_are_never_read(tmp_path):
