@@ -101,10 +101,15 @@ def test_allreduce_large_default_segments():
         def body(ctx):
             buf = np.full(n, ctx.rank + 1, dtype=np.float32)
             ctx.allreduce(buf, algorithm="ring_chunked")
+            summed = buf.copy()
+            buf += ctx.rank * (np.arange(n, dtype=np.float32) % 7)   # ranks differ again
             ctx.allreduce(buf, op=pc.AVG)
-            return buf
-        for res in g.run(body):
-            assert np.all(res == 6.0)
+            return summed, buf
+        # AVG of 6 + r * (i mod 7) over r = 0, 1, 2: 6 + (i mod 7)
+        want = 6.0 + np.arange(n, dtype=np.float32) % 7
+        for summed, res in g.run(body):
+            assert np.all(summed == 6.0)
+            np.testing.assert_allclose(res, want, rtol=1e-6)
     finally:
         g.close()
 

@@ -416,15 +416,14 @@ def test_the_recovery_recipe_of_docs_errors_md():
     from group import run_ranks
     with pc.TCPStoreServer("127.0.0.1", 0) as server:
         def rank(r):
-            ctx = pc.init(rank=r, size=2, store=server.url, timeout=10)
-            try:
-                ctx.allreduce(np.ones(10 + r))            # the ranks disagree on the count
-            except pc.MismatchError:
-                assert ctx.failed is not None
-                ctx.close()
-                ctx = pc.init(rank=r, size=2, store=server.url + "?prefix=attempt-1",
-                              timeout=10)
-            with ctx:
+            first = pc.init(rank=r, size=2, store=server.url, timeout=10)
+            with pytest.raises(pc.MismatchError):
+                first.allreduce(np.ones(10 + r))          # the ranks disagree on the count
+            assert isinstance(first.failed, pc.MismatchError)
+            first.close()
+            with pc.init(rank=r, size=2, store=server.url + "?prefix=attempt-1",
+                         timeout=10) as ctx:
+                assert ctx is not first and ctx.failed is None
                 return ctx.allreduce(np.ones(10))
         for res in run_ranks(2, rank, timeout=60):
             assert np.all(res == 2.0)
