@@ -237,4 +237,4 @@ def test_a_rank_killed_during_direct_allreduces(tmp_path):
 def test_a_stopped_rank_fails_its_peers_at_the_deadline(tmp_path):
     """A rank that stops mid-operation: the others fail by the deadline (3 s), naming it."""
     run_victims(tmp_path, _VICTIM.replace("SIGNAL", "SIGSTOP").replace("TIMEOUT", "3"),
-                stopped=True, bound_s=3 + 5)
+                stopped=True, bound_s=3 + 5, min_s=2.5)     # at the deadline, not before

@@ -29,12 +29,12 @@ def test_allreduce_out_of_place_leaves_the_send_buffer_alone(trio):
         positional = np.zeros(4)
         out = ctx.allreduce(send, recvbuf=recv)
         also = ctx.allreduce(send, positional, pc.MAX)     # mpi4py's Allreduce order
-        return send, recv, out is recv, positional, also is positional
+        return ctx.rank, send, recv, out is recv, positional, also is positional
 
-    for send, recv, same, positional, also in trio.run(body):
+    for rank, send, recv, same, positional, also in trio.run(body):
         assert np.array_equal(recv, np.full(4, 6.0)) and same and also
         assert np.array_equal(positional, np.full(4, 3.0))
-        assert send[0] in (1.0, 2.0, 3.0)
+        assert np.array_equal(send, np.full(4, rank + 1.0))      # untouched, every element
 
 
 def test_out_of_place_refuses_a_recvbuf_of_another_shape(trio):
@@ -257,9 +257,26 @@ def test_a_closed_context_refuses_with():
             pass
 
 
-def test_number_forms_and_objects_do_not_pickle_numbers():
-    # Numbers travel as one-element arrays, never pickled.
-    assert pickle.dumps(3.5)      # (the object forms do pickle, by name)
+def test_number_forms_and_objects_do_not_pickle_numbers(monkeypatch):
+    # Numbers travel as one-element arrays, never pickled: with pickle out of order, the
+    # number forms still work on 2 ranks (the object forms, which pickle by name, do not).
+    import pycollect.context
+    from group import ThreadGroup
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("pickle used")
+
+    g = ThreadGroup(2, timeout=20)
+    try:
+        monkeypatch.setattr(pycollect.context.pickle, "dumps", no_pickle)
+        monkeypatch.setattr(pycollect.context.pickle, "loads", no_pickle)
+        got = g.run(lambda ctx: (ctx.allreduce(3.5), ctx.reduce(ctx.rank + 2, root=0)))
+        assert got[0] == (7.0, 5) and got[1][0] == 7.0, got
+        with pytest.raises(pc.InvalidArgument, match="pickle used"):
+            g.run(lambda ctx: ctx.allreduce_object(3.5))
+    finally:
+        monkeypatch.undo()
+        g.close()
     with pc.init(rank=0, size=1) as ctx:
         with pytest.raises(pc.InvalidArgument, match="does not fit in an int64; use "
                                                      "allreduce_object"):

@@ -17,6 +17,7 @@ import pycollect as pc
 from pycollect._ext._lock import CallLock
 from pycollect.context import Context
 from pycollect.recorder import Recorder
+from reference import reduce_reference
 
 from group import ThreadGroup
 
@@ -622,12 +623,16 @@ def test_both_paths_agree_on_every_result(trio):
             slow = ctx.allreduce(inputs[ctx.rank].copy(), op,
                                  timeout=datetime.timedelta(seconds=20))
             queued = ctx.allreduce(inputs[ctx.rank].copy(), op, async_op=True).wait()
-            out.append((fast, slow))
-            out.append((fast, queued))
+            out.append((op, fast, slow, queued))
         return out
     for per_rank in trio.run(body):
-        for fast, slow in per_rank:
+        for op, fast, slow, queued in per_rank:
+            # the three paths agree, and agree with NumPy (a bug all three shared would not
+            # show between them)
             np.testing.assert_array_equal(fast, slow)
+            np.testing.assert_array_equal(fast, queued)
+            np.testing.assert_allclose(fast, reduce_reference("float64", list(inputs), op),
+                                       rtol=1e-12)
 
 
 def test_both_paths_share_one_numbering(trio):

@@ -168,7 +168,7 @@ def test_a_staged_rank_killed_during_direct_allreduces(tmp_path):
 
 def test_a_stopped_staged_rank_fails_its_peers_at_the_deadline(tmp_path):
     run_victims(tmp_path, _STAGED_VICTIM.replace("SIGNAL", "SIGSTOP").replace("TIMEOUT", "3"),
-                stopped=True, bound_s=3 + 5)
+                stopped=True, bound_s=3 + 5, min_s=2.5)     # at the deadline, not before
 
 
 _NO_POOL = r"""

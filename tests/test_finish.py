@@ -107,7 +107,7 @@ def test_a_half_written_message_to_a_dead_peer_is_given_up_at_once(tmp_path, env
     [result] = last_json(_ranks(tmp_path, _DEAD_PEER, 2, env), [0], 60)
     assert "alltoallv(float64, pairwise) #2 failed: rank 1" in result["message"], result
     # Trying to finish it for FINISH_MS (1 s) would show here.
-    assert 0 <= result["after_kill"] < 0.7, result
+    assert 0 <= result["after_kill"] < 0.9, result
 
 
 @pytest.mark.parametrize("env", TRANSPORTS)

@@ -180,11 +180,15 @@ def test_auto_stays_flat_on_one_host_or_one_rank_per_host(monkeypatch):
             for w in works:
                 w.wait()
                 assert w.algorithm != "hierarchical"
-            # Asked for, it still runs (as a flat allreduce among hosts or inside one).
-            got = _run(contexts, lambda ctx: ctx.allreduce(
-                big.copy(), op=pc.AVG, algorithm="hierarchical"))
-            for buf in got:
-                assert np.array_equal(buf, big)
+            # Asked for, it still runs (as a flat allreduce among hosts or inside one): every
+            # rank's own data, summed and averaged.
+            n = len(contexts)
+            got = _run(contexts, lambda ctx: (
+                ctx.allreduce(big * (ctx.rank + 1), algorithm="hierarchical"),
+                ctx.allreduce(big * (ctx.rank + 1), op=pc.AVG, algorithm="hierarchical")))
+            for summed, averaged in got:
+                assert np.array_equal(summed, big * (n * (n + 1) // 2))
+                np.testing.assert_allclose(averaged, big * ((n + 1) / 2), rtol=1e-6)
 
 
 def test_bad_input_is_refused_on_every_rank_and_the_context_stays_usable(monkeypatch):
@@ -209,6 +213,7 @@ def test_bad_input_is_refused_on_every_rank_and_the_context_stays_usable(monkeyp
         for errors, buf in _run(contexts, body):
             assert "AVG is defined for floating and complex types only" in errors[0]
             assert "bitwise ops need an integer" in errors[1]
+            assert "C-contiguous" in errors[2], errors[2]
             assert np.all(buf == 10.0)
 
 

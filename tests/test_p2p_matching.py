@@ -368,7 +368,7 @@ def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
     takes up the waiting receive's batch and drives it, holding the context's lock until
     the message comes; the blocking send made then must not wait for that lock (the
     peer's message comes only after the peer's own send) but reach the batch's driver,
-    which posts it.  Three rounds, each within a second."""
+    which posts it.  Three rounds, each well within the deadline."""
     def body(ctx):
         peer, took = 1 - ctx.rank, []
         for i in range(3):
@@ -377,8 +377,9 @@ def test_blocking_sends_after_receives_the_runner_took_up_reach_the_peer(pair):
             time.sleep(0.3)
             start = time.monotonic()
             ctx.send(np.full(4, float(ctx.rank + i)), peer, tag=7)
-            w.wait(10)
-            took.append(time.monotonic() - start < 1.0 and got[0] == peer + i)
+            w.wait(20)
+            # a lock held until the message came would last until the deadline (30 s)
+            took.append(time.monotonic() - start < 10.0 and got[0] == peer + i)
         return took
 
     assert pair.run(body) == [[True] * 3, [True] * 3]

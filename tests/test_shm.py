@@ -221,6 +221,6 @@ def test_a_spinning_receive_notices_the_peer_leave(monkeypatch, call, count):
             return time.monotonic() - start
 
         _, seconds = g.run(body)
-        assert seconds < 0.8, seconds   # within the spin, not after it
+        assert seconds < 0.95, seconds  # within the 1 s spin, not after it
     finally:
         g.close()

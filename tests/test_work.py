@@ -305,11 +305,11 @@ def test_a_wait_with_a_timeout_leaves_the_collective_to_the_runner(pair):
         deadline = time.monotonic() + 5
         while not seen and time.monotonic() < deadline:
             time.sleep(0.001)
-        return result, seen
+        return result, seen, threading.current_thread()
 
-    for result, seen in pair.run(body):
+    for result, seen, waiter in pair.run(body):
         assert np.array_equal(result, [2.0, 2.0])
-        assert len(seen) == 1 and seen[0] is not threading.current_thread()
+        assert len(seen) == 1 and seen[0] is not waiter     # not the thread that waited
         assert seen[0].name.startswith("pycollect-rank")
 
 
