@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+from turns import int_list
+
 ELEMENTS = (1, 16, 256, 4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20)
 
 
@@ -54,18 +56,6 @@ def _duration(text):
     return text
 
 
-def _ints(parser, option, text, low):
-    """The comma-separated integers of ``option``, each at least ``low`` (else the usage
-    error)."""
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        parser.error("%s takes integers, comma-separated: %r" % (option, text))
-    if min(values) < low:
-        parser.error("%s must be at least %d each: %r" % (option, low, text))
-    return values
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", action="append", required=True, metavar="NAME=PYTHON",
@@ -89,10 +79,10 @@ def main(argv=None):
                          % ("=".join(build), build[1]))
     if builds[0][0] == builds[1][0]:
         parser.error("the two --build names must differ, got %r twice" % builds[0][0])
-    _ints(parser, "--ranks", args.ranks, 1)
+    int_list(parser, "--ranks", args.ranks, 1)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1, got %d" % args.rounds)
-    elements = _ints(parser, "--elements", args.elements, 0)
+    elements = int_list(parser, "--elements", args.elements, 0)
     samples = {}    # (ranks, transport, build, elements) -> [p50 per round]
     lows = {}       # ... -> [min per round]
     with tempfile.TemporaryDirectory() as workdir:

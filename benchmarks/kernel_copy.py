@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from turns import int_list
+
 HUGE = 2 << 20
 MADV_HUGEPAGE = 14
 
@@ -75,13 +77,7 @@ def main():
                         help="piece sizes (bytes per call), comma-separated")
     parser.add_argument("--repeat", type=int, default=50, help="timed transfers per case")
     args = parser.parse_args()
-    try:
-        pieces = [int(p) for p in args.pieces.split(",")]
-    except ValueError:
-        parser.error("--pieces takes positive integers (bytes), comma-separated: %r"
-                     % args.pieces)
-    if min(pieces) < 1:
-        parser.error("--pieces must be at least 1 byte each: %r" % args.pieces)
+    pieces = int_list(parser, "--pieces", args.pieces, 1)     # bytes
     if args.bytes < 0:
         parser.error("--bytes must be 0 or more, got %d" % args.bytes)
     if args.repeat < 1:

@@ -24,6 +24,7 @@ from pycollect.errors import Error
 from pycollect.types import DTYPES
 from pycollect._ext._reduce import divide, float16_simd, reduce
 from pycollect.bench import numpy_dtype
+from turns import int_list
 
 UFUNC = {"SUM": np.add, "PRODUCT": np.multiply, "MIN": np.minimum, "MAX": np.maximum,
          "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
@@ -108,12 +109,7 @@ def main(argv=None):
         if not known:
             parser.error("--dtypes: unknown dtype %r (choose from %s)"
                          % (name, ", ".join(DTYPES.values())))
-    try:
-        sizes = [int(x) for x in args.elements.split(",")]
-    except ValueError:
-        parser.error("--elements takes positive integers, comma-separated: %r" % args.elements)
-    if min(sizes) < 1:
-        parser.error("--elements must be at least 1 each: %r" % args.elements)
+    sizes = int_list(parser, "--elements", args.elements, 1)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1, got %d" % args.repeats)
     print("| dtype | op | elements | pycollect ns/element | NumPy ns/element "

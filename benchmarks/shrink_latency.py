@@ -23,6 +23,7 @@ import numpy as np
 
 import pycollect as pc
 from pycollect.plugins.registry import get_transport
+from turns import int_list
 
 
 def rank_main(rank, size, store, transport, stamp):
@@ -77,13 +78,7 @@ def main():
     args = ap.parse_args()
     if args.rank is not None:
         return rank_main(args.rank, args.rank_of, args.store, args.transport, args.stamp)
-    try:
-        sizes = [int(n) for n in args.ranks.split(",")]
-    except ValueError:
-        ap.error("--ranks takes integers, comma-separated: %r" % args.ranks)
-    if min(sizes) < 2:
-        ap.error("--ranks must be at least 2 each (one rank dies, the others shrink): %r"
-                 % args.ranks)
+    sizes = int_list(ap, "--ranks", args.ranks, 2)      # one rank dies, the others shrink
     if args.rounds < 1:
         ap.error("--rounds must be at least 1, got %d" % args.rounds)
     try:

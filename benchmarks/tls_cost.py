@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 from tls_certs import Authority     # noqa: E402
 
 from pycollect.launch import module_command
+from turns import int_list
 
 TRANSPORTS = ("tcp", "tcp+tls")
 
@@ -53,12 +54,7 @@ def main():
     for option, value in (("--ranks", args.ranks), ("--rounds", args.rounds)):
         if value < 1:
             parser.error("%s must be at least 1, got %d" % (option, value))
-    try:
-        sizes = [int(x) for x in args.elements.split(",")]
-    except ValueError:
-        parser.error("--elements takes integers, comma-separated: %r" % args.elements)
-    if min(sizes) < 0:
-        parser.error("--elements must be 0 or more each: %r" % args.elements)
+    sizes = int_list(parser, "--elements", args.elements, 0)
     with tempfile.TemporaryDirectory() as pki:
         ca = Authority(pki)
         cert, key = ca.issue("bench")

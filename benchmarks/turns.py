@@ -3,7 +3,8 @@
 which every peer runs once, in an order that rotates from round to round.
 
 A peer's run writes its figures as JSON to a file it is given; ``take_turns`` collects
-them, per peer, in round order.  The runs import pycollect from the checkout these scripts
+them, per peer, in round order.  ``int_list`` reads a comma-separated option of integers for
+any script here.  The runs import pycollect from the checkout these scripts
 lie in (its root first on ``PYTHONPATH``), as compare.py's workers do: to time another
 build, run that checkout's copy of the script.
 """
@@ -28,6 +29,18 @@ def importable(modules, mpirun=False):
         return False
     return subprocess.run([sys.executable, "-c", "import %s" % modules], capture_output=True,
                           timeout=120).returncode == 0
+
+
+def int_list(parser, option, text, low):
+    """The comma-separated integers that ``option`` was given (``text``), each at least
+    ``low``; anything else is ``parser``'s usage error."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        parser.error("%s takes integers, comma-separated: %r" % (option, text))
+    if min(values) < low:
+        parser.error("%s must be at least %d each: %r" % (option, low, text))
+    return values
 
 
 def pick_peers(ap, spec, known, available):
