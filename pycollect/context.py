@@ -666,6 +666,8 @@ class Context(CallPath):
         Every rank of this context calls it, with the same list, in the same order
         as its other new_group and split calls.
         """
+        if self._closed:
+            raise Error("rank %d: new_group: the context is closed" % self._rank)
         members = [self._check_rank(r, "new_group", "rank") for r in ranks]
         if len(set(members)) != len(members) or not members:
             raise InvalidArgument("new_group: ranks must be distinct and non-empty, got %r"
@@ -693,6 +695,9 @@ class Context(CallPath):
     def plan(self, collective, buf, algorithm="auto"):
         """The ``selection.Plan`` that ``collective`` ("allreduce", "allreduce_coalesced",
         "broadcast", "reduce" or "allgather") runs for ``buf`` with ``algorithm`` in this group."""
+        if not isinstance(collective, str) or collective not in selection.FLAT:
+            raise InvalidArgument("plan: %r is not a collective that picks an algorithm "
+                                  "(choose from %s)" % (collective, ", ".join(selection.FLAT)))
         if algorithm != "auto":
             return selection.named(collective, algorithm)
         # The rules of this group, scanned here: the small-message path of every collective.

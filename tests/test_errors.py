@@ -170,6 +170,16 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
         g.close()
 
 
+def test_plan_and_new_group_refuse_what_they_cannot_serve():
+    ctx = pc.init(rank=0, size=1)
+    for bad in ("x", "gather", None, 1.5):
+        with pytest.raises(pc.InvalidArgument, match="is not a collective that picks"):
+            ctx.plan(bad, np.ones(2))
+    ctx.close()
+    with pytest.raises(pc.Error, match="new_group: the context is closed"):
+        ctx.new_group([0])
+
+
 def test_a_rank_told_of_a_third_ranks_disagreement_names_that_rank(monkeypatch, tmp_path):
     """Rank 0 finds rank 2's call out of step; rank 1, whose call matches rank 0's, is told
     so: its error names rank 2 as the one out of step and rank 0 as the one who found it,

@@ -674,3 +674,33 @@ def test_a_status_unpacks_compares_pickles_and_may_be_subclassed(pair):
         return a.label(), (a.count, b.count), got is b
 
     assert pair.run(body)[1] == ("0:5", (3, 2), True)
+
+
+def test_a_callback_that_raises_is_logged_and_the_runner_goes_on(pair, caplog):
+    def body(ctx):
+        w = ctx.allreduce(np.ones(4), async_op=True)
+        w.add_done_callback(lambda w: 1 / 0)
+        w.wait(timeout=10)
+        # The thread that ran the callback (the runner, or this one) still runs later calls.
+        later = [ctx.allreduce(np.full(4, float(i)), async_op=True) for i in range(3)]
+        return [r.tolist() for r in pc.wait_all(later, timeout=10)]
+    for got in pair.run(body):
+        assert got == [[0.0] * 4, [2.0] * 4, [4.0] * 4]
+    assert any("a done callback of" in r.getMessage() and r.exc_info
+               and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
+
+
+def test_handles_and_callbacks_are_checked(pair):
+    def body(ctx):
+        w = ctx.allreduce(np.ones(2), async_op=True)
+        with pytest.raises(pc.InvalidArgument, match="add_done_callback: None is not callable"):
+            w.add_done_callback(None)
+        done = pc.wait_all(iter([w]))           # an iterator is read once, results kept
+        for bad, message in ((None, "expected handles"), ([None], "None is not the handle"),
+                             ([[w]], "is not the handle")):
+            with pytest.raises(pc.InvalidArgument, match=message):
+                pc.wait_all(bad)
+            with pytest.raises(pc.InvalidArgument, match=message):
+                pc.wait_any(bad)
+        return done[0].tolist()
+    assert pair.run(body) == [[2.0, 2.0], [2.0, 2.0]]

@@ -26,11 +26,14 @@ cdef extern from "<sched.h>" nogil:
 
 import collections
 import datetime
+import logging
 import numbers
 import threading
 import time
 
 from pycollect.errors import Error, InvalidArgument, Timeout
+
+_log = logging.getLogger("pycollect")
 
 __all__ = ["BATCH_SLICE_S", "Completion", "Work", "Later", "P2P", "Runner", "Status",
            "wait_seconds", "wait_all", "wait_any"]
@@ -361,8 +364,11 @@ cdef class Work:
 
         ``fn`` runs on the thread that ran the operation (the context's runner,
         or a thread that waited for it and ran it itself), or on the caller's
-        when the operation had already ended; it must not raise.
+        when the operation had already ended.  An exception it raises is logged
+        (logger ``pycollect``) and dropped, so that the thread that ran it goes on.
         """
+        if not callable(fn):
+            raise InvalidArgument("add_done_callback: %r is not callable" % (fn,))
         if self._callbacks is None:
             self._callbacks = collections.deque()
         self._callbacks.append(fn)
@@ -377,7 +383,10 @@ cdef class Work:
                 fn = callbacks.popleft()
             except IndexError:
                 return
-            fn(self)
+            try:
+                fn(self)
+            except Exception:
+                _log.exception("a done callback of %r raised", self)
 
     def __repr__(self):
         state = ("failed" if self._exception else "done") if self._end.done else "pending"
@@ -412,6 +421,7 @@ def wait_all(works, timeout=None):
     cdef dict last = None
     cdef object first = None, first_work = None
     cdef list results
+    works = _handles(works, "wait_all")
     if timeout is None:
         # Run what each context's queue holds up to the last of its handles here, on
         # this thread, first: a wait for the first alone would hand the rest to the
@@ -445,6 +455,20 @@ def wait_all(works, timeout=None):
     return [w.wait(max(end - time.monotonic(), 0.0)) for w in works]     # each hurries
 
 
+cdef list _handles(object works, str what):
+    """``works`` as a list (an iterator is read once), each an async call's handle."""
+    try:
+        handles = list(works)
+    except TypeError:
+        raise InvalidArgument("%s: expected handles (an iterable of what async_op=True "
+                              "calls return), got %r" % (what, works)) from None
+    for w in handles:
+        if not (callable(getattr(w, "wait", None)) and callable(getattr(w, "is_completed",
+                                                                        None))):
+            raise InvalidArgument("%s: %r is not the handle of an async call" % (what, w))
+    return handles
+
+
 cdef inline _run_until(object runner, object work):
     """``runner.run_until(work)``, as C where both are this module's (as ``Work.wait`` runs
     its runner's queue)."""
@@ -457,7 +481,7 @@ cdef inline _run_until(object runner, object work):
 def wait_any(works, timeout=None):
     """Wait until one handle of ``works`` has ended; return (its index, its result), or
     raise its error.  ``timeout`` (seconds or a timedelta) raises ``Timeout`` on expiry."""
-    works = list(works)
+    works = _handles(works, "wait_any")
     if not works:
         raise InvalidArgument("wait_any: no handles to wait for")
     seconds = wait_seconds(timeout, "wait_any")
