@@ -966,12 +966,24 @@ class Context(CallPath):
         if self._recorder is None:
             raise Error("rank %d: the flight recorder is off (PYCOLLECT_TRACE_SIZE=0)"
                         % self._rank)
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise InvalidArgument("dump_trace: path must be a str or a path, got %r" % (path,))
         path = self._trace_dir if path is None else os.fspath(path)
-        if path is None:
-            raise InvalidArgument("dump_trace: no path given and PYCOLLECT_TRACE_DIR is unset")
-        if path == self._trace_dir or path.endswith(os.sep):
-            os.makedirs(path, exist_ok=True)
-        return self._recorder.dump(path, "dump_trace")
+        if not isinstance(path, str) or not path:
+            raise InvalidArgument("dump_trace: no path given and PYCOLLECT_TRACE_DIR is unset"
+                                  if path is None else "dump_trace: path %r is not a file "
+                                  "name" % (path,))
+        if os.path.exists(path) and not (os.path.isdir(path) or os.path.isfile(path)):
+            # The dump replaces a file by renaming over it: never a device or a pipe.
+            raise InvalidArgument("dump_trace: %s is neither a directory nor a regular file"
+                                  % path)
+        try:
+            if path == self._trace_dir or path.endswith(os.sep):
+                os.makedirs(path, exist_ok=True)
+            return self._recorder.dump(path, "dump_trace")
+        except (OSError, ValueError) as exc:
+            raise Error("rank %d: dump_trace: cannot write %s: %s" % (self._rank, path, exc)) \
+                from exc
 
     def abort(self):
         """End the collective in progress on this rank (from any thread) with Aborted."""

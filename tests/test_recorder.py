@@ -153,6 +153,16 @@ def test_dump_trace_makes_the_trace_directory_it_writes_into(monkeypatch, tmp_pa
             str(tmp_path / "d" / "pycollect_trace_rank0.json")
         assert ctxs[0].dump_trace(tmp_path / "f.json") == str(tmp_path / "f.json")
         assert os.path.isfile(tmp_path / "f.json")
+        # Neither a device nor a pipe is renamed over, and bad paths are pycollect errors.
+        os.mkfifo(tmp_path / "fifo")
+        for bad, message in ((str(tmp_path / "fifo"), "neither a directory nor a regular"),
+                             ("/dev/null", "neither a directory nor a regular"),
+                             (1, "must be a str or a path"), (b"x", "must be a str"),
+                             ("", "is not a file name"),
+                             (str(tmp_path / "no" / "such" / "f.json"), "cannot write")):
+            with pytest.raises(pc.Error, match=message):
+                ctxs[0].dump_trace(bad)
+        assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
     finally:
         ctxs[0].close()
 
