@@ -608,9 +608,7 @@ class Context(CallPath):
         all.  On expiry rank 0 raises ``Timeout`` listing the missing ranks, and
         the context fails on every rank (the others learn it at once).
         """
-        timeout = self._timeout if timeout is None else float(timeout)
-        if not timeout > 0:
-            raise InvalidArgument("monitored_barrier: timeout must be > 0, got %r" % (timeout,))
+        timeout = self._call_timeout(timeout, "monitored_barrier")    # as every call's
         t, token = self._transport, np.zeros(1, np.uint8)
 
         def run(seq):

@@ -46,14 +46,21 @@ def empty(shape, dtype=np.float32):
     if dt.hasobject:
         raise InvalidArgument("pycollect.empty: dtype %s holds Python objects, which no other "
                               "process can read" % dt)
-    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in dims):
+    if dt.itemsize == 0 or dt.subdtype is not None:
+        raise InvalidArgument("pycollect.empty: dtype %s is not one element of a fixed size "
+                              "(give the element's dtype and put its shape in the shape)" % dt)
+    try:
+        dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+                               and d >= 0 for d in dims):
         raise InvalidArgument("pycollect.empty: shape %r is not a tuple of ints >= 0"
                               % (shape,))
     count = math.prod(int(d) for d in dims)
     nbytes = count * dt.itemsize
     pool = _current()
-    block = pool.block(nbytes)
+    block = pool.block(nbytes) if nbytes <= pool.nbytes else None
     if block is None:
         raise InvalidArgument(
             "pycollect.empty: %d bytes do not fit the pool of shared arrays (%d of its %d "
@@ -63,9 +70,9 @@ def empty(shape, dtype=np.float32):
 
 
 def zeros(shape, dtype=np.float32):
-    """``empty`` filled with zeros."""
+    """``empty`` filled with zero bytes (every dtype's zero, a void dtype's too)."""
     out = empty(shape, dtype)
-    out.fill(0)
+    out.reshape(-1).view(np.uint8).fill(0)
     return out
 
 

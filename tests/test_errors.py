@@ -170,6 +170,15 @@ def test_ranks_that_disagree_all_get_mismatch(size, disagreement):
         g.close()
 
 
+def test_monitored_barrier_takes_its_timeout_as_every_call_does():
+    import datetime
+    with pc.init(rank=0, size=1) as ctx:
+        ctx.monitored_barrier(timeout=datetime.timedelta(seconds=2))
+        for bad in ("5", [5], 0, -1, float("nan"), True):
+            with pytest.raises(pc.InvalidArgument, match="monitored_barrier: timeout"):
+                ctx.monitored_barrier(timeout=bad)
+
+
 def test_plan_and_new_group_refuse_what_they_cannot_serve():
     ctx = pc.init(rank=0, size=1)
     for bad in ("x", "gather", None, 1.5):

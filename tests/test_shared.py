@@ -32,6 +32,8 @@ def test_empty_gives_arrays_of_the_shape_and_dtype_asked_for():
     assert a.sum() == 105
     z = pc.zeros(10, "int16")
     assert z.dtype == np.int16 and not z.any()
+    v = pc.zeros(3, "V8")                       # a void dtype has its zero bytes too
+    assert v.dtype == np.dtype("V8") and v.tobytes() == bytes(24)
     assert pc.empty(0).size == 0 and pc.empty((2, 0, 3), np.uint8).shape == (2, 0, 3)
 
 
@@ -40,6 +42,15 @@ def test_empty_gives_arrays_of_the_shape_and_dtype_asked_for():
     ((2.5,), np.float32, "shape"),
     ((4,), object, "Python objects"),
     ((4,), "no-such-type", "not a NumPy dtype"),
+    (None, np.float32, "shape None"),
+    (1.5, np.float32, "shape 1.5"),
+    (True, np.float32, "shape True"),
+    ((2, True), np.float32, "shape"),
+    (2 ** 63, np.float32, "do not fit the pool"),
+    ((2 ** 32, 2 ** 32), np.float32, "do not fit the pool"),
+    (4, np.void, "not one element of a fixed size"),
+    (4, "S0", "not one element of a fixed size"),
+    (4, "(2,)f8", "not one element of a fixed size"),
 ])
 def test_bad_shapes_and_dtypes_are_refused_by_name(shape, dtype, what):
     with pytest.raises(pc.InvalidArgument, match=what):
