@@ -410,7 +410,11 @@ class Context(CallPath):
         op = self._check_op(op, "allreduce_coalesced")
         tmo = self._call_timeout(timeout, "allreduce_coalesced")
         call = _Call(self, "allreduce_coalesced", checked)
-        bufs = list(bufs)
+        try:
+            bufs = list(bufs)
+        except TypeError:
+            raise InvalidArgument("allreduce_coalesced: bufs must be a list of arrays, got %r"
+                                  % (bufs,)) from None
         groups = {}
         for i, b in enumerate(bufs):
             data = call.inout(b, "bufs[%d]" % i)
@@ -587,6 +591,8 @@ class Context(CallPath):
         for buf, arg, writable in ((sendbuf, "sendbuf", False), (recvbuf, "recvbuf", True)):
             if not is_tensor(buf):
                 _buffer.check(buf, "sendrecv", arg, writable)
+        if not (is_tensor(sendbuf) or is_tensor(recvbuf)):
+            _buffer.apart(sendbuf, recvbuf, "sendrecv", ", or sendrecv_replace with one")
         sent = self.send(sendbuf, dst, sendtag, async_op=True, timeout=timeout)
         got = self.recv(recvbuf, src, recvtag, async_op=True, status=status, timeout=timeout)
         wait_all([sent, got])
@@ -648,6 +654,8 @@ class Context(CallPath):
                     or isinstance(value, bool) or (name == "key" and value is None):
                 raise InvalidArgument("split: %s must be an int%s, got %r" % (
                     name, " or None" if name == "color" else "", value))
+            if value is not None and not -2**63 <= value < 2**63:
+                raise InvalidArgument("split: %s %d does not fit in 64 bits" % (name, value))
         mine = -1 if color is None else int(color)
         table = self.allgather(np.array([mine, int(key)], np.int64)).reshape(self._size, 2)
         number = self._groups_made
@@ -666,6 +674,11 @@ class Context(CallPath):
         """
         if self._closed:
             raise Error("rank %d: new_group: the context is closed" % self._rank)
+        try:
+            ranks = list(ranks)
+        except TypeError:
+            raise InvalidArgument("new_group: ranks must be a list of ranks, got %r"
+                                  % (ranks,)) from None
         members = [self._check_rank(r, "new_group", "rank") for r in ranks]
         if len(set(members)) != len(members) or not members:
             raise InvalidArgument("new_group: ranks must be distinct and non-empty, got %r"
@@ -777,7 +790,12 @@ class Context(CallPath):
         call.  Works on a failed context.  A healthy context stays usable if every rank
         took part; when some are gone it becomes failed (``shrink()`` goes on without
         them)."""
-        members, result = self._survivors((), bool(flag), timeout, "agree")
+        try:
+            flag = bool(flag)
+        except Exception as exc:      # an array of many elements, an object that refuses
+            raise InvalidArgument("agree: flag must be true or false, got %r (%s)"
+                                  % (flag, exc)) from None
+        members, result = self._survivors((), flag, timeout, "agree")
         if len(members) < self._size and self._failure is None:
             gone = sorted(set(range(self._size)) - set(members))
             self._failure = PeerError("rank %d: agree() found rank(s) %s gone; shrink() the "
@@ -1451,4 +1469,9 @@ def _needed(buf, what, arg):
 
 def _flat_like(sendbuf, count, what):
     """A new flat array of ``count`` elements of ``sendbuf``'s dtype."""
-    return np.empty(count, dtype=_as_array(sendbuf, what).dtype)
+    dtype = _as_array(sendbuf, what).dtype
+    try:
+        return np.empty(count, dtype=dtype)
+    except ValueError:      # more bytes than an array may have (MemoryError stays one)
+        raise InvalidArgument("%s: the counts call for %d elements of %s, more than an "
+                              "array can hold" % (what, count, dtype)) from None

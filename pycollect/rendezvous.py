@@ -206,6 +206,9 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
         # Every blocking path has a deadline: an infinite one is refused too.
         raise InvalidArgument("init: timeout must be a positive, finite number of seconds, "
                               "got %r" % (timeout,))
+    if interface is not None and not isinstance(interface, str):
+        raise InvalidArgument("init: interface must be a name or an address, such as 'eth0' "
+                              "or '10.0.0.1', got %r" % (interface,))
     if transport is None:
         transport = settings.get("PYCOLLECT_TRANSPORT")
     if not isinstance(transport, str):

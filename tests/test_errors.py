@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -179,6 +180,34 @@ def test_monitored_barrier_takes_its_timeout_as_every_call_does():
                 ctx.monitored_barrier(timeout=bad)
 
 
+def test_arguments_of_the_wrong_kind_are_named():
+    """Each raised a bare Python error before (OverflowError, ValueError, TypeError)."""
+    with pc.init(rank=0, size=1) as ctx:
+        refusals = [
+            (lambda: ctx.split(2**63), "split: color 9223372036854775808 does not fit"),
+            (lambda: ctx.split(0, key=-2**64), "split: key -18446744073709551616 does not"),
+            (lambda: ctx.agree(np.array([1, 2])), "agree: flag must be true or false"),
+            (lambda: ctx.new_group(5), "new_group: ranks must be a list of ranks, got 5"),
+            (lambda: ctx.allreduce_coalesced(5), "allreduce_coalesced: bufs must be a list"),
+        ]
+        # Counts whose outputs no array can hold, with the output left to be allocated.
+        huge = [2**62]
+        refusals += [(call, "%s: the counts call for %d elements of float64, more than an "
+                            "array can hold" % (name, 2**62)) for name, call in (
+            ("allgatherv", lambda: ctx.allgatherv(np.ones(2), None, huge)),
+            ("gatherv", lambda: ctx.gatherv(np.ones(2), None, huge)),
+            ("scatterv", lambda: ctx.scatterv(np.ones(2), huge)),
+            ("reduce_scatterv", lambda: ctx.reduce_scatterv(np.ones(2), None, huge)),
+            ("alltoallv", lambda: ctx.alltoallv(np.ones(2), [2], None, huge)))]
+        for call, words in refusals:
+            with pytest.raises(pc.InvalidArgument, match=re.escape(words)):
+                call()
+        assert ctx.split(2**63 - 1, key=-2**63) is not None       # the ends of the range
+        assert ctx.agree(np.array([1])) is True
+        assert ctx.new_group(iter([0])).size == 1
+        assert ctx.allreduce(np.ones(2))[0] == 1.0
+
+
 def test_plan_and_new_group_refuse_what_they_cannot_serve():
     ctx = pc.init(rank=0, size=1)
     for bad in ("x", "gather", None, 1.5):
@@ -339,6 +368,8 @@ def test_unreachable_store_fails_within_its_deadline():
     (dict(rank=0, size=1, store="hash://x", segment_bytes=0), "segment_bytes"),
     (dict(rank=0, size=2, store="nosuch://x"), "nosuch"),
     (dict(rank=0, size=2, store="hash://x", transport="carrier-pigeon"), "carrier-pigeon"),
+    # An interface that is not a string failed with AttributeError (at every size).
+    (dict(rank=0, size=1, store="hash://x", interface=1.5), "interface must be a name"),
 ])
 def test_init_rejects_bad_arguments(kwargs, words, monkeypatch):
     for var in ("PYCOLLECT_RANK", "PYCOLLECT_SIZE", "PYCOLLECT_STORE"):

@@ -40,7 +40,7 @@ from libc.stdlib cimport free
 from libc.string cimport memmove
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
-from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair, check_apart,
                                      counts_array, filled_array)
 from pycollect._ext._flags cimport (Flags, flags_allgather, flags_allgather_end,
                                     flags_ends_at_once, flags_fit, flags_post,
@@ -54,6 +54,9 @@ from pycollect._ext._direct cimport (BEGUN_DIRECT, DIRECT_BEGIN_BYTES, DirectHel
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
+
+# The in-place form that an overlap of sendbuf and recvbuf may take (``check_apart``).
+cdef str IN_PLACE = ", or sendbuf as exactly this rank's block of recvbuf (in place)"
 
 ALGORITHMS = {"ring": ALGO_RING, "direct": ALGO_DIRECT, "flags": ALGO_FLAGS}
 
@@ -113,7 +116,7 @@ cpdef int allgather(Transport t, object sendbuf, object recvbuf, object counts, 
     cdef size_t* lens = (filled_array(P, sb.count) if counts is None
                          else counts_array(counts, P, name, "counts"))
     cdef Layout lay
-    cdef size_t total = 0, most = 0, es = rb.itemsize
+    cdef size_t total = 0, most = 0, own = 0, es = rb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef OpDesc d
     cdef int p, rc = 0
@@ -127,12 +130,14 @@ cpdef int allgather(Transport t, object sendbuf, object recvbuf, object counts, 
             algo = ALGO_RING
     try:
         for p in range(P):
+            own = total if p == r else own
             total += lens[p]
             most = lens[p] if lens[p] > most else most
         check_count(sb, lens[r], name, "sendbuf", "counts[%d]" if vee else "its own size",
                     r if vee else -1)
         check_count(rb, total, name, "recvbuf", "size x len(sendbuf)" if counts is None
                     else "the sum of the counts")
+        check_apart(sb, rb, name, IN_PLACE, rb.ptr + own * es)
         if layout_counts(&lay, lens, P, -1) < 0:
             raise MemoryError()
     finally:
@@ -173,6 +178,7 @@ cdef int _check_blocks(Transport t, View sb, View rb) except -1:
     ``allgather`` checks them (InvalidArgument)."""
     check_pair(sb, rb, "allgather")
     check_count(rb, sb.count * t.size, "allgather", "recvbuf", "size x len(sendbuf)")
+    check_apart(sb, rb, "allgather", IN_PLACE, rb.ptr + t.rank * sb.nbytes)
     return 0
 
 

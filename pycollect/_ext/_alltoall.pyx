@@ -24,7 +24,7 @@ from libc.stdlib cimport free
 from libc.string cimport memmove
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post, wrap
-from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair, check_apart,
                                      counts_array, filled_array)
 from pycollect._ext._flags cimport (Flags, flags_alltoall, flags_alltoall_end,
                                     flags_ends_at_once, flags_fit, flags_post, flags_slot_free)
@@ -92,6 +92,7 @@ cpdef int alltoall(Transport t, object sendbuf, object sendcounts, object recvbu
         roff = filled_array(P, 0)
         check_count(sb, _prefix(soff, slen, P), name, "sendbuf", "the sum of sendcounts")
         check_count(rb, _prefix(roff, rlen, P), name, "recvbuf", "the sum of recvcounts")
+        check_apart(sb, rb, name, "")
         if slen[t.rank] != rlen[t.rank]:
             raise InvalidArgument("%s: sendcounts[%d] = %d but recvcounts[%d] = %d (this "
                                   "rank's block to itself)" % (name, t.rank, slen[t.rank],
@@ -126,6 +127,7 @@ cdef int _check_blocks(Transport t, View sb, View rb) except -1:
         raise InvalidArgument("alltoall: 'sendbuf' holds %d elements, not a multiple of "
                               "the group size %d" % (sb.count, t.size))
     check_count(rb, sb.count, "alltoall", "recvbuf", "the sum of recvcounts")
+    check_apart(sb, rb, "alltoall", "")
     return 0
 
 

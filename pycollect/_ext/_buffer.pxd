@@ -28,5 +28,7 @@ cdef void view_of(Buffer b, View* v) noexcept
 cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL
 cdef size_t* filled_array(int size, size_t value) except NULL
 cdef int check_pair(View send, View recv, str op) except -1
+cdef int check_apart(View send, View recv, str op, str in_place, char* send_at=*,
+                     char* recv_at=*) except -1
 cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why,
                      Py_ssize_t index=*) except -1

@@ -252,6 +252,32 @@ cdef int check_pair(View send, View recv, str op) except -1:
     return 0
 
 
+cdef int check_apart(View send, View recv, str op, str in_place, char* send_at=NULL,
+                     char* recv_at=NULL) except -1:
+    """Refuse a send and a receive buffer that share memory.  The algorithms write the one
+    while they, and over shared memory the peers, still read the other, so overlapping bytes
+    would come out silently wrong.  The one exception is a collective's in-place form:
+    ``send`` starting at ``send_at``, or ``recv`` at ``recv_at`` (NULL: no such form), the
+    counts, checked after, making it exactly that block; ``in_place`` names the form in the
+    message ("" where the collective has none)."""
+    if (send.nbytes > 0 and recv.nbytes > 0
+            and send.ptr < recv.ptr + recv.nbytes and recv.ptr < send.ptr + send.nbytes
+            and not (send_at != NULL and send.ptr == send_at)
+            and not (recv_at != NULL and recv.ptr == recv_at)):
+        raise InvalidArgument("%s: 'sendbuf' and 'recvbuf' overlap in memory; pass arrays "
+                              "that do not%s" % (op, in_place))
+    return 0
+
+
+def apart(sendbuf, recvbuf, str op, str in_place=""):
+    """Refuse ``sendbuf`` and ``recvbuf`` where they overlap in memory, as the compiled
+    collectives do (``check_apart``; no in-place form)."""
+    cdef View send, recv
+    held_send = pin(sendbuf, &send, op, "sendbuf", False)
+    held_recv = pin(recvbuf, &recv, op, "recvbuf", True)
+    check_apart(send, recv, op, in_place)
+
+
 cdef int check_count(View b, Py_ssize_t expected, str op, str arg, str why,
                      Py_ssize_t index=-1) except -1:
     """Refuse a buffer whose element count is not ``expected`` (``why``: the rule it breaks;

@@ -28,7 +28,7 @@ from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy
 
-from pycollect._ext._buffer cimport View, pin
+from pycollect._ext._buffer cimport View, pin, check_apart
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import MismatchError, Timeout
@@ -419,6 +419,7 @@ def sendrecv(Transport t, Mailbox box, object sendbuf, int dst, int sendtag, obj
     cdef View sb, rb
     held_sb = pin(sendbuf, &sb, "sendrecv", "sendbuf", False)
     held_rb = pin(recvbuf, &rb, "sendrecv", "recvbuf", True)
+    check_apart(sb, rb, "sendrecv", ", or sendrecv_replace with one")
     cdef OpDesc ds, dr
     cdef Probe pr
     cdef int rc, req = -1, peer = -1

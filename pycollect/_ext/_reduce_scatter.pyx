@@ -25,7 +25,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy
 
 from pycollect._ext._algo cimport exchange_finish, exchange_fits, exchange_post
-from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair, check_apart,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._flags cimport (Flags, flags_ends_at_once, flags_fit, flags_post,
@@ -36,6 +36,9 @@ from pycollect._ext._ring cimport Layout, layout_counts, layout_free, ring_reduc
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
+
+# The in-place form that an overlap of sendbuf and recvbuf may take (``check_apart``).
+cdef str IN_PLACE = ", or recvbuf as exactly this rank's block of sendbuf (in place)"
 
 
 cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object counts, int op,
@@ -52,7 +55,7 @@ cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object cou
     cdef size_t* lens = (filled_array(P, rb.count) if counts is None
                          else counts_array(counts, P, name, "counts"))
     cdef Layout lay
-    cdef size_t total = 0, es = sb.itemsize
+    cdef size_t total = 0, own = 0, es = sb.itemsize
     cdef size_t seg = segment_bytes // es if segment_bytes >= es else 1
     cdef OpDesc d
     cdef char* work
@@ -60,12 +63,14 @@ cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object cou
     cdef int algo = ALGO_RING
     try:
         for p in range(P):
+            own = total if p == r else own
             total += lens[p]
         check_count(sb, total, name, "sendbuf", "size x len(recvbuf)" if counts is None
                     else "the sum of the counts")
         check_count(rb, lens[r], name, "recvbuf",
                     "counts[%d]" if counts is not None else "len(sendbuf) / size",
                     r if counts is not None else -1)
+        check_apart(sb, rb, name, IN_PLACE, NULL, sb.ptr + own * es)
         if layout_counts(&lay, lens, P, -1) < 0:
             raise MemoryError()
     finally:
@@ -91,7 +96,7 @@ cpdef int reduce_scatter(Transport t, object sendbuf, object recvbuf, object cou
                 else:
                     memcpy(work, sb.ptr, total * es)
                     rc = ring_reduce_scatter(t, work, &lay, es, sb.dtype, op, seg, 4)
-            if rc == 0 and lay.len[r]:
+            if rc == 0 and lay.len[r] and rb.ptr != work + lay.off[r] * es:
                 memcpy(rb.ptr, work + lay.off[r] * es, lay.len[r] * es)
                 if op == OP_AVG and P > 1:
                     divide_by(rb.ptr, lay.len[r], sb.dtype, P)
@@ -106,6 +111,7 @@ cdef int _check_blocks(Transport t, View sb, View rb) except -1:
     ``reduce_scatter`` checks them (InvalidArgument)."""
     check_pair(sb, rb, "reduce_scatter")
     check_count(sb, rb.count * t.size, "reduce_scatter", "sendbuf", "size x len(recvbuf)")
+    check_apart(sb, rb, "reduce_scatter", IN_PLACE, NULL, sb.ptr + t.rank * rb.nbytes)
     return 0
 
 

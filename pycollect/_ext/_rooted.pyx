@@ -20,7 +20,7 @@ from libc.stdlib cimport free
 from libc.string cimport memcpy, memmove
 
 from pycollect._ext._algo cimport wrap
-from pycollect._ext._buffer cimport (View, pin, check_count, check_pair,
+from pycollect._ext._buffer cimport (View, pin, check_count, check_pair, check_apart,
                                      counts_array, filled_array)
 from pycollect._ext._dtypes cimport OP_AVG
 from pycollect._ext._reduce cimport check_op, divide_by, reduce_into
@@ -28,6 +28,10 @@ from pycollect._ext._ring cimport Layout, layout_even, layout_free, ring_reduce_
 from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
+
+# The in-place forms that an overlap of sendbuf and recvbuf may take (``check_apart``).
+cdef str IN_PLACE_GATHER = ", or sendbuf as exactly the root's block of recvbuf (in place)"
+cdef str IN_PLACE_SCATTER = ", or recvbuf as exactly the root's block of sendbuf (in place)"
 
 REDUCE_ALGORITHMS = {"binomial": ALGO_BINOMIAL_REDUCE, "ring": ALGO_RING}
 
@@ -154,6 +158,7 @@ cdef int _rooted_blocks(Transport t, object sendbuf, object recvbuf, object coun
     cdef size_t total = 0
     cdef OpDesc d
     cdef int rc, coll
+    cdef char* own
     held_mine = pin(sendbuf if gathering else recvbuf, &mine, name,
                     "sendbuf" if gathering else "recvbuf", not gathering)
     held_blocks = None
@@ -177,6 +182,11 @@ cdef int _rooted_blocks(Transport t, object sendbuf, object recvbuf, object coun
             check_count(blocks, total, name, "recvbuf" if gathering else "sendbuf",
                         "the sum of the counts" if counts is not None else
                         "size x the block size")
+            own = blocks.ptr + offs[root] * mine.itemsize
+            if gathering:
+                check_apart(mine, blocks, name, IN_PLACE_GATHER, own, NULL)
+            else:
+                check_apart(blocks, mine, name, IN_PLACE_SCATTER, NULL, own)
         if counts is None:
             coll = COLL_GATHER if gathering else COLL_SCATTER
             fill_desc(&d, seq, coll, mine.dtype, 0, ALGO_LINEAR, root, mine.count)
