@@ -1048,13 +1048,19 @@ class Context(CallPath):
         ``root``, ``peer`` and ``described`` (the buffer, when not ``result``) are what
         the flight recorder notes besides the name.
         """
+        runner = self._runner
+        if not async_op and runner is not None and runner.in_callback():
+            raise InvalidArgument(
+                "%s: a blocking call cannot run in a done callback: callbacks run on the "
+                "thread that runs this context's operations, and this one would wait for "
+                "that thread; pass async_op=True, or make the call outside the callback"
+                % name)
         sig = signature.encode(name, checked) if self._detail and checked is not None \
             else None
         rec = self._recorder
         entry = None if rec is None else rec.record(
             name, result if described is None else described, root,
             None if peer is None else [peer])
-        runner = self._runner
         # Run here only while holding the runner's claim, where there is a runner: another
         # thread may be beginning a send or receive (or driving a batch) that a call run
         # beside it would disturb; then this call queues behind it instead.

@@ -704,3 +704,69 @@ def test_handles_and_callbacks_are_checked(pair):
                 pc.wait_any(bad)
         return done[0].tolist()
     assert pair.run(body) == [[2.0, 2.0], [2.0, 2.0]]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transport):
+    """A done callback runs on the thread that runs the context's operations, so a wait in
+    it for one queued behind (Work.wait with or without a timeout, wait_all, wait_any), or
+    a blocking call, could never end: each waited forever, past every deadline.  Each is
+    refused at once; an async call and a wait for an ended handle work there, and the
+    context goes on."""
+    g = ThreadGroup(2, timeout=10, transport=transport)
+    gate = threading.Event()
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                ctx.allreduce(np.ones(4), async_op=True).wait()      # rank 0's first
+                gate.wait(10)       # rank 0's w1 is pending until rank 1 makes it
+                w1 = ctx.allreduce(np.ones(50000), async_op=True)
+                later = ctx.allreduce(np.ones(50000), async_op=True)
+                extra = ctx.allreduce(np.ones(3), async_op=True)
+                return [w.wait()[0] for w in (w1, later, extra)], None
+            seen = {}
+            queued = []
+            first = ctx.allreduce(np.ones(4), async_op=True)
+            first.wait()
+
+            def callback(w):
+                seen["thread"] = threading.current_thread()
+                later = queued[0]
+                for name, wait in (("wait", later.wait),
+                                   ("wait timeout", lambda: later.wait(timeout=5)),
+                                   ("wait_all", lambda: pc.wait_all([later])),
+                                   ("wait_any", lambda: pc.wait_any([later])),
+                                   ("blocking call", lambda: ctx.allreduce(np.ones(3)))):
+                    try:
+                        wait()
+                        seen[name] = "returned"
+                    except pc.Error as exc:
+                        seen[name] = exc
+                seen["ended"] = first.wait()[0]                 # an ended handle: its result
+                queued.append(ctx.allreduce(np.ones(3), async_op=True))    # async: queued
+
+            w1 = ctx.allreduce(np.ones(50000), async_op=True)
+            w1.add_done_callback(callback)
+            queued.append(ctx.allreduce(np.ones(50000), async_op=True))
+            gate.set()
+            results = [w1.wait()[0], queued[0].wait()[0]]
+            deadline = time.monotonic() + 10
+            while len(queued) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)                                # the callback's own call
+            results.append(queued[1].wait()[0])
+            return results, seen
+
+        (r0, seen), (r1, _) = g.run(body, timeout=30)
+        assert r0 == r1 == [2.0, 2.0, 2.0]
+        assert seen["thread"] is not threading.main_thread()
+        for name in ("wait", "wait timeout", "wait_all", "wait_any"):
+            assert isinstance(seen[name], pc.InvalidArgument), (name, seen[name])
+            assert "has not ended, and cannot while this done callback runs" in \
+                str(seen[name]), seen[name]
+        assert isinstance(seen["blocking call"], pc.InvalidArgument), seen["blocking call"]
+        assert "allreduce: a blocking call cannot run in a done callback" in \
+            str(seen["blocking call"])
+        assert seen["ended"] == 2.0
+        assert g.run(lambda ctx: ctx.allreduce(np.ones(2))[0], timeout=30) == [2.0, 2.0]
+    finally:
+        g.close()

@@ -74,6 +74,9 @@ cdef class Runner:
     cdef bint _handoff_made
     cdef object _drive_until
     cdef double _drive_slice
+    cdef unsigned long _callbacks_on    # the thread running done callbacks of its handles
+
+    cpdef bint in_callback(self) except -1
 
     cpdef Py_ssize_t pending(self)
     cpdef submit(self, object op, Work work, object execute=*)

@@ -14,6 +14,7 @@ from pycollect._ext._doorbell cimport Doorbell
 from pycollect._ext._lock cimport CallLock
 from pycollect._ext._p2p cimport Batch
 from pycollect._ext._record cimport Ring
+from cpython.pythread cimport PyThread_get_thread_ident
 
 cdef extern from "<semaphore.h>" nogil:
     int sem_init(sem_t* s, int pshared, unsigned int value)
@@ -299,6 +300,7 @@ cdef class Work:
         cdef Completion end = self._end
         if not end.done:
             seconds = None if timeout is None else wait_seconds(timeout, "Work.wait")
+            _not_in_callback(self, "Work.wait")
             if self._runner is not None:
                 if seconds is None:
                     self._runner._run_while_not(end)
@@ -402,8 +404,32 @@ cdef class Work:
         self._end.set_done()
         if self._entry >= 0:
             self._rec.end(self._entry, None, exception)
-        if self._callbacks is not None:
+        if self._callbacks is None:
+            return
+        cdef Runner runner = self._runner
+        cdef unsigned long before
+        if runner is None:
             self._run_callbacks()
+            return
+        # Callbacks run on the thread that runs the runner's operations: until they
+        # return, nothing of its queue can (``_not_in_callback``).
+        before = runner._callbacks_on
+        runner._callbacks_on = PyThread_get_thread_ident()
+        try:
+            self._run_callbacks()
+        finally:
+            runner._callbacks_on = before
+
+
+cdef int _not_in_callback(Work work, str what) except -1:
+    """Refuse to wait for ``work``, not ended, in a done callback that runs on the thread
+    that runs ``work``'s runner: it could never end (the thread would wait for itself)."""
+    if work._runner is not None and work._runner.in_callback():
+        raise InvalidArgument(
+            "%s: %s has not ended, and cannot while this done callback runs: callbacks run "
+            "on the thread that runs the context's operations; wait for it outside the "
+            "callback, or add a callback to it" % (what, work.description))
+    return 0
 
 
 cdef inline bint _ended(object work) except -1:
@@ -485,6 +511,11 @@ def wait_any(works, timeout=None):
     if not works:
         raise InvalidArgument("wait_any: no handles to wait for")
     seconds = wait_seconds(timeout, "wait_any")
+    pending = [w for w in works if not _ended(w)]
+    if len(pending) == len(works) and all(
+            type(w) is Work and (<Work>w)._runner is not None
+            and (<Work>w)._runner.in_callback() for w in pending):
+        _not_in_callback(pending[0], "wait_any")    # none of them could end
     if not any(_ended(w) for w in works):
         # As Work.wait does: without a timeout, run what each context's queue holds on
         # this thread, in order, until one of these handles has ended; with one, have
@@ -634,6 +665,11 @@ cdef class Runner:
     cpdef Py_ssize_t pending(self):
         """The number of operations queued or running."""
         return self.backlog
+
+    cpdef bint in_callback(self) except -1:
+        """Whether the calling thread runs a done callback of this runner's handles while
+        it runs the runner's operations (so that none of them can run until it returns)."""
+        return self.busy and self._callbacks_on == PyThread_get_thread_ident()
 
     cpdef submit(self, object op, Work work, object execute=None):
         """Queue ``op`` (a send or receive: a ``P2P``; else a collective, which
