@@ -494,12 +494,16 @@ class Context(CallPath):
         ``op`` is SUM, PRODUCT, MIN or MAX (Python's +, *, min, max) or a function of
         two values; every rank gets the result, combined in rank order (pickle)."""
         fn = _object_op(op, "allreduce_object")
-        return functools.reduce(fn, self.allgather_object(obj, timeout=timeout))
+        with self._inside("allreduce_object"):
+            values = self._allgather_objects(obj, timeout, "op %s" % _op_name(op))
+        return functools.reduce(fn, values)
 
     def reduce_object(self, obj, root=0, op=ReduceOp.SUM, timeout=None):
         """``allreduce_object``'s result on root, None elsewhere (pickle)."""
         fn = _object_op(op, "reduce_object")
-        values = self.gather_object(obj, root, timeout=timeout)
+        root = self._check_root(root, "reduce_object")
+        with self._inside("reduce_object"):
+            values = self._gather_objects(obj, root, timeout, "op %s" % _op_name(op))
         return None if values is None else functools.reduce(fn, values)
 
     # -- point to point --------------------------------------------------
@@ -872,8 +876,9 @@ class Context(CallPath):
             else:
                 sizes = np.zeros(0, np.int64)
             text = _encoded(refusal)
-            head = np.array([sizes.size, len(text)], np.int64)
-            self.broadcast(head, root, timeout=timeout)
+            # An allgather, not a broadcast from root: every rank checks that all name
+            # the same root (a broadcast's root does not wait for the others).
+            head = self._agreed([sizes.size, len(text)], root, "", timeout)[root]
             if head[1]:
                 self._refused("broadcast_object", text, int(head[1]), root, timeout)
             if self._rank != root:
@@ -890,29 +895,59 @@ class Context(CallPath):
     def allgather_object(self, obj, timeout=None):
         """Return the list of every rank's ``obj`` in rank order (pickle)."""
         with self._inside("allgather_object"):
-            data, text = _pickled(obj)
-            table = self.allgather(np.array([data.size, len(text)], np.int64),
-                                   timeout=timeout).reshape(self._size, 2)
-            if table[:, 1].any():
-                self._refused_anywhere("allgather_object", text, table[:, 1], timeout)
-            sizes = table[:, 0]
-            out = np.empty(int(sizes.sum()), np.uint8)
-            self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
+            return self._allgather_objects(obj, timeout, "")
+
+    def _allgather_objects(self, obj, timeout, terms):
+        """allgather_object's steps; ``terms``: what every rank must pass alike besides
+        (allreduce_object's op), checked with the sizes."""
+        data, text = _pickled(obj)
+        table = self._agreed([data.size, len(text)], None, terms, timeout)
+        if table[:, 1].any():
+            self._refused_anywhere("allgather_object", text, table[:, 1], timeout)
+        sizes = table[:, 0]
+        out = np.empty(int(sizes.sum()), np.uint8)
+        self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
         return _unpickle_blocks(out, sizes)
 
     def gather_object(self, obj, root=0, timeout=None):
         """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
         root = self._check_root(root, "gather_object")
         with self._inside("gather_object"):
-            data, text = _pickled(obj)
-            table = self.allgather(np.array([data.size, len(text)], np.int64),
-                                   timeout=timeout).reshape(self._size, 2)
-            if table[:, 1].any():
-                self._refused_anywhere("gather_object", text, table[:, 1], timeout)
-            sizes = table[:, 0]
-            out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
-            self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
+            return self._gather_objects(obj, root, timeout, "")
+
+    def _gather_objects(self, obj, root, timeout, terms):
+        """gather_object's steps (``terms``: as ``_allgather_objects``'s)."""
+        data, text = _pickled(obj)
+        table = self._agreed([data.size, len(text)], root, terms, timeout)
+        if table[:, 1].any():
+            self._refused_anywhere("gather_object", text, table[:, 1], timeout)
+        sizes = table[:, 0]
+        out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
+        self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
         return _unpickle_blocks(out, sizes) if self._rank == root else None
+
+    def _agreed(self, row, root, terms, timeout):
+        """Allgather this rank's ``row`` of int64s with a checksum of what the ranks must
+        pass alike (``root``, None where there is none; ``terms``); return the table, one
+        row per rank, or raise MismatchError on every rank, naming what each passed, where
+        the checksums differ.  An object collective's values are reduced (or kept) by each
+        rank itself: ranks that disagree on root or op would otherwise each go on with its
+        own answer, and no later call would notice."""
+        said = ("root %d" % root if root is not None else "") + \
+            (", " if root is not None and terms else "") + terms
+        table = self.allgather(np.array(list(row) + [zlib.crc32(said.encode())], np.int64),
+                               timeout=timeout).reshape(self._size, len(row) + 1)
+        if (table[:, -1] != table[0, -1]).any():
+            mine = _encoded(said)
+            lengths = self.allgather(np.array([len(mine)], np.int64),
+                                     timeout=timeout).reshape(-1)
+            out = np.empty(int(lengths.sum()), np.uint8)
+            self.allgatherv(np.frombuffer(mine, np.uint8), out, lengths.tolist(),
+                            timeout=timeout)
+            raise MismatchError("ranks passed different arguments: %s" % "; ".join(
+                "rank %d %s" % (r, s or "(nothing)") for r, s in enumerate(
+                    _unbytes(out, lengths))))
+        return table[:, :-1]
 
     def scatter_object(self, objs=None, root=0, timeout=None):
         """Return ``objs[rank]`` of root's list on every rank (pickle)."""
@@ -933,7 +968,8 @@ class Context(CallPath):
                         "%s: %s" % (type(exc).__name__, exc)
             text = _encoded(refusal)
             sizes[-1] = len(text)
-            self.broadcast(sizes, root, timeout=timeout)
+            # An allgather, not a broadcast: every rank checks that all name one root.
+            sizes = self._agreed(sizes, root, "", timeout)[root]
             if sizes[-1]:
                 self._refused("scatter_object", text, int(sizes[-1]), root, timeout)
             sizes = sizes[:-1]
@@ -1435,6 +1471,14 @@ def _as_reduce_op(op):
         return ReduceOp(int(op))
     except ValueError:
         return None
+
+
+def _op_name(op):
+    """How a rank's op is named when the ranks compare theirs (a function by its name)."""
+    if callable(op) and not isinstance(op, ReduceOp):
+        return "%s.%s" % (getattr(op, "__module__", None) or "?",
+                          getattr(op, "__qualname__", None) or type(op).__qualname__)
+    return _as_reduce_op(op).name
 
 
 def _object_op(op, what):

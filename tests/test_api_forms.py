@@ -85,6 +85,53 @@ def test_object_reductions_as_mpi4py_does(trio):
         assert big == (3 * 2 ** 70 + 3 if rank == 2 else None)
 
 
+def _merge(a, b):
+    return a + b
+
+
+# Each rank reduced or kept the values itself, so ranks that passed different ops or roots
+# each went on with an answer of its own (allreduce_object: 6 on SUM's ranks, 3 on MAX's),
+# and no later call noticed.
+DISAGREEMENTS = {
+    "allreduce_object op": (
+        lambda ctx: ctx.allreduce_object(ctx.rank + 1, pc.MAX if ctx.rank == 0 else pc.SUM),
+        "allreduce_object: ranks passed different arguments: rank 0 op MAX; rank 1 op SUM; "
+        "rank 2 op SUM"),
+    "allreduce_object function": (
+        lambda ctx: ctx.allreduce_object(ctx.rank, _merge if ctx.rank != 1 else pc.SUM),
+        "rank 0 op test_api_forms._merge; rank 1 op SUM; rank 2 op test_api_forms._merge"),
+    "reduce_object root": (
+        lambda ctx: ctx.reduce_object(ctx.rank, root=1 if ctx.rank == 2 else 0),
+        "reduce_object: ranks passed different arguments: rank 0 root 0, op SUM; rank 1 "
+        "root 0, op SUM; rank 2 root 1, op SUM"),
+    "broadcast_object root": (
+        lambda ctx: ctx.broadcast_object("from %d" % ctx.rank, root=2 if ctx.rank == 2 else 0),
+        "broadcast_object: ranks passed different arguments: rank 0 root 0; rank 1 root 0; "
+        "rank 2 root 2"),
+    "gather_object root": (
+        lambda ctx: ctx.gather_object(ctx.rank, root=ctx.rank),
+        "gather_object: ranks passed different arguments: rank 0 root 0; rank 1 root 1; "
+        "rank 2 root 2"),
+    "scatter_object root": (
+        lambda ctx: ctx.scatter_object(["a", "b", "c"], root=1 if ctx.rank == 1 else 0),
+        "scatter_object: ranks passed different arguments: rank 0 root 0; rank 1 root 1; "
+        "rank 2 root 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREEMENTS))
+def test_object_collectives_fail_every_rank_where_ranks_disagree(trio, case):
+    call, words = DISAGREEMENTS[case]
+    out = trio.outcomes(call, timeout=30)
+    for outcome in out:
+        assert isinstance(outcome, pc.MismatchError), out
+        assert words in str(outcome), outcome
+    # Every rank failed in the same step: the context goes on.
+    assert trio.run(lambda ctx: ctx.allreduce_object(ctx.rank + 1)) == [6, 6, 6]
+    # The same op named two ways agrees (pc.SUM and its number).
+    assert trio.run(lambda ctx: ctx.allreduce_object(1, pc.SUM if ctx.rank else 0)) == [3] * 3
+
+
 def test_per_call_timeout_bounds_that_call_only(trio):
     gate = threading.Event()
 
