@@ -24,8 +24,10 @@ machine shared with other jobs.
 
 The first rank that fails (non-zero exit or a signal) takes the job down: the
 others get SIGTERM, then SIGKILL after a grace period, and the launcher exits
-non-zero naming that rank.  SIGINT and SIGTERM sent to the launcher are
-forwarded to every rank.
+non-zero naming the rank it blames: of the failures seen, the first that is the
+rank's own and not a consequence of another's (a ``PeerError``), as each rank's
+exit report says (``pycollect/exit_report.py``).  SIGINT and SIGTERM sent to the
+launcher are forwarded to every rank.
 """
 
 import argparse
@@ -37,9 +39,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
+from pycollect import exit_report
 from pycollect.errors import Error
 from pycollect.plugins.hosts import cores, rank_cpus, started_on
 from pycollect.plugins.registry import check_store_url, with_prefix
@@ -54,6 +58,9 @@ REAP_S = 5.0
 DRAIN_S = 2.0
 # After a rank fails, how long to wait for the exits it causes before blaming one.
 FAILURE_WINDOW_S = 0.3
+# How much longer to wait while every failure seen is a consequence of another's (the
+# failing rank's own exit, after its sockets closed, may come after its peers').
+CAUSE_WAIT_S = 2.0
 # Longest piece of a line read in one go; a longer line is passed on in pieces.
 MAX_LINE = 1 << 16
 # Exit status when --timeout ends the job (as timeout(1) does).
@@ -314,8 +321,40 @@ def _more_exits(job, seconds):
             return seen
 
 
-def _supervise(job, size, timeout, received):
-    """Wait for the ranks and return the launcher's exit status."""
+def _blame(job, failed, reports):
+    """The failed exit to blame, (seen, rank, returncode), and the line naming them all:
+    the first failure seen that is the rank's own (its exit report says so, or it wrote
+    none); while every failure seen is another's consequence, exits that come within
+    CAUSE_WAIT_S more are waited for.  None of its own: the first seen."""
+    def said(rank):
+        return exit_report.read(reports[rank]) if reports is not None else None
+
+    def own(exit_):
+        report = said(exit_[1])
+        return report is None or not report["consequence"]
+
+    deadline = time.monotonic() + CAUSE_WAIT_S
+    while not any(own(e) for e in failed) and job.running():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        failed = sorted(failed + [e for e in _more_exits(job, min(left, 0.05)) if e[2] != 0])
+    blamed = next((e for e in failed if own(e)), failed[0])
+
+    def named(exit_):
+        report = said(exit_[1])
+        note = "" if report is None else " (%s%s)" % (
+            report["error"], ": another rank's failure" if report["consequence"] else "")
+        return f"rank {exit_[1]} {_describe(exit_[2])}{note}"
+
+    rest = [e for e in failed if e is not blamed]
+    return blamed, named(blamed) + "".join(
+        ("; then " if e[0] > blamed[0] else "; before it, ") + named(e) for e in rest)
+
+
+def _supervise(job, size, timeout, received, reports=None):
+    """Wait for the ranks and return the launcher's exit status (``reports``: each rank's
+    exit report path)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     finished = 0
     while finished < size:
@@ -339,20 +378,18 @@ def _supervise(job, size, timeout, received):
             # milliseconds; their exits can be seen in any order, so blame the
             # earliest one seen in a short window.
             failed = [exit_] + _more_exits(job, FAILURE_WINDOW_S)
-            failed = sorted(e for e in failed if e[2] != 0)
-            _, rank, returncode = failed[0]
+            (_, _, returncode), line = _blame(job, sorted(e for e in failed if e[2] != 0),
+                                              reports)
             others = len(job.running())
-            _fail(f"rank {rank} {_describe(returncode)}"
-                  + "".join(f"; then rank {r} {_describe(c)}" for _, r, c in failed[1:])
-                  + (f"; terminating the other {others} rank(s)" if others else ""))
+            _fail(line + (f"; terminating the other {others} rank(s)" if others else ""))
             job.stop(signal.SIGTERM)
             return _exit_status(returncode)
     job.signal(signal.SIGKILL)  # stray grandchildren of ranks that exited 0
     return 0
 
 
-def _rank_envs(size, store_url, auth):
-    """Return the environment of each rank."""
+def _rank_envs(size, store_url, auth, reports):
+    """Return the environment of each rank (``reports``: its exit report's path)."""
     envs = []
     threads = str(max(1, cores() // size))
     for rank in range(size):
@@ -364,6 +401,7 @@ def _rank_envs(size, store_url, auth):
             "PYCOLLECT_LOCAL_RANK": str(rank),
             "PYCOLLECT_LOCAL_SIZE": str(size),
             "PYCOLLECT_STORE": store_url,
+            exit_report.ENV: reports[rank],
         })
         if auth is not None:
             env["PYCOLLECT_AUTH"] = auth
@@ -398,8 +436,10 @@ def main(argv=None):
         auth = secrets.token_hex(16)
         server = TCPStoreServer(host="127.0.0.1", port=0, auth=auth).start()
         store_url = server.url
+    report_dir = tempfile.mkdtemp(prefix="pycollect-run-")
     try:
-        envs = _rank_envs(args.nranks, with_prefix(store_url, run_id), auth)
+        reports = [os.path.join(report_dir, f"rank{r}.json") for r in range(args.nranks)]
+        envs = _rank_envs(args.nranks, with_prefix(store_url, run_id), auth, reports)
         # Ranks write into our pipes: make Python ranks flush every line.
         if args.prefix_output:
             for env in envs:
@@ -413,10 +453,11 @@ def main(argv=None):
                 _fail(f"cannot start {command[0]}: {exc}")
                 return 1
             try:
-                return _supervise(job, args.nranks, args.timeout, received)
+                return _supervise(job, args.nranks, args.timeout, received, reports)
             finally:
                 job.drain()
     finally:
+        shutil.rmtree(report_dir, ignore_errors=True)
         if server is not None:
             server.close()
 

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 
-from . import settings
+from . import exit_report, settings
 from .context import Context
 from .errors import InvalidArgument
 from .join import join_run, leave_run
@@ -197,6 +197,7 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     ``_KEY``, ``_CA``) are this rank's certificate, its key and the CA file.
     """
     debug = _debug_enabled()
+    exit_report.install()       # under pycollect-run: say why this rank ended, if it fails
     rank, size, store = _job(rank, size, store)
     timeout = settings.get("PYCOLLECT_TIMEOUT") if timeout is None else timeout
     if segment_bytes is None:

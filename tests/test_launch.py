@@ -234,6 +234,58 @@ def test_a_failed_rank_stops_the_job(tmp_path):
     assert_all_gone([int((tmp_path / f"pid-{r}").read_text()) for r in range(3)])
 
 
+# Rank 1 fails after closing its context, so that its peers raise PeerError and exit first,
+# then takes WAIT seconds to exit in the way FAIL says.
+FAILS_AFTER_ITS_PEERS = """
+import numpy as np
+import pycollect as pc
+ctx = pc.init()
+if RANK == 1:
+    ctx.close()
+    time.sleep(WAIT)
+    FAIL
+ctx.allreduce(np.ones(4))
+"""
+
+
+def test_the_rank_that_failed_first_of_its_own_is_blamed(tmp_path):
+    """Its peers' PeerError exits come first; their exit reports say they are another
+    rank's failure, so the launcher waits for rank 1's and exits with its code."""
+    program = write_program(tmp_path, FAILS_AFTER_ITS_PEERS.replace("WAIT", "0.8").replace(
+        "FAIL", "sys.exit(3)"))
+    done, elapsed = launch(tmp_path, "-n", "3", program)
+    err = done.stderr.decode()
+    assert done.returncode == 3, err
+    line = re.search(r"pycollect-run: (.*)", err).group(1)
+    assert re.fullmatch(r"rank 1 exited with code 3(; before it, rank [02] exited with code 1 "
+                        r"\(PeerError: another rank's failure\)){2}", line), line
+    assert elapsed < 15
+
+
+def test_an_exception_that_ends_a_rank_is_named(tmp_path):
+    program = write_program(tmp_path, FAILS_AFTER_ITS_PEERS.replace("WAIT", "0").replace(
+        "FAIL", "raise ValueError('bad input')"))
+    done, _ = launch(tmp_path, "-n", "3", program)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "pycollect-run: rank 1 exited with code 1 (ValueError)" in err, err
+    assert "ValueError: bad input" in err        # the rank's own traceback still prints
+
+
+def test_consequences_alone_blame_the_first_seen_after_a_bounded_wait(tmp_path):
+    """Rank 1 closes its context and never exits: only PeerErrors are seen; after
+    CAUSE_WAIT_S the first of them is blamed and rank 1 is stopped."""
+    program = write_program(tmp_path, FAILS_AFTER_ITS_PEERS.replace("WAIT", "60").replace(
+        "FAIL", ""))
+    done, elapsed = launch(tmp_path, "-n", "3", program)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert re.search(r"pycollect-run: rank [02] exited with code 1 \(PeerError: another "
+                     r"rank's failure\); then rank [02] .*; terminating the other 1 rank",
+                     err), err
+    assert elapsed < 15
+
+
 def test_a_rank_killed_by_a_signal_stops_the_job(tmp_path):
     program = write_program(
         tmp_path, SLEEP_UNLESS_FAILING.replace("FAIL", "os.kill(os.getpid(), signal.SIGKILL)"))

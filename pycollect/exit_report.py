@@ -1,0 +1,74 @@
+"""What a rank that pycollect-run started says about the error that ended it.
+
+A rank that fails takes its peers down: they raise ``PeerError`` (the peer closed its
+connection, failed, or left), and may exit before it does, because its own exit waits for
+its interpreter to wind down after its sockets have closed.  The launcher, which sees only
+exit codes in the order they come, would blame whichever exits first.  So the launcher gives
+every rank a file to write (``PYCOLLECT_EXIT_REPORT``), ``pycollect.init`` installs a hook
+(``install``) that, when an exception ends the program, writes the exception's type and
+whether it is a consequence of another rank's failure, and the launcher (``read``) blames a
+rank whose failure is its own.  A rank that ends with ``sys.exit``, a signal or an exception
+raised before ``init`` writes nothing: its failure counts as its own.
+"""
+
+import json
+import os
+import sys
+
+from pycollect.errors import MismatchError, PeerError
+
+__all__ = ["ENV", "install", "is_consequence", "read"]
+
+ENV = "PYCOLLECT_EXIT_REPORT"
+# The longest message kept in a report (its first line, cut).
+MAX_MESSAGE = 500
+
+
+def is_consequence(exc):
+    """Whether ``exc`` reports another rank's failure rather than this rank's own: a
+    ``PeerError``, or a ``MismatchError`` saying that another rank refused its arguments."""
+    return isinstance(exc, PeerError) or (
+        isinstance(exc, MismatchError) and "refused its arguments" in str(exc))
+
+
+def install():
+    """Chain a hook to ``sys.excepthook`` that writes the report named by the environment
+    (nothing where the variable is unset; installed once however often ``init`` runs)."""
+    path = os.environ.get(ENV)
+    if not path or getattr(sys.excepthook, "pycollect_exit_report", False):
+        return
+    previous = sys.excepthook
+
+    def report_then_print(kind, value, traceback):
+        try:
+            _write(path, kind, value)
+        except Exception:       # the report is a courtesy: the traceback still prints
+            pass
+        previous(kind, value, traceback)
+
+    report_then_print.pycollect_exit_report = True
+    sys.excepthook = report_then_print
+
+
+def _write(path, kind, value):
+    lines = str(value).splitlines()
+    report = {"error": kind.__name__, "message": (lines[0] if lines else "")[:MAX_MESSAGE],
+              "consequence": is_consequence(value)}
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as out:
+        json.dump(report, out)
+    os.replace(partial, path)
+
+
+def read(path):
+    """The report at ``path`` as a dict (``error``, ``message``, ``consequence``), or None
+    where the rank wrote none or it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or not isinstance(report.get("error"), str):
+        return None
+    report["consequence"] = report.get("consequence") is True
+    return report
