@@ -203,7 +203,7 @@ class Context(CallPath):
                 "auto"
         if _is_number(buf):
             return self._number("allreduce", buf, async_op, lambda a, **kw: self.allreduce(
-                a, op, algorithm, **kw), timeout)
+                a, op, algorithm, **kw), timeout, op)
         checked = self._detail and dict(buf=buf, op=op, algorithm=algorithm)
         if type(op) is not ReduceOp:
             op = self._check_op(op, "allreduce")
@@ -229,7 +229,7 @@ class Context(CallPath):
         op = self._check_op(op, "reduce")
         if _is_number(buf):
             return self._number("reduce", buf, async_op, lambda a, **kw: self.reduce(
-                a, root, op, algorithm, **kw), timeout)
+                a, root, op, algorithm, **kw), timeout, op, self._rank == root)
         checked = self._detail and dict(buf=buf, root=root, op=op, algorithm=algorithm)
         tmo = self._call_timeout(timeout, "reduce")
         call = _Call(self, "reduce", checked)
@@ -465,16 +465,22 @@ class Context(CallPath):
 
     # -- value forms ------------------------------------------------------
 
-    def _number(self, what, value, async_op, collective, timeout):
-        """Run ``collective`` on a one-element array holding the number ``value``; return
-        the resulting number (with ``async_op``, a Work whose result it is)."""
-        arr = _number_array(value, what)
-        if isinstance(value, np.number):
-            def pick():
-                return arr[0]
+    def _number(self, what, value, async_op, collective, timeout, op, result_here=True):
+        """Run ``collective`` (with ``op``) on a one-element array holding the number
+        ``value``; return the resulting number (with ``async_op``, a Work whose result it
+        is).  A Python int's SUM is exact (no int64 wrap) and its PRODUCT refused where it
+        may not fit: ``_int_number``.  ``result_here``: this rank gets the result (reduce's
+        root)."""
+        if isinstance(value, int):          # a Python int (NumPy's integers are not)
+            arr, pick = _int_number(value, what, _as_reduce_op(op), result_here)
         else:
-            def pick():
-                return type(value)(arr[0].item())
+            arr = _number_array(value, what)
+            if isinstance(value, np.number):
+                def pick():
+                    return arr[0]
+            else:
+                def pick():
+                    return type(value)(arr[0].item())
         if not async_op:
             collective(arr, timeout=timeout)
             return pick()
@@ -482,9 +488,13 @@ class Context(CallPath):
         work = Work("%s on rank %d" % (what, self._rank), later)
 
         def done(inner):
-            if inner.exception() is None:
-                later.value = pick()
-            work.complete(inner.algorithm, inner.exception())
+            exception = inner.exception()
+            if exception is None:
+                try:
+                    later.value = pick()
+                except Error as exc:
+                    exception = exc
+            work.complete(inner.algorithm, exception)
 
         collective(arr, timeout=timeout, async_op=True).add_done_callback(done)
         return work
@@ -1453,6 +1463,40 @@ def _number_array(value, what):
     except OverflowError:
         raise InvalidArgument("%s: %d does not fit in an int64; use %s_object for Python's "
                               "unbounded ints" % (what, value, what)) from None
+
+
+# A Python int's SUM travels as two int64 limbs, value >> 32 and its low 32 bits: their sums
+# over fewer than 2**31 ranks cannot wrap, and rebuild the exact sum.
+_LIMB_BITS = 32
+
+
+def _int_number(value, what, op, result_here):
+    """The array for a Python int ``value`` and the function that reads the result from it.
+    SUM: two limbs, so the sum is exact however large (NumPy's int64 would wrap).
+    PRODUCT: the value and a witness, 2**bit_length(|value|) as an int64; the witnesses'
+    product stays positive only while the bit lengths add up to at most 62, so that the
+    product of the values fits, and otherwise every rank that gets the result raises
+    instead of returning a wrapped number.  Other ops cannot leave the inputs' range."""
+    arr = _number_array(value, what)        # refuses a value beyond int64
+    if op == ReduceOp.SUM:
+        arr = np.array([value >> _LIMB_BITS, value & ((1 << _LIMB_BITS) - 1)], np.int64)
+
+        def pick():
+            return (int(arr[0]) << _LIMB_BITS) + int(arr[1])
+    elif op == ReduceOp.PRODUCT:
+        bits = abs(value).bit_length()
+        arr = np.array([value, (1 << bits) if bits < 63 else -(1 << 63)], np.int64)
+
+        def pick():
+            if result_here and arr[1] <= 0:
+                raise Error("%s: the PRODUCT of the ranks' Python ints may not fit in an "
+                            "int64 (their bit lengths add up to more than 62); use "
+                            "%s_object for Python's unbounded ints" % (what, what))
+            return int(arr[0])
+    else:
+        def pick():
+            return int(arr[0])
+    return arr, pick
 
 
 _OBJECT_OPS = {ReduceOp.SUM: operator.add, ReduceOp.PRODUCT: operator.mul,

@@ -72,6 +72,40 @@ def test_numbers_reduce_to_numbers_of_their_type(trio):
             assert r == 6 and type(r) is int
 
 
+def test_python_ints_sum_exactly_and_a_product_that_may_wrap_is_refused(trio):
+    """A Python int travelled as an int64, so 2**62 on each of 3 ranks summed to
+    -4611686018427387904 (NumPy's wrap); the sum is now exact, as Python's, and a PRODUCT
+    that may not fit raises on every rank that gets it instead of wrapping."""
+    big = [2**62, 2**62, -5]
+    want = sum(big)                                          # beyond int64
+    lows = [-2**63, 2**63 - 1, -2**63]
+
+    def body(ctx):
+        return (ctx.allreduce(big[ctx.rank]), ctx.allreduce(lows[ctx.rank]),
+                ctx.allreduce(big[ctx.rank], async_op=True).result(timeout=20),
+                ctx.reduce(big[ctx.rank], root=2),
+                ctx.allreduce([2**20, -2**20, 3][ctx.rank], op=pc.PRODUCT))
+
+    for rank, (total, low, later, rooted, product) in enumerate(trio.run(body)):
+        assert total == later == want and type(total) is int
+        assert low == sum(lows)
+        if rank == 2:
+            assert rooted == want
+        assert product == -3 * 2**40 and type(product) is int
+
+    words = "the PRODUCT of the ranks' Python ints may not fit in an int64"
+    factors = [2**31, 2**31, 3]                              # 2**62 * 3 does not fit
+    for call in (lambda ctx: ctx.allreduce(factors[ctx.rank], op=pc.PRODUCT),
+                 lambda ctx: ctx.allreduce(factors[ctx.rank], op=pc.PRODUCT,
+                                           async_op=True).wait(timeout=20)):
+        out = trio.outcomes(call)
+        assert all(isinstance(o, pc.Error) and words in str(o) for o in out), out
+    out = trio.outcomes(lambda ctx: ctx.reduce(factors[ctx.rank], root=0, op=pc.PRODUCT))
+    assert isinstance(out[0], pc.Error) and "reduce: " + words in str(out[0]), out
+    # Every rank took part: the context goes on.
+    assert trio.run(lambda ctx: ctx.allreduce(ctx.rank, op=pc.PRODUCT)) == [0, 0, 0]
+
+
 def test_object_reductions_as_mpi4py_does(trio):
     def body(ctx):
         return (ctx.allreduce_object(0.5 * (ctx.rank + 1)),
