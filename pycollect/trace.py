@@ -6,7 +6,8 @@ failure into ``PYCOLLECT_TRACE_DIR``, on ``Context.dump_trace`` or on
 that wrote no dump, the first collective the ranks disagree on (name, dtype,
 count or root), the ranks that are behind or never arrived at the last
 collective, a rank that arrived long after the others, and the peer each
-rank's error blames; its last line is the verdict.
+rank's error blames; its last line is the verdict.  ``--timeline FILE`` also writes the
+dumps as a timeline (pycollect/timeline.py).
 """
 
 import argparse
@@ -16,6 +17,7 @@ import os
 import re
 import sys
 
+from . import timeline
 from .recorder import FORMAT
 
 __all__ = ["load", "analyse", "main"]
@@ -197,7 +199,15 @@ def main(argv=None):
                     "happened: who is behind, which collective the ranks disagree on, which "
                     "rank never arrived.")
     parser.add_argument("directory", help="the PYCOLLECT_TRACE_DIR the ranks dumped into")
+    parser.add_argument("--timeline", metavar="FILE",
+                        help="also write the dumps as a timeline to FILE (JSON in the Trace "
+                             "Event Format: open it in ui.perfetto.dev or chrome://tracing)")
     args = parser.parse_args(argv)
+    if args.timeline is not None and (os.path.isdir(args.timeline) or not os.path.isdir(
+            os.path.dirname(os.path.abspath(args.timeline)))):
+        print("pycollect-trace: --timeline %s: not a file in an existing directory"
+              % args.timeline, file=sys.stderr)
+        return 2
     if not os.path.isdir(args.directory):
         print("pycollect-trace: %s is not a directory (give the PYCOLLECT_TRACE_DIR the ranks "
               "dumped into)" % args.directory, file=sys.stderr)
@@ -211,6 +221,15 @@ def main(argv=None):
                                          len(groups[gid])))
         for line in analyse(groups[gid]):
             print("  " + line if not line.startswith("VERDICT") else line)
+    if args.timeline is not None:
+        try:
+            n = timeline.write(groups, args.timeline)
+        except OSError as exc:
+            print("pycollect-trace: cannot write %s: %s" % (args.timeline, exc),
+                  file=sys.stderr)
+            return 1
+        print("timeline: %d events in %s (open it in ui.perfetto.dev or chrome://tracing)"
+              % (n, args.timeline))
     return 0
 
 

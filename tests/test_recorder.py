@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pycollect as pc
-from pycollect import trace
+from pycollect import timeline, trace
 from pycollect.recorder import FIELDS
 from group import outcomes, run_ranks
 from jobs import stop
@@ -330,3 +330,101 @@ def test_the_peers_an_entry_hands_out_are_its_own():
     finally:
         for c in ctxs:
             c.close()
+
+
+def _timeline(tmp_path):
+    out = tmp_path / "timeline.json"
+    assert trace.main([str(tmp_path / "dumps"), "--timeline", str(out)]) == 0
+    with open(out) as f:
+        return json.load(f)["traceEvents"]
+
+
+def test_the_dumps_as_a_timeline(tmp_path, capsys):
+    """pycollect-trace --timeline: one process per rank, a thread per context, collectives
+    as slices in order, queue waits and sends/receives as paired async slices."""
+    ctxs = contexts(2)
+    dumps = str(tmp_path / "dumps") + os.sep
+
+    def body(r):
+        ctx = ctxs[r]
+        ctx.allreduce(np.ones(10))
+        ctx.barrier()
+        pc.wait_all([ctx.allreduce(np.ones(1000), async_op=True) for _ in range(3)])
+        if r == 0:
+            ctx.send(np.ones(4), 1, tag=3)
+        else:
+            ctx.recv(np.ones(4), 0, tag=3)
+        sub = ctx.new_group([0, 1])
+        sub.allreduce(np.ones(3))
+        sub.dump_trace(dumps)
+        ctx.dump_trace(dumps)
+
+    try:
+        run_ranks(2, body, timeout=30)
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+    events = _timeline(tmp_path)
+    assert "timeline: %d events in" % len(events) in capsys.readouterr().out
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(processes) == [0, 1] and processes[1].startswith("rank 1 (")
+    for rank in (0, 1):
+        assert names[(rank, 0)] == "top level" and names[(rank, 1)] == "top level: queued"
+        assert names[(rank, 2)].startswith("group ") and names[(rank, 3)].endswith("queued")
+        slices = [e for e in events if e["ph"] == "X" and e["pid"] == rank and e["tid"] == 0]
+        assert [e["name"] for e in slices] == ["allreduce #1", "barrier #2", "allreduce #3",
+                                                "allreduce #4", "allreduce #5"]
+        assert all(e["args"]["seq"] == int(e["name"].split("#")[1]) for e in slices)
+        assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in slices)
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(slices, slices[1:]))
+        assert slices[2]["args"]["count"] == 1000 and slices[2]["args"]["state"] == "completed"
+        starts = {e["name"]: e["ts"] for e in slices}
+        # Async slices pair up by id; a queue wait ends as its collective starts.
+        begins = {(e["cat"], e["id"]): e for e in events
+                  if e["ph"] == "b" and e["pid"] == rank}
+        ends = {(e["cat"], e["id"]): e for e in events if e["ph"] == "e" and e["pid"] == rank}
+        assert set(begins) == set(ends)
+        for key, b in begins.items():
+            assert ends[key]["ts"] >= b["ts"]
+            if key[0] == "queue":
+                assert ends[key]["ts"] == starts[b["args"]["for"]]
+        p2p = [b["name"] for (cat, _), b in begins.items() if cat == "p2p"]
+        assert p2p == (["send to 1"] if rank == 0 else ["recv from 0"])
+        group = [e["name"] for e in events if e["ph"] == "X" and e["pid"] == rank
+                 and e["tid"] == 2]
+        assert group == ["allreduce #1"]
+
+
+def test_a_timeline_marks_failed_and_unfinished_operations():
+    def entry(seq, state, ended):
+        return {"id": seq, "seq": seq, "name": "allreduce", "algorithm": "ring",
+                "dtype": "float32", "count": 4, "root": None, "peers": None, "state": state,
+                "queued_ns": 1000 * seq, "started_ns": 1000 * seq, "ended_ns": ended,
+                "frame": ["x.py", 3, "f"], "error": "PeerError: gone" if state == "failed"
+                else None}
+    dump = {"rank": 1, "size": 4, "members": [0, 2, 4, 6], "host": "h", "pid": 9,
+            "time_ns": 9000, "entries": [entry(1, "completed", 1500), entry(2, "failed", 2100),
+                                         entry(3, "started", None)]}
+    slices = [e for e in timeline.events({7: {1: dump}}) if e["ph"] == "X"]
+    assert [e["pid"] for e in slices] == [2, 2, 2]          # the world rank, from members
+    assert [e.get("cname") for e in slices] == [None, timeline.FAILED_COLOUR,
+                                                timeline.UNFINISHED_COLOUR]
+    assert slices[1]["args"]["error"] == "PeerError: gone"
+    assert slices[1]["args"]["called at"] == "x.py:3 (f)"
+    assert slices[2]["ts"] == 2.0 and slices[2]["dur"] == 6.0   # to the dump's time
+    assert timeline.events({}) == []
+
+
+def test_a_timeline_file_that_cannot_be_written_is_refused_up_front(tmp_path, capsys):
+    ctxs = contexts(1)
+    try:
+        ctxs[0].barrier()
+        ctxs[0].dump_trace(str(tmp_path / "dumps") + os.sep)
+    finally:
+        ctxs[0].close()
+    for bad in (tmp_path / "no" / "such" / "t.json", tmp_path):
+        assert trace.main([str(tmp_path / "dumps"), "--timeline", str(bad)]) == 2
+        assert "--timeline" in capsys.readouterr().err
