@@ -6,7 +6,7 @@
 """
 
 from .errors import (Aborted, Error, InvalidArgument, MismatchError, PeerError,
-                     PluginError, StoreError, Timeout)
+                     PluginError, StoreError, Timeout, UnpicklingRefused)
 from .types import ReduceOp
 from .context import ANY_SOURCE, ANY_TAG, Context
 from .work import Status, Work, wait_all, wait_any
@@ -36,5 +36,5 @@ __all__ = [
     "ReduceOp", "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
     "Store", "PrefixStore", "HashStore", "FileStore", "TCPStore", "TCPStoreServer", "plugins",
     "Error", "InvalidArgument", "PeerError", "Timeout", "MismatchError", "Aborted",
-    "StoreError", "PluginError",
+    "StoreError", "PluginError", "UnpicklingRefused",
 ]

@@ -28,9 +28,10 @@ from ._ext._call import CallPath, Queued
 from ._ext._lock import CallLock
 from ._ext._group import GroupTransport
 from ._ext._transport import ALGORITHM_NAMES
-from .errors import Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout
+from .errors import (Aborted, Error, InvalidArgument, MismatchError, PeerError, Timeout,
+                     UnpicklingRefused)
 from .hierarchy import PhaseGroup, Topology, multi_level
-from . import recorder, recovery, selection, settings, signature
+from . import recorder, recovery, selection, settings, signature, unpickle
 from .recorder import Recorder
 from .selection import buffer_bytes as _nbytes
 from .tensors import Host, as_tensor_like, is_tensor
@@ -122,11 +123,26 @@ class Context(CallPath):
         self._recorder = Recorder(rank, size, size_n, group_id, transport.members_in_parent) \
             if size_n else None
         self._trace_dir = settings.get("PYCOLLECT_TRACE_DIR")
+        self.unpickle_allow = settings.get("PYCOLLECT_UNPICKLE_ALLOW")
         trace_signal = settings.get("PYCOLLECT_TRACE_SIGNAL")
         if trace_signal is not None and self._trace_dir is not None:
             recorder.install_signal(trace_signal, self._trace_dir)
 
     # -- properties -------------------------------------------------------
+
+    @property
+    def unpickle_allow(self):
+        """The globals this context's object collectives may unpickle (a tuple of
+        ``module.name`` and ``module.*`` entries), or None: anything unpickles.  Set it
+        to a list, or a comma-separated string, to restrict them (pycollect/unpickle.py);
+        sub-groups made later take it.  Default: ``PYCOLLECT_UNPICKLE_ALLOW``."""
+        return self._unpickle_allow
+
+    @unpickle_allow.setter
+    def unpickle_allow(self, entries):
+        allowed = None if entries is None else unpickle.parse(entries)
+        self._loads = unpickle.loads_for(allowed)
+        self._unpickle_allow = allowed
 
     @property
     def rank(self):
@@ -763,6 +779,7 @@ class Context(CallPath):
         # them in an order of its own, which could differ between ranks).
         group._runner = self._started_runner()
         group._runner_shared = True
+        group.unpickle_allow = self._unpickle_allow
         return group
 
     # -- surviving a lost rank --------------------------------------------
@@ -898,9 +915,9 @@ class Context(CallPath):
                 parts = [np.empty(int(n), np.uint8) for n in sizes[1:]]
             for p in parts:
                 self.broadcast(p, root, timeout=timeout)
-        if self._rank == root:
-            return obj
-        return pickle.loads(parts[0], buffers=parts[1:])
+            if self._rank == root:
+                return obj
+            return self._unpickled(parts[0], root, parts[1:])
 
     def allgather_object(self, obj, timeout=None):
         """Return the list of every rank's ``obj`` in rank order (pickle)."""
@@ -917,7 +934,7 @@ class Context(CallPath):
         sizes = table[:, 0]
         out = np.empty(int(sizes.sum()), np.uint8)
         self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
-        return _unpickle_blocks(out, sizes)
+        return self._unpickled_blocks(out, sizes)
 
     def gather_object(self, obj, root=0, timeout=None):
         """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
@@ -934,7 +951,7 @@ class Context(CallPath):
         sizes = table[:, 0]
         out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
         self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
-        return _unpickle_blocks(out, sizes) if self._rank == root else None
+        return self._unpickled_blocks(out, sizes) if self._rank == root else None
 
     def _agreed(self, row, root, terms, timeout):
         """Allgather this rank's ``row`` of int64s with a checksum of what the ranks must
@@ -985,7 +1002,24 @@ class Context(CallPath):
             sizes = sizes[:-1]
             mine = np.empty(int(sizes[self._rank]), np.uint8)
             self.scatterv(data, sizes.tolist(), mine, root, timeout=timeout)
-        return pickle.loads(mine)
+            return self._unpickled(mine, root)
+
+    def _unpickled(self, data, sender, buffers=None):
+        """The object ``sender`` pickled into ``data`` (and out-of-band ``buffers``),
+        loaded as this context's allow-list permits (``unpickle_allow``)."""
+        try:
+            return self._loads(data, buffers=buffers)
+        except UnpicklingRefused as exc:
+            raise UnpicklingRefused("rank %d did not unpickle the object from rank %d: %s"
+                                    % (self._rank, sender, exc)) from None
+
+    def _unpickled_blocks(self, data, sizes):
+        """Every rank's object, block r of ``data`` (``sizes[r]`` bytes) from rank r."""
+        out, offset = [], 0
+        for rank, n in enumerate(sizes):
+            out.append(self._unpickled(data[offset:offset + int(n)], rank))
+            offset += int(n)
+        return out
 
     def _refused(self, what, text, length, root, timeout):
         """Root refused its arguments (``length`` bytes of reason, ``text`` on root): every
@@ -1339,14 +1373,6 @@ def _unbytes(data, sizes):
     out, offset = [], 0
     for n in sizes:
         out.append(bytes(data[offset:offset + int(n)]).decode("utf-8", "replace"))
-        offset += int(n)
-    return out
-
-
-def _unpickle_blocks(data, sizes):
-    out, offset = [], 0
-    for n in sizes:
-        out.append(pickle.loads(data[offset:offset + int(n)]))
         offset += int(n)
     return out
 

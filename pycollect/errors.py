@@ -3,6 +3,8 @@
 Which errors leave a ``Context`` usable is documented in ``docs/errors.md``.
 """
 
+import pickle
+
 __all__ = [
     "Error",
     "InvalidArgument",
@@ -12,6 +14,7 @@ __all__ = [
     "Aborted",
     "StoreError",
     "PluginError",
+    "UnpicklingRefused",
 ]
 
 
@@ -45,3 +48,8 @@ class StoreError(Error):
 
 class PluginError(Error):
     """A store or transport plugin is unknown, broken or not installed."""
+
+
+class UnpicklingRefused(Error, pickle.UnpicklingError):
+    """An object collective's pickle named a global outside the unpickle allow-list
+    (``Context.unpickle_allow``): nothing of it ran; the context stays usable."""

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+from pycollect import settings
 from pycollect.errors import MismatchError, PeerError
 
 __all__ = ["ENV", "install", "is_consequence", "read"]
@@ -34,7 +35,7 @@ def is_consequence(exc):
 def install():
     """Chain a hook to ``sys.excepthook`` that writes the report named by the environment
     (nothing where the variable is unset; installed once however often ``init`` runs)."""
-    path = os.environ.get(ENV)
+    path = settings.get(ENV)
     if not path or getattr(sys.excepthook, "pycollect_exit_report", False):
         return
     previous = sys.excepthook

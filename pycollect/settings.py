@@ -12,6 +12,7 @@ import math
 import os
 
 from .errors import InvalidArgument
+from .unpickle import parse as parse_allow_list
 
 __all__ = ["SETTINGS", "Setting", "get", "markdown_table"]
 
@@ -54,6 +55,13 @@ def _microseconds(raw):
 
 def _text(raw):
     return raw
+
+
+def _allow_list(raw):
+    try:
+        return parse_allow_list(raw)    # checked as Context.unpickle_allow checks its names
+    except InvalidArgument:
+        raise ValueError(raw) from None
 
 
 def _stripped(raw):
@@ -172,6 +180,17 @@ SETTINGS = {s.name: s for s in (
     Setting("PYCOLLECT_TRACE_SIGNAL", _signal_name, None, "a signal name or number (e.g. USR1)",
             "a signal (e.g. `USR1`) on which every context of the process dumps its flight "
             "recorder into `PYCOLLECT_TRACE_DIR`; read when a context is made"),
+    Setting("PYCOLLECT_UNPICKLE_ALLOW", _allow_list, None,
+            "a comma-separated list of globals ('module.name') and modules ('module.*')",
+            "the globals the object collectives may unpickle, comma-separated: "
+            "`module.name`, or `module.*` for a module and its submodules (`numpy.*` lets "
+            "NumPy arrays through). Plain values and the standard library's containers "
+            "always load; any other global refuses the object before it runs. Unset: "
+            "anything unpickles (trusted peers only). See [docs/security.md](docs/security.md)."),
+    Setting("PYCOLLECT_EXIT_REPORT", _stripped, None, "a file name",
+            "set by `pycollect-run` for the program it starts: the file a rank writes, when "
+            "an exception ends it, saying whether that was another rank's failure, so that "
+            "the launcher blames the rank whose failure is its own"),
     Setting("PYCOLLECT_LOCAL_RANK", _int_at_least(0), None, "a rank (an int >= 0)",
             "set by `pycollect-run` for the program it starts: the rank among the ranks of "
             "this machine (pycollect itself does not read it)"),

@@ -7,9 +7,10 @@ slice from its start to its end, named by the call and its sequence number (``al
 #12``); its time waiting in the context's queue, where it waited, is an async slice
 ``queued`` on a thread of its own beside (async calls queue while the one before them
 runs, so these overlap).  Sends and receives (``send to 1``, ``recv from 0``), which may
-overlap each other too, are async slices.  An operation the dump caught unfinished ends at the dump's time; a failed one is
-coloured and carries its error.  The dumps' times are wall-clock nanoseconds, so the ranks
-of one host line up; across hosts they are as close as the hosts' clocks.
+overlap each other too, are async slices.  An operation the dump caught unfinished ends at
+the dump's time; a failed one is coloured and carries its error.  The dumps' times are
+wall-clock nanoseconds, so the ranks of one host line up; across hosts they are as close as
+the hosts' clocks.
 """
 
 import json

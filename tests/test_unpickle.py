@@ -1,0 +1,154 @@
+"""The unpickle allow-list of the object collectives (pycollect/unpickle.py): with it, a
+pickle that names a global outside the list is refused before anything of it runs, on
+every object collective; plain values, the standard library's containers and the globals
+named load; the list comes from PYCOLLECT_UNPICKLE_ALLOW or Context.unpickle_allow and
+passes to sub-groups."""
+
+import collections
+import datetime
+import fractions
+import os
+
+import numpy as np
+import pytest
+
+import pycollect as pc
+from group import ThreadGroup
+from pycollect import unpickle
+
+
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __eq__(self, other):
+        return (self.x, self.y) == (other.x, other.y)
+
+
+class Planted:
+    """Unpickling it creates ``path``: the payload a hostile peer would send."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.makedirs, (self.path, 0o777, True))     # exist_ok: every receiver runs it
+
+
+@pytest.fixture(scope="module")
+def trio():
+    g = ThreadGroup(3, timeout=30)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def allowed(trio):
+    for ctx in trio.contexts:
+        ctx.unpickle_allow = ["numpy.*", "test_unpickle.Point"]
+    yield trio
+    for ctx in trio.contexts:
+        ctx.unpickle_allow = None
+
+
+PLAIN = {"n": None, "b": True, "i": 2**70, "f": 1.5, "c": 1j, "s": "x", "by": b"\0",
+         "t": (1, [2, {3: 4}]), "set": {1, 2}, "fs": frozenset({3}), "ba": bytearray(b"ab"),
+         "od": collections.OrderedDict(a=1), "dq": collections.deque([1]),
+         "when": datetime.datetime(2026, 12, 6, 5, 0), "frac": fractions.Fraction(1, 3),
+         "r": range(3), "sl": slice(1, 2)}
+
+
+def test_plain_values_the_standard_containers_and_the_globals_named_load(allowed):
+    def body(ctx):
+        values = dict(PLAIN, arr=np.arange(4.0), point=Point(ctx.rank, 1))
+        got = ctx.allgather_object(values)
+        return got, ctx.broadcast_object(values if ctx.rank == 1 else None, root=1)
+
+    for got, from_one in allowed.run(body):
+        for rank, values in enumerate(got):
+            assert values["point"] == Point(rank, 1)
+            assert np.array_equal(values["arr"], np.arange(4.0))
+            assert {k: values[k] for k in PLAIN} == PLAIN
+        assert from_one["point"] == Point(1, 1)
+
+
+CALLS = {
+    "broadcast_object": (lambda ctx, bad: ctx.broadcast_object(
+        bad if ctx.rank == 0 else None, root=0), {0: "ok"}),
+    "allgather_object": (lambda ctx, bad: ctx.allgather_object(
+        bad if ctx.rank == 2 else ctx.rank), {}),
+    "gather_object": (lambda ctx, bad: ctx.gather_object(
+        bad if ctx.rank == 1 else ctx.rank, root=2), {0: None, 1: None}),
+    "scatter_object": (lambda ctx, bad: ctx.scatter_object(
+        [0, bad, 2] if ctx.rank == 0 else None, root=0), {0: 0, 2: 2}),
+    "allreduce_object": (lambda ctx, bad: ctx.allreduce_object(
+        bad if ctx.rank == 1 else [ctx.rank]), {}),
+    "reduce_object": (lambda ctx, bad: ctx.reduce_object(
+        bad if ctx.rank == 0 else [ctx.rank], root=1), {0: None, 2: None}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(CALLS))
+def test_a_global_outside_the_list_is_refused_before_it_runs(allowed, what, tmp_path):
+    call, others = CALLS[what]
+    target = str(tmp_path / "planted")
+    out = allowed.outcomes(lambda ctx: call(ctx, Planted(target)))
+    assert not os.path.exists(target)           # the payload never ran
+    sender = {"broadcast_object": 0, "allgather_object": 2, "gather_object": 1,
+              "scatter_object": 0, "allreduce_object": 1, "reduce_object": 0}[what]
+    for rank, outcome in enumerate(out):
+        if rank in others:
+            if others[rank] != "ok":
+                assert outcome == others[rank], out
+            continue
+        assert isinstance(outcome, pc.UnpicklingRefused), out
+        assert isinstance(outcome, pc.Error)
+        assert str(outcome) == ("%s: rank %d did not unpickle the object from rank %d: "
+                                "os.makedirs is not in the unpickle allow-list"
+                                % (what, rank, sender)), outcome
+    # Every rank finished the collective: the group goes on.
+    assert allowed.run(lambda ctx: ctx.allreduce_object(ctx.rank)) == [3, 3, 3]
+
+
+def test_without_a_list_anything_unpickles(trio, tmp_path):
+    target = str(tmp_path / "ran")
+    assert trio.contexts[0].unpickle_allow is None
+    trio.run(lambda ctx: ctx.broadcast_object(Planted(target) if ctx.rank == 0 else None))
+    assert os.path.isdir(target)                # trusted peers only: the default's contract
+
+
+def test_the_variable_sets_the_list_and_sub_groups_take_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCOLLECT_UNPICKLE_ALLOW", " numpy.* , test_unpickle.Point,")
+    g = ThreadGroup(2, timeout=30)
+    try:
+        assert [ctx.unpickle_allow for ctx in g.contexts] == \
+            [("numpy.*", "test_unpickle.Point")] * 2
+        monkeypatch.delenv("PYCOLLECT_UNPICKLE_ALLOW")
+        subs = g.run(lambda ctx: ctx.new_group([1, 0]))
+        assert [s.unpickle_allow for s in subs] == [("numpy.*", "test_unpickle.Point")] * 2
+        target = str(tmp_path / "planted")
+        out = g.outcomes(lambda ctx: subs[ctx.rank].broadcast_object(
+            Planted(target) if ctx.rank == 1 else Point(0, 0), root=0))
+        assert isinstance(out[0], pc.UnpicklingRefused) and not os.path.exists(target), out
+        assert g.run(lambda ctx: subs[ctx.rank].broadcast_object(
+            Point(ctx.rank, 2), root=0)) == [Point(1, 2)] * 2
+    finally:
+        g.close()
+    monkeypatch.setenv("PYCOLLECT_UNPICKLE_ALLOW", "os.")
+    with pytest.raises(pc.InvalidArgument, match="PYCOLLECT_UNPICKLE_ALLOW='os.' is not"):
+        pc.init(rank=0, size=1, store="hash://unpickle-bad")
+
+
+def test_entries_are_checked_and_a_module_entry_covers_its_submodules():
+    assert unpickle.parse("b.c, a.*,,b.c") == ("a.*", "b.c")
+    assert unpickle.parse(["x.Y.Inner"]) == ("x.Y.Inner",)
+    for bad in ("os", "os.", "*.x", "a.b*", "a b.c", "1a.b", [3], 5):
+        with pytest.raises(pc.InvalidArgument, match="unpickle allow-list"):
+            unpickle.parse(bad)
+    loads = unpickle.loads_for(("collections.*",))
+    import pickle
+    assert loads(pickle.dumps(collections.ChainMap({1: 2}))) == collections.ChainMap({1: 2})
+    with pytest.raises(pc.UnpicklingRefused, match="numpy"):
+        unpickle.loads_for(("num.*",))(pickle.dumps(np.zeros(1)))
+    with pytest.raises(pc.UnpicklingRefused, match="builtins.eval"):
+        loads(b"cbuiltins\neval\n(S'1'\ntR.")                 # protocol 0: eval('1')
