@@ -398,6 +398,7 @@ class Context(CallPath):
         send = call.inp(sendbuf, "sendbuf")
         recv = call.output(recvbuf, "recvbuf", lambda: np.empty_like(_as_array(send,
                                                                                "alltoall")))
+        send = _staged_in_place(send, recv)
         t = self._transport
         return call.submit(lambda seq: _alltoall.alltoall(
             t, send, None, recv, None, seq, tmo), call.result, async_op)
@@ -415,6 +416,7 @@ class Context(CallPath):
         send = call.inp(sendbuf, "sendbuf")
         recv = call.output(recvbuf, "recvbuf", lambda: _flat_like(send, _total(recvcounts),
                                                                   "alltoallv"))
+        send = _staged_in_place(send, recv)
         t = self._transport
         return call.submit(lambda seq: _alltoall.alltoall(
             t, send, sendcounts, recv, recvcounts, seq, tmo), call.result, async_op)
@@ -1585,6 +1587,20 @@ def _needed(buf, what, arg):
         raise InvalidArgument("%s: recvbuf is None and there is no %s to size it from"
                               % (what, arg))
     return buf
+
+
+def _staged_in_place(send, recv):
+    """alltoall's in-place form (MPI_IN_PLACE): ``send`` and ``recv`` the very same memory.
+    The exchange writes ``recv`` while the peers still read ``send``, so the send side goes
+    from a copy; any other overlap the compiled call refuses (``check_apart``)."""
+    try:
+        mine, theirs = np.asarray(send), np.asarray(recv)
+    except Exception:       # not arrays: the compiled call says what is wrong with them
+        return send
+    if (mine.nbytes and mine.nbytes == theirs.nbytes
+            and mine.__array_interface__["data"][0] == theirs.__array_interface__["data"][0]):
+        return mine.copy()
+    return send
 
 
 def _flat_like(sendbuf, count, what):

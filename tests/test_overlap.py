@@ -5,8 +5,9 @@ read the send buffer, so overlapping bytes came out silently wrong (alltoall(a, 
 float64, a scatter root's recvbuf inside its sendbuf, sendrecv(a, p, a, p)).  Every
 collective with both buffers now refuses an overlap before anything goes out, except its
 in-place form (docs/api.md): the send buffer is exactly this rank's block of the receive
-buffer (allgather(v); gather(v) on the root), or the receive buffer exactly this rank's
-block of the send buffer (reduce_scatter(v); scatter(v) on the root).  The matrix runs both
+buffer (allgather(v); gather(v) on the root), the receive buffer exactly this rank's block
+of the send buffer (reduce_scatter(v); scatter(v) on the root), or both the very same
+memory (alltoall(v), whose send side is then staged in a copy).  The matrix runs both
 at every world size, over shared memory and TCP, at counts that take the flags, direct and
 ring paths."""
 
@@ -119,7 +120,32 @@ def _reduce_scatterv_in_place(ctx, n):
     return np.array_equal(mine, np.full(counts[ctx.rank], ctx.size * (ctx.size + 1) / 2.0))
 
 
+def _alltoall_in_place(ctx, n, **kw):
+    a = np.concatenate([_block(ctx, n) + 100 * p for p in range(ctx.size)])
+    work = ctx.alltoall(a, a, **kw)
+    if kw.get("async_op"):
+        work.wait()
+    # Block p now comes from rank p: rank p's block for this rank.
+    want = np.concatenate([p + 1.0 + np.arange(n) / 10.0 + 100 * ctx.rank
+                           for p in range(ctx.size)])
+    return np.array_equal(a, want)
+
+
+def _alltoallv_in_place(ctx, n):
+    counts = [n] * ctx.size
+    a = np.concatenate([_block(ctx, n) + 100 * p for p in range(ctx.size)])
+    view = a[:]                                  # another object over the same memory
+    ctx.alltoallv(a, counts, view, counts)
+    want = np.concatenate([p + 1.0 + np.arange(n) / 10.0 + 100 * ctx.rank
+                           for p in range(ctx.size)])
+    return np.array_equal(a, want)
+
+
 IN_PLACE = {
+    "alltoall": _alltoall_in_place,
+    "alltoall async": lambda ctx, n: _alltoall_in_place(ctx, n, async_op=True),
+    "alltoall memoryview": lambda ctx, n: _alltoall_memoryview(ctx, n),
+    "alltoallv": _alltoallv_in_place,
     "allgather": _allgather_in_place,
     "allgather async": lambda ctx, n: _allgather_in_place(ctx, n, async_op=True),
     "allgather ring": lambda ctx, n: _allgather_in_place(ctx, n, algorithm="ring"),
@@ -145,15 +171,23 @@ def test_the_in_place_form_gives_what_separate_arrays_give(group, case, n):
 # -- overlaps that are refused -------------------------------------------------------------
 
 
-def _alltoall_same(ctx, n, **kw):
-    a = np.tile(_block(ctx, n), ctx.size)
-    kept = a.copy()
+def _alltoall_memoryview(ctx, n):
+    a = np.concatenate([_block(ctx, n) + 100 * p for p in range(ctx.size)])
+    ctx.alltoall(memoryview(a), a)
+    want = np.concatenate([p + 1.0 + np.arange(n) / 10.0 + 100 * ctx.rank
+                           for p in range(ctx.size)])
+    return np.array_equal(a, want)
+
+
+def _alltoall_shifted(ctx, n, **kw):
+    buf = np.append(np.tile(_block(ctx, n), ctx.size), 0.0)
+    kept = buf.copy()
     try:
-        work = ctx.alltoall(a, a, **kw)
+        work = ctx.alltoall(buf[1:], buf[:-1], **kw)    # one element apart: no form of it
         if kw.get("async_op"):
             work.wait()
     finally:
-        assert np.array_equal(a, kept)         # refused before a byte was written
+        assert np.array_equal(buf, kept)        # refused before a byte was written
     return "ran"
 
 
@@ -200,8 +234,8 @@ def _sendrecv_same(ctx, n):
 
 
 EVERY_RANK = {
-    "alltoall": _alltoall_same,
-    "alltoall async": lambda ctx, n: _alltoall_same(ctx, n, async_op=True),
+    "alltoall": _alltoall_shifted,
+    "alltoall async": lambda ctx, n: _alltoall_shifted(ctx, n, async_op=True),
     "alltoallv": _alltoallv_shifted,
     "allgather": _allgather_shifted,
     "allgather async": lambda ctx, n: _allgather_shifted(ctx, n, async_op=True),

@@ -32,6 +32,9 @@ from pycollect._ext._transport cimport *
 
 from pycollect.errors import InvalidArgument
 
+# The in-place form (``check_apart``), which the Python path stages in a copy.
+cdef str IN_PLACE = ", or the very same array as both (in place)"
+
 
 cdef int pairwise_exchange(Transport t, char* sbase, const size_t* soff, const size_t* slen,
                            char* rbase, const size_t* roff, const size_t* rlen,
@@ -92,7 +95,7 @@ cpdef int alltoall(Transport t, object sendbuf, object sendcounts, object recvbu
         roff = filled_array(P, 0)
         check_count(sb, _prefix(soff, slen, P), name, "sendbuf", "the sum of sendcounts")
         check_count(rb, _prefix(roff, rlen, P), name, "recvbuf", "the sum of recvcounts")
-        check_apart(sb, rb, name, "")
+        check_apart(sb, rb, name, IN_PLACE)
         if slen[t.rank] != rlen[t.rank]:
             raise InvalidArgument("%s: sendcounts[%d] = %d but recvcounts[%d] = %d (this "
                                   "rank's block to itself)" % (name, t.rank, slen[t.rank],
@@ -127,7 +130,7 @@ cdef int _check_blocks(Transport t, View sb, View rb) except -1:
         raise InvalidArgument("alltoall: 'sendbuf' holds %d elements, not a multiple of "
                               "the group size %d" % (sb.count, t.size))
     check_count(rb, sb.count, "alltoall", "recvbuf", "the sum of recvcounts")
-    check_apart(sb, rb, "alltoall", "")
+    check_apart(sb, rb, "alltoall", IN_PLACE)
     return 0
 
 

@@ -133,6 +133,12 @@ cdef inline bint _is_tag(object tag, bint allow_any):
     return type(tag) is int and (0 <= tag < _TAG_END or allow_any and tag == _ANY_TAG)
 
 
+cdef inline bint _same_data(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """alltoall's in-place form: both arrays start at one address (the Python path stages
+    the send side in a copy; any other overlap the compiled call refuses)."""
+    return cnp.PyArray_DATA(a) == cnp.PyArray_DATA(b) and cnp.PyArray_NBYTES(a) > 0
+
+
 cdef inline bint _rooted(int kind) noexcept:
     """The kinds whose flight-recorder entry notes a root."""
     return (kind == K_BROADCAST or kind == K_REDUCE or kind == K_GATHER or kind == K_SCATTER
@@ -563,11 +569,11 @@ cdef class CallPath(BatchOwner):
         """Block p of ``sendbuf`` goes to rank p; block p of ``recvbuf`` comes from rank p."""
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(sendbuf) is cnp.ndarray and type(recvbuf) is cnp.ndarray and async_op
-                and seconds >= 0 and self.ready_async()):
+                and seconds >= 0 and not _same_data(sendbuf, recvbuf) and self.ready_async()):
             return self.queue(K_ALLTOALL, sendbuf, recvbuf, ALGO_PAIRWISE, 0, 0, seconds,
                               recvbuf)
         if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or async_op
-                or seconds < 0 or not self.ready()
+                or seconds < 0 or _same_data(sendbuf, recvbuf) or not self.ready()
                 or self.run(K_ALLTOALL, sendbuf, recvbuf, 0, 0, 0, seconds) is _TAKE_SLOW):
             return self._alltoall_any(sendbuf, recvbuf, async_op, timeout)
         return recvbuf
@@ -577,7 +583,8 @@ cdef class CallPath(BatchOwner):
         """alltoall with ``sendcounts[p]`` elements to and ``recvcounts[p]`` from rank p."""
         cdef double seconds = _seconds(timeout, self._timeout)
         if (type(sendbuf) is not cnp.ndarray or type(recvbuf) is not cnp.ndarray or async_op
-                or sendcounts is None or recvcounts is None or seconds < 0 or not self.ready()
+                or sendcounts is None or recvcounts is None or seconds < 0
+                or _same_data(sendbuf, recvbuf) or not self.ready()
                 or self.run(K_ALLTOALLV, sendbuf, recvbuf, 0, 0, 0, seconds, sendcounts,
                             recvcounts) is _TAKE_SLOW):
             return self._alltoallv_any(sendbuf, sendcounts, recvbuf, recvcounts, async_op,
