@@ -488,7 +488,7 @@ class Context(CallPath):
         ``value``; return the resulting number (with ``async_op``, a Work whose result it
         is).  A Python int's SUM is exact (no int64 wrap) and its PRODUCT refused where it
         may not fit: ``_int_number``.  ``result_here``: this rank gets the result (reduce's
-        root)."""
+        root); elsewhere the call returns None, as mpi4py's ``comm.reduce`` does."""
         if isinstance(value, int):          # a Python int (NumPy's integers are not)
             arr, pick = _int_number(value, what, _as_reduce_op(op), result_here)
         else:
@@ -499,6 +499,9 @@ class Context(CallPath):
             else:
                 def pick():
                     return type(value)(arr[0].item())
+        if not result_here:
+            def pick():
+                return None
         if not async_op:
             collective(arr, timeout=timeout)
             return pick()

@@ -70,6 +70,8 @@ def test_numbers_reduce_to_numbers_of_their_type(trio):
         assert w == 3.0
         if rank == 0:
             assert r == 6 and type(r) is int
+        else:
+            assert r is None            # not this rank's own number, which it returned
 
 
 def test_python_ints_sum_exactly_and_a_product_that_may_wrap_is_refused(trio):
@@ -89,8 +91,7 @@ def test_python_ints_sum_exactly_and_a_product_that_may_wrap_is_refused(trio):
     for rank, (total, low, later, rooted, product) in enumerate(trio.run(body)):
         assert total == later == want and type(total) is int
         assert low == sum(lows)
-        if rank == 2:
-            assert rooted == want
+        assert rooted == (want if rank == 2 else None)
         assert product == -3 * 2**40 and type(product) is int
 
     words = "the PRODUCT of the ranks' Python ints may not fit in an int64"
