@@ -133,7 +133,8 @@ class Context(CallPath):
     @property
     def unpickle_allow(self):
         """The globals this context's object collectives may unpickle (a tuple of
-        ``module.name`` and ``module.*`` entries), or None: anything unpickles.  Set it
+        ``module.name`` entries, one global each, and ``module.*`` entries, that module's
+        classes), or None: anything unpickles.  Set it
         to a list, or a comma-separated string, to restrict them (pycollect/unpickle.py);
         sub-groups made later take it.  Default: ``PYCOLLECT_UNPICKLE_ALLOW``."""
         return self._unpickle_allow

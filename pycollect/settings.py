@@ -183,10 +183,11 @@ SETTINGS = {s.name: s for s in (
     Setting("PYCOLLECT_UNPICKLE_ALLOW", _allow_list, None,
             "a comma-separated list of globals ('module.name') and modules ('module.*')",
             "the globals the object collectives may unpickle, comma-separated: "
-            "`module.name`, or `module.*` for a module and its submodules (`numpy.*` lets "
-            "NumPy arrays through). Plain values and the standard library's containers "
-            "always load; any other global refuses the object before it runs. Unset: "
-            "anything unpickles (trusted peers only). See [docs/security.md](docs/security.md)."),
+            "`module.name` (one global), or `module.*` (the classes of a module and its "
+            "submodules). Plain values, the standard library's containers and NumPy arrays "
+            "always load; a pickle that reaches any other global is refused before it loads. "
+            "Unset: anything unpickles (trusted peers only). See "
+            "[docs/security.md](docs/security.md#the-object-collectives-and-pickle)."),
     Setting("PYCOLLECT_EXIT_REPORT", _stripped, None, "a file name",
             "set by `pycollect-run` for the program it starts: the file a rank writes, when "
             "an exception ends it, saying whether that was another rank's failure, so that "

@@ -1,13 +1,14 @@
 """The unpickle allow-list of the object collectives (pycollect/unpickle.py): with it, a
-pickle that names a global outside the list is refused before anything of it runs, on
-every object collective; plain values, the standard library's containers and the globals
-named load; the list comes from PYCOLLECT_UNPICKLE_ALLOW or Context.unpickle_allow and
-passes to sub-groups."""
+pickle that reaches a global outside the list is refused before that global loads, on
+every object collective; plain values, the standard library's containers, NumPy arrays and
+the globals named load; a module wildcard admits its classes only; the list comes from
+PYCOLLECT_UNPICKLE_ALLOW or Context.unpickle_allow and passes to sub-groups."""
 
 import collections
 import datetime
 import fractions
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -45,7 +46,7 @@ def trio():
 @pytest.fixture
 def allowed(trio):
     for ctx in trio.contexts:
-        ctx.unpickle_allow = ["numpy.*", "test_unpickle.Point"]
+        ctx.unpickle_allow = ["test_unpickle.Point"]
     yield trio
     for ctx in trio.contexts:
         ctx.unpickle_allow = None
@@ -118,14 +119,14 @@ def test_without_a_list_anything_unpickles(trio, tmp_path):
 
 
 def test_the_variable_sets_the_list_and_sub_groups_take_it(monkeypatch, tmp_path):
-    monkeypatch.setenv("PYCOLLECT_UNPICKLE_ALLOW", " numpy.* , test_unpickle.Point,")
+    monkeypatch.setenv("PYCOLLECT_UNPICKLE_ALLOW", " myapp.* , test_unpickle.Point,")
     g = ThreadGroup(2, timeout=30)
     try:
         assert [ctx.unpickle_allow for ctx in g.contexts] == \
-            [("numpy.*", "test_unpickle.Point")] * 2
+            [("myapp.*", "test_unpickle.Point")] * 2
         monkeypatch.delenv("PYCOLLECT_UNPICKLE_ALLOW")
         subs = g.run(lambda ctx: ctx.new_group([1, 0]))
-        assert [s.unpickle_allow for s in subs] == [("numpy.*", "test_unpickle.Point")] * 2
+        assert [s.unpickle_allow for s in subs] == [("myapp.*", "test_unpickle.Point")] * 2
         target = str(tmp_path / "planted")
         out = g.outcomes(lambda ctx: subs[ctx.rank].broadcast_object(
             Planted(target) if ctx.rank == 1 else Point(0, 0), root=0))
@@ -146,9 +147,37 @@ def test_entries_are_checked_and_a_module_entry_covers_its_submodules():
         with pytest.raises(pc.InvalidArgument, match="unpickle allow-list"):
             unpickle.parse(bad)
     loads = unpickle.loads_for(("collections.*",))
-    import pickle
     assert loads(pickle.dumps(collections.ChainMap({1: 2}))) == collections.ChainMap({1: 2})
-    with pytest.raises(pc.UnpicklingRefused, match="numpy"):
-        unpickle.loads_for(("num.*",))(pickle.dumps(np.zeros(1)))
+    with pytest.raises(pc.UnpicklingRefused, match="collections.ChainMap"):
+        unpickle.loads_for(("collection.*",))(pickle.dumps(collections.ChainMap({1: 2})))
     with pytest.raises(pc.UnpicklingRefused, match="builtins.eval"):
         loads(b"cbuiltins\neval\n(S'1'\ntR.")                 # protocol 0: eval('1')
+
+
+class RunString:
+    """A NumPy function that execs its argument: a wildcard must not reach it."""
+
+    def __reduce__(self):
+        from numpy.testing._private import utils
+        return (utils.runstring, ("import os; os.makedirs(%r)" % PLANTED, {}))
+
+
+PLANTED = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".never-made")
+
+
+@pytest.mark.parametrize("payload, allow", [
+    # A dotted name walks attributes: every Python module's __builtins__ reaches eval.
+    (b"\x80\x04\x8c\x04json\x8c\x10__builtins__.get\x93\x8c\x04eval\x85R"
+     b"\x8c\x1b__import__('os').makedirs(%r)\x85R." % PLANTED.encode(), "json.*"),
+    (pickle.dumps(RunString(), protocol=2), "numpy.*"),
+    (pickle.dumps(RunString(), protocol=5), "numpy.testing.*"),
+])
+def test_a_wildcard_admits_classes_and_no_way_to_a_function(payload, allow):
+    loads = unpickle.loads_for(unpickle.parse(allow))
+    with pytest.raises(pc.UnpicklingRefused, match="is not in the unpickle allow-list"):
+        loads(payload)
+    assert not os.path.exists(PLANTED)
+    # What a wildcard is for: the module's classes; NumPy's arrays load without one.
+    assert unpickle.loads_for(("test_unpickle.*",))(pickle.dumps(Point(1, 2), protocol=5)) \
+        == Point(1, 2)
+    assert unpickle.loads_for(())(pickle.dumps(np.float32(2), protocol=5)) == 2
