@@ -490,7 +490,7 @@ class Context(CallPath):
         is).  A Python int's SUM is exact (no int64 wrap) and its PRODUCT refused where it
         may not fit: ``_int_number``.  ``result_here``: this rank gets the result (reduce's
         root); elsewhere the call returns None, as mpi4py's ``comm.reduce`` does."""
-        if isinstance(value, int):          # a Python int (NumPy's integers are not)
+        if isinstance(value, int) or type(value) is np.int64:   # both travel as Python's
             arr, pick = _int_number(value, what, _as_reduce_op(op), result_here)
         else:
             arr = _number_array(value, what)
@@ -518,7 +518,9 @@ class Context(CallPath):
                     exception = exc
             work.complete(inner.algorithm, exception)
 
-        collective(arr, timeout=timeout, async_op=True).add_done_callback(done)
+        inner = collective(arr, timeout=timeout, async_op=True)
+        work.ends_with(inner)
+        inner.add_done_callback(done)
         return work
 
     def allreduce_object(self, obj, op=ReduceOp.SUM, timeout=None):
@@ -1503,23 +1505,30 @@ _LIMB_BITS = 32
 
 
 def _int_number(value, what, op, result_here):
-    """The array for a Python int ``value`` and the function that reads the result from it.
-    SUM: two limbs, so the sum is exact however large (NumPy's int64 would wrap).
-    PRODUCT: the value and a witness, 2**bit_length(|value|) as an int64; the witnesses'
-    product stays positive only while the bit lengths add up to at most 62, so that the
-    product of the values fits, and otherwise every rank that gets the result raises
-    instead of returning a wrapped number.  Other ops cannot leave the inputs' range."""
+    """The array for an integer ``value``, a Python int or a NumPy int64, and the function
+    that reads the result from it.  SUM: two limbs, so the sum is exact however large (a
+    NumPy int64 gets it wrapped, as NumPy's sum would be).  PRODUCT: the value and a
+    witness, 2**bit_length(|value|) as an int64; the witnesses' product stays positive only
+    while the bit lengths add up to at most 62, so that the product of the values fits, and
+    otherwise every rank that gets a Python int's result raises instead of returning a
+    wrapped number.  Other ops cannot leave the inputs' range.  Both kinds travel alike, so
+    ranks may pass one each (``ctx.allreduce(0)`` beside ``ctx.allreduce(arr.sum())``)."""
+    wrap = isinstance(value, np.integer)
     arr = _number_array(value, what)        # refuses a value beyond int64
+    value = int(value)
     if op == ReduceOp.SUM:
         arr = np.array([value >> _LIMB_BITS, value & ((1 << _LIMB_BITS) - 1)], np.int64)
 
         def pick():
-            return (int(arr[0]) << _LIMB_BITS) + int(arr[1])
+            total = (int(arr[0]) << _LIMB_BITS) + int(arr[1])
+            return np.int64((total + (1 << 63)) % (1 << 64) - (1 << 63)) if wrap else total
     elif op == ReduceOp.PRODUCT:
         bits = abs(value).bit_length()
         arr = np.array([value, (1 << bits) if bits < 63 else -(1 << 63)], np.int64)
 
         def pick():
+            if wrap:
+                return arr[0]
             if result_here and arr[1] <= 0:
                 raise Error("%s: the PRODUCT of the ranks' Python ints may not fit in an "
                             "int64 (their bit lengths add up to more than 62); use "
@@ -1527,7 +1536,7 @@ def _int_number(value, what, op, result_here):
             return int(arr[0])
     else:
         def pick():
-            return int(arr[0])
+            return arr[0] if wrap else int(arr[0])
     return arr, pick
 
 

@@ -105,6 +105,15 @@ def test_python_ints_sum_exactly_and_a_product_that_may_wrap_is_refused(trio):
     assert isinstance(out[0], pc.Error) and "reduce: " + words in str(out[0]), out
     # Every rank took part: the context goes on.
     assert trio.run(lambda ctx: ctx.allreduce(ctx.rank, op=pc.PRODUCT)) == [0, 0, 0]
+    # A NumPy int64 travels as a Python int does, so ranks may pass one each; it keeps
+    # NumPy's arithmetic (2**62 three times wraps, as np.int64's sum would).
+    for op in (pc.SUM, pc.PRODUCT, pc.MAX):
+        got = trio.run(lambda ctx: ctx.allreduce(np.int64(ctx.rank + 2) if ctx.rank else 2,
+                                                 op=op))
+        assert got == [{pc.SUM: 9, pc.PRODUCT: 24, pc.MAX: 4}[op]] * 3, (op, got)
+        assert type(got[0]) is int and all(type(g) is np.int64 for g in got[1:])
+    wrapped = trio.run(lambda ctx: ctx.allreduce(np.int64(2**62)))
+    assert wrapped == [np.int64(2**62 * 3 - 2**64)] * 3      # what np.int64's sum gives
 
 
 def test_object_reductions_as_mpi4py_does(trio):

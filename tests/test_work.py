@@ -722,8 +722,9 @@ def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transpor
                 gate.wait(10)       # rank 0's w1 is pending until rank 1 makes it
                 w1 = ctx.allreduce(np.ones(50000), async_op=True)
                 later = ctx.allreduce(np.ones(50000), async_op=True)
+                number = ctx.allreduce(5, async_op=True)
                 extra = ctx.allreduce(np.ones(3), async_op=True)
-                return [w.wait()[0] for w in (w1, later, extra)], None
+                return [w.wait()[0] for w in (w1, later, extra)] + [number.wait()], None
             seen = {}
             queued = []
             first = ctx.allreduce(np.ones(4), async_op=True)
@@ -743,7 +744,14 @@ def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transpor
                     except pc.Error as exc:
                         seen[name] = exc
                 seen["ended"] = first.wait()[0]                 # an ended handle: its result
+                number = ctx.allreduce(5, async_op=True)        # a number's handle
+                try:
+                    number.wait()
+                    seen["number"] = "returned"
+                except pc.Error as exc:
+                    seen["number"] = exc
                 queued.append(ctx.allreduce(np.ones(3), async_op=True))    # async: queued
+                queued.append(number)
 
             w1 = ctx.allreduce(np.ones(50000), async_op=True)
             w1.add_done_callback(callback)
@@ -751,15 +759,16 @@ def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transpor
             gate.set()
             results = [w1.wait()[0], queued[0].wait()[0]]
             deadline = time.monotonic() + 10
-            while len(queued) < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)                                # the callback's own call
+            while len(queued) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)                                # the callback's own calls
             results.append(queued[1].wait()[0])
+            results.append(queued[2].wait())
             return results, seen
 
         (r0, seen), (r1, _) = g.run(body, timeout=30)
-        assert r0 == r1 == [2.0, 2.0, 2.0]
+        assert r0 == r1 == [2.0, 2.0, 2.0, 10]
         assert seen["thread"] is not threading.main_thread()
-        for name in ("wait", "wait timeout", "wait_all", "wait_any"):
+        for name in ("wait", "wait timeout", "wait_all", "wait_any", "number"):
             assert isinstance(seen[name], pc.InvalidArgument), (name, seen[name])
             assert "has not ended, and cannot while this done callback runs" in \
                 str(seen[name]), seen[name]

@@ -57,6 +57,7 @@ cdef class Work:
     @staticmethod
     cdef Work made_ended(object description, object result, object exception)
     cpdef complete(self, object algorithm=*, object exception=*)
+    cpdef ends_with(self, Work inner)
     cdef object _outcome(self)
     cdef _run_callbacks(self)
 

@@ -395,6 +395,13 @@ cdef class Work:
         return "<pycollect.Work %s %s%s>" % (
             self.description, state, " (%s)" % self.algorithm if self.algorithm else "")
 
+    cpdef ends_with(self, Work inner):
+        """This handle ends when ``inner`` does (a context's handle completed by another's
+        callback, as a number's by its array's): a wait on it runs ``inner``'s runner, and
+        is refused in that runner's callbacks, as a wait on ``inner`` would be.  For the
+        code that makes such handles; not for users."""
+        self._runner = inner._runner
+
     cpdef complete(self, object algorithm=None, object exception=None):
         """End the operation: its algorithm's name, or the error it failed with.  For the
         code that ran it (the context's runner, a waiter, or a context whose handle ends
