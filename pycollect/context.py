@@ -120,8 +120,8 @@ class Context(CallPath):
         self._mailbox = _p2p.Mailbox()  # messages that arrived before their receive
         # The flight recorder (pycollect/recorder.py); None when PYCOLLECT_TRACE_SIZE is 0.
         size_n = settings.get("PYCOLLECT_TRACE_SIZE")
-        self._recorder = Recorder(rank, size, size_n, group_id, transport.members_in_parent) \
-            if size_n else None
+        self._recorder = Recorder(rank, size, size_n, group_id, transport.members_in_parent,
+                                  transport.members_in_world) if size_n else None
         self._trace_dir = settings.get("PYCOLLECT_TRACE_DIR")
         self.unpickle_allow = settings.get("PYCOLLECT_UNPICKLE_ALLOW")
         trace_signal = settings.get("PYCOLLECT_TRACE_SIGNAL")

@@ -13,28 +13,44 @@ raised before ``init`` writes nothing: its failure counts as its own.
 
 import json
 import os
+import re
 import sys
 
 from pycollect import settings
-from pycollect.errors import MismatchError, PeerError
+from pycollect.errors import InvalidArgument, MismatchError, PeerError
 
 __all__ = ["ENV", "install", "is_consequence", "read"]
 
 ENV = "PYCOLLECT_EXIT_REPORT"
 # The longest message kept in a report (its first line, cut).
 MAX_MESSAGE = 500
+# Who refused its arguments, in a refusal that every rank of a collective raises or hears:
+# "rank 1 (127.0.0.1:40785) refused its arguments", "root 0 refused its arguments".
+_REFUSED = re.compile(r"\b(?:rank|root) (\d+)(?: \([^)]*\))? refused its arguments")
 
 
-def is_consequence(exc):
+def is_consequence(exc, rank=None):
     """Whether ``exc`` reports another rank's failure rather than this rank's own: a
-    ``PeerError``, or a ``MismatchError`` saying that another rank refused its arguments."""
-    return isinstance(exc, PeerError) or (
-        isinstance(exc, MismatchError) and "refused its arguments" in str(exc))
+    ``PeerError``, or a refusal (``MismatchError``, or an object collective's
+    ``InvalidArgument``) that names a rank other than ``rank`` as the one that refused;
+    the exceptions it was raised from count too (``raise ... from exc``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, PeerError):
+            return True
+        if isinstance(exc, (MismatchError, InvalidArgument)):
+            found = _REFUSED.search(str(exc))
+            if found and (rank is None or int(found.group(1)) != rank):
+                return True
+        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    return False
 
 
-def install():
+def install(rank):
     """Chain a hook to ``sys.excepthook`` that writes the report named by the environment
-    (nothing where the variable is unset; installed once however often ``init`` runs)."""
+    for ``rank`` (nothing where the variable is unset; installed once however often
+    ``init`` runs)."""
     path = settings.get(ENV)
     if not path or getattr(sys.excepthook, "pycollect_exit_report", False):
         return
@@ -42,7 +58,7 @@ def install():
 
     def report_then_print(kind, value, traceback):
         try:
-            _write(path, kind, value)
+            _write(path, kind, value, rank)
         except Exception:       # the report is a courtesy: the traceback still prints
             pass
         previous(kind, value, traceback)
@@ -51,10 +67,10 @@ def install():
     sys.excepthook = report_then_print
 
 
-def _write(path, kind, value):
+def _write(path, kind, value, rank):
     lines = str(value).splitlines()
     report = {"error": kind.__name__, "message": (lines[0] if lines else "")[:MAX_MESSAGE],
-              "consequence": is_consequence(value)}
+              "consequence": is_consequence(value, rank)}
     partial = path + ".partial"
     with open(partial, "w", encoding="utf-8") as out:
         json.dump(report, out)

@@ -51,7 +51,7 @@ class Recorder(Ring):
     a slot without leaving C; this class adds who the ring belongs to and its dump.
     """
 
-    def __init__(self, rank, size, capacity, group_id=0, members=None):
+    def __init__(self, rank, size, capacity, group_id=0, members=None, world_members=None):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise InvalidArgument("recorder capacity must be an int >= 1, got %r" % (capacity,))
         super().__init__(capacity)
@@ -59,6 +59,7 @@ class Recorder(Ring):
         self.size = size
         self.group_id = group_id
         self.members = members      # this group's ranks in the parent (None: top level)
+        self.world_members = world_members      # ... and at the top level
         self.failure = None         # the error that failed the context, as text
         with _live_lock:
             _live.add(self)
@@ -76,6 +77,7 @@ class Recorder(Ring):
             "size": self.size,
             "group_id": self.group_id,
             "members": self.members,
+            "world_members": self.world_members,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "time_ns": time.time_ns(),

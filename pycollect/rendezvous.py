@@ -197,8 +197,8 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     ``_KEY``, ``_CA``) are this rank's certificate, its key and the CA file.
     """
     debug = _debug_enabled()
-    exit_report.install()       # under pycollect-run: say why this rank ended, if it fails
     rank, size, store = _job(rank, size, store)
+    exit_report.install(rank)   # under pycollect-run: say why this rank ended, if it fails
     timeout = settings.get("PYCOLLECT_TIMEOUT") if timeout is None else timeout
     if segment_bytes is None:
         segment_bytes = settings.get("PYCOLLECT_MAX_SEGMENT_BYTES")

@@ -26,7 +26,9 @@ P2P = ("send", "recv")
 
 
 def _world_rank(dump):
-    members = dump.get("members")
+    """The rank's top-level rank: through ``world_members`` (a group of a group names its
+    parent's ranks in ``members``), else ``members``, else its own."""
+    members = dump.get("world_members") or dump.get("members")
     rank = dump["rank"]
     if isinstance(members, list) and 0 <= rank < len(members):
         return members[rank]

@@ -428,3 +428,34 @@ def test_a_timeline_file_that_cannot_be_written_is_refused_up_front(tmp_path, ca
     for bad in (tmp_path / "no" / "such" / "t.json", tmp_path):
         assert trace.main([str(tmp_path / "dumps"), "--timeline", str(bad)]) == 2
         assert "--timeline" in capsys.readouterr().err
+
+
+def test_a_group_of_a_group_is_drawn_under_its_world_ranks(tmp_path):
+    """A group's dump names its members in its parent (``members``); a group of a group
+    also in the world (``world_members``), which the timeline draws its ranks under."""
+    ctxs = contexts(3)
+    dumps = str(tmp_path / "dumps") + os.sep
+
+    def body(r):
+        outer = ctxs[r].new_group([2, 0, 1])           # world 2, 0, 1 as its ranks 0, 1, 2
+        inner = outer.new_group([2, 1])                # outer's 2 and 1: world 1 and 0
+        if inner is not None:
+            inner.barrier()
+            return inner.rank, inner.dump_trace(dumps)
+        return None
+
+    try:
+        made = run_ranks(3, body, timeout=30)
+    finally:
+        for ctx in ctxs:
+            ctx.close()
+    assert made[2] is None and made[1][0] == 0 and made[0][0] == 1
+    with open(made[1][1]) as f:
+        dump = json.load(f)
+    assert dump["members"] == [2, 1] and dump["world_members"] == [1, 0]
+    events = _timeline(tmp_path)
+    slices = {e["pid"]: e["args"]["seq"] for e in events if e["ph"] == "X"}
+    assert slices == {0: 1, 1: 1}               # world ranks 0 and 1, not group ranks 2, 1
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name" and e["tid"] == 0}
+    assert names[1].endswith("(rank 0 of 2)") and names[0].endswith("(rank 1 of 2)")

@@ -213,6 +213,13 @@ cdef class GroupTransport(Transport):
         """The parent ranks of the members, in group-rank order."""
         return [self.members[i] for i in range(self.size)]
 
+    @property
+    def members_in_world(self):
+        """The top-level ranks of the members, in group-rank order."""
+        above = self.parent.members_in_world
+        mine = self.members_in_parent
+        return mine if above is None else [above[p] for p in mine]
+
     def pair_kinds(self):
         """The parent's pair kind of each member, in group-rank order."""
         kinds = self.parent.pair_kinds()

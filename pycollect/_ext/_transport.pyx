@@ -247,6 +247,12 @@ cdef class Transport:
         """For a sub-group, the parent ranks of its members in group-rank order; else None."""
         return None
 
+    @property
+    def members_in_world(self):
+        """For a sub-group, the top-level ranks of its members in group-rank order (through
+        every parent: a group of a group); else None."""
+        return None
+
     def pair_kinds(self):
         """How each peer is reached: "self" for this rank, else the pair's kind ("tcp",
         "shm", "shm+cma", or a plugin's own name; ``auto`` takes kinds that start with
