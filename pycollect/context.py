@@ -629,8 +629,9 @@ class Context(CallPath):
         for buf, arg, writable in ((sendbuf, "sendbuf", False), (recvbuf, "recvbuf", True)):
             if not is_tensor(buf):
                 _buffer.check(buf, "sendrecv", arg, writable)
-        if not (is_tensor(sendbuf) or is_tensor(recvbuf)):
-            _buffer.apart(sendbuf, recvbuf, "sendrecv", ", or sendrecv_replace with one")
+        views = _Call(self, "sendrecv", None)       # a tensor as the array it is checked as
+        _buffer.apart(views.inp(sendbuf, "sendbuf"), views.inp(recvbuf, "recvbuf"),
+                      "sendrecv", ", or sendrecv_replace with one")
         sent = self.send(sendbuf, dst, sendtag, async_op=True, timeout=timeout)
         got = self.recv(recvbuf, src, recvtag, async_op=True, status=status, timeout=timeout)
         wait_all([sent, got])

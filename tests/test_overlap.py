@@ -351,5 +351,11 @@ def test_sendrecv_replace_is_the_one_buffer_form():
             return a[0]
 
         assert pair.run(swap) == [2.0, 1.0]
+        torch = pytest.importorskip("torch")
+        shared = [torch.ones(8), torch.ones(8)]
+        out = pair.outcomes(lambda ctx: ctx.sendrecv(shared[ctx.rank], 1 - ctx.rank,
+                                                     shared[ctx.rank], 1 - ctx.rank))
+        assert all(isinstance(o, pc.InvalidArgument) and OVERLAP.search(str(o))
+                   for o in out), out                   # tensors are checked as their arrays
     finally:
         pair.close()
