@@ -529,7 +529,8 @@ class Context(CallPath):
         two values; every rank gets the result, combined in rank order (pickle)."""
         fn = _object_op(op, "allreduce_object")
         with self._inside("allreduce_object"):
-            values = self._allgather_objects(obj, timeout, "op %s" % _op_name(op))
+            values = self._allgather_objects(obj, timeout, "allreduce_object",
+                                             "op %s" % _op_name(op))
         return functools.reduce(fn, values)
 
     def reduce_object(self, obj, root=0, op=ReduceOp.SUM, timeout=None):
@@ -537,7 +538,8 @@ class Context(CallPath):
         fn = _object_op(op, "reduce_object")
         root = self._check_root(root, "reduce_object")
         with self._inside("reduce_object"):
-            values = self._gather_objects(obj, root, timeout, "op %s" % _op_name(op))
+            values = self._gather_objects(obj, root, timeout, "reduce_object",
+                                          "op %s" % _op_name(op))
         return None if values is None else functools.reduce(fn, values)
 
     # -- point to point --------------------------------------------------
@@ -914,7 +916,8 @@ class Context(CallPath):
             text = _encoded(refusal)
             # An allgather, not a broadcast from root: every rank checks that all name
             # the same root (a broadcast's root does not wait for the others).
-            head = self._agreed([sizes.size, len(text)], root, "", timeout)[root]
+            head = self._agreed([sizes.size, len(text)], "broadcast_object", root, "",
+                                timeout)[root]
             if head[1]:
                 self._refused("broadcast_object", text, int(head[1]), root, timeout)
             if self._rank != root:
@@ -931,13 +934,13 @@ class Context(CallPath):
     def allgather_object(self, obj, timeout=None):
         """Return the list of every rank's ``obj`` in rank order (pickle)."""
         with self._inside("allgather_object"):
-            return self._allgather_objects(obj, timeout, "")
+            return self._allgather_objects(obj, timeout, "allgather_object", "")
 
-    def _allgather_objects(self, obj, timeout, terms):
-        """allgather_object's steps; ``terms``: what every rank must pass alike besides
-        (allreduce_object's op), checked with the sizes."""
+    def _allgather_objects(self, obj, timeout, what, terms):
+        """allgather_object's steps, for the user's call ``what``; ``terms``: what every
+        rank must pass alike besides (allreduce_object's op), checked with the sizes."""
         data, text = _pickled(obj)
-        table = self._agreed([data.size, len(text)], None, terms, timeout)
+        table = self._agreed([data.size, len(text)], what, None, terms, timeout)
         if table[:, 1].any():
             self._refused_anywhere("allgather_object", text, table[:, 1], timeout)
         sizes = table[:, 0]
@@ -949,12 +952,12 @@ class Context(CallPath):
         """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
         root = self._check_root(root, "gather_object")
         with self._inside("gather_object"):
-            return self._gather_objects(obj, root, timeout, "")
+            return self._gather_objects(obj, root, timeout, "gather_object", "")
 
-    def _gather_objects(self, obj, root, timeout, terms):
-        """gather_object's steps (``terms``: as ``_allgather_objects``'s)."""
+    def _gather_objects(self, obj, root, timeout, what, terms):
+        """gather_object's steps (``what``, ``terms``: as ``_allgather_objects``'s)."""
         data, text = _pickled(obj)
-        table = self._agreed([data.size, len(text)], root, terms, timeout)
+        table = self._agreed([data.size, len(text)], what, root, terms, timeout)
         if table[:, 1].any():
             self._refused_anywhere("gather_object", text, table[:, 1], timeout)
         sizes = table[:, 0]
@@ -962,27 +965,34 @@ class Context(CallPath):
         self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
         return self._unpickled_blocks(out, sizes) if self._rank == root else None
 
-    def _agreed(self, row, root, terms, timeout):
+    def _agreed(self, row, what, root, terms, timeout):
         """Allgather this rank's ``row`` of int64s with a checksum of what the ranks must
-        pass alike (``root``, None where there is none; ``terms``); return the table, one
-        row per rank, or raise MismatchError on every rank, naming what each passed, where
-        the checksums differ.  An object collective's values are reduced (or kept) by each
-        rank itself: ranks that disagree on root or op would otherwise each go on with its
-        own answer, and no later call would notice."""
+        do alike (the user's call ``what``; ``root``, None where there is none; ``terms``);
+        return the table, one row per rank, or raise MismatchError on every rank, naming
+        what each did, where the checksums differ.  An object collective's values are
+        reduced (or kept) by each rank itself: ranks that disagree on the call, root or op
+        would otherwise each go on with an answer of its own, and no later call would
+        notice."""
         said = ("root %d" % root if root is not None else "") + \
             (", " if root is not None and terms else "") + terms
-        table = self.allgather(np.array(list(row) + [zlib.crc32(said.encode())], np.int64),
-                               timeout=timeout).reshape(self._size, len(row) + 1)
+        table = self.allgather(np.array(list(row) + [zlib.crc32(("%s\0%s" % (
+            what, said)).encode())], np.int64), timeout=timeout).reshape(self._size,
+                                                                         len(row) + 1)
         if (table[:, -1] != table[0, -1]).any():
-            mine = _encoded(said)
+            mine = _encoded("%s\0%s" % (what, said))
             lengths = self.allgather(np.array([len(mine)], np.int64),
                                      timeout=timeout).reshape(-1)
             out = np.empty(int(lengths.sum()), np.uint8)
             self.allgatherv(np.frombuffer(mine, np.uint8), out, lengths.tolist(),
                             timeout=timeout)
-            raise MismatchError("ranks passed different arguments: %s" % "; ".join(
-                "rank %d %s" % (r, s or "(nothing)") for r, s in enumerate(
-                    _unbytes(out, lengths))))
+            each = [text.partition("\0")[::2] for text in _unbytes(out, lengths)]
+            if len({call for call, _ in each}) == 1:
+                raise MismatchError("ranks passed different arguments: %s" % "; ".join(
+                    "rank %d %s" % (r, args or "(nothing)") for r, (_, args) in
+                    enumerate(each)))
+            raise MismatchError("ranks made different calls: %s" % "; ".join(
+                "rank %d %s%s" % (r, call, " (%s)" % args if args else "") for r, (call, args)
+                in enumerate(each)))
         return table[:, :-1]
 
     def scatter_object(self, objs=None, root=0, timeout=None):
@@ -1005,7 +1015,7 @@ class Context(CallPath):
             text = _encoded(refusal)
             sizes[-1] = len(text)
             # An allgather, not a broadcast: every rank checks that all name one root.
-            sizes = self._agreed(sizes, root, "", timeout)[root]
+            sizes = self._agreed(sizes, "scatter_object", root, "", timeout)[root]
             if sizes[-1]:
                 self._refused("scatter_object", text, int(sizes[-1]), root, timeout)
             sizes = sizes[:-1]

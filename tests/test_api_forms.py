@@ -156,6 +156,13 @@ DISAGREEMENTS = {
         lambda ctx: ctx.gather_object(ctx.rank, root=ctx.rank),
         "gather_object: ranks passed different arguments: rank 0 root 0; rank 1 root 1; "
         "rank 2 root 2"),
+    "different calls": (
+        lambda ctx: ctx.gather_object(1) if ctx.rank == 0 else ctx.broadcast_object(1),
+        "ranks made different calls: rank 0 gather_object (root 0); rank 1 broadcast_object "
+        "(root 0); rank 2 broadcast_object (root 0)"),
+    "allgather_object beside allreduce_object": (
+        lambda ctx: ctx.allgather_object(1) if ctx.rank == 1 else ctx.allreduce_object(1),
+        "rank 0 allreduce_object (op SUM); rank 1 allgather_object; rank 2 allreduce_object"),
     "scatter_object root": (
         lambda ctx: ctx.scatter_object(["a", "b", "c"], root=1 if ctx.rank == 1 else 0),
         "scatter_object: ranks passed different arguments: rank 0 root 0; rank 1 root 1; "
