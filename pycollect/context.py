@@ -942,7 +942,7 @@ class Context(CallPath):
         data, text = _pickled(obj)
         table = self._agreed([data.size, len(text)], what, None, terms, timeout)
         if table[:, 1].any():
-            self._refused_anywhere("allgather_object", text, table[:, 1], timeout)
+            self._refused_anywhere(what, text, table[:, 1], timeout)
         sizes = table[:, 0]
         out = np.empty(int(sizes.sum()), np.uint8)
         self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
@@ -959,7 +959,7 @@ class Context(CallPath):
         data, text = _pickled(obj)
         table = self._agreed([data.size, len(text)], what, root, terms, timeout)
         if table[:, 1].any():
-            self._refused_anywhere("gather_object", text, table[:, 1], timeout)
+            self._refused_anywhere(what, text, table[:, 1], timeout)
         sizes = table[:, 0]
         out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
         self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
@@ -1046,17 +1046,21 @@ class Context(CallPath):
         out = np.frombuffer(text, np.uint8).copy() if self._rank == root else \
             np.empty(length, np.uint8)
         self.broadcast(out, root, timeout=timeout)
-        raise InvalidArgument("%s: root %d refused its arguments: %s"
-                              % (what, root, bytes(out).decode("utf-8", "replace")))
+        refusal = InvalidArgument("%s: root %d refused its arguments: %s"
+                                  % (what, root, bytes(out).decode("utf-8", "replace")))
+        refusal.caused_elsewhere = self._rank != root
+        raise refusal
 
     def _refused_anywhere(self, what, text, lengths, timeout):
         """Some ranks refused their arguments (reason ``lengths[r]`` bytes long, ``text``
         here): every rank receives every reason and raises them."""
         out = np.empty(int(lengths.sum()), np.uint8)
         self.allgatherv(np.frombuffer(text, np.uint8), out, lengths.tolist(), timeout=timeout)
-        raise InvalidArgument("%s: %s" % (what, "; ".join(
+        refusal = InvalidArgument("%s: %s" % (what, "; ".join(
             "rank %d refused its arguments: %s" % (r, why)
             for r, why in enumerate(_unbytes(out, lengths)) if why)))
+        refusal.caused_elsewhere = not lengths[self._rank]
+        raise refusal
 
     @contextlib.contextmanager
     def _inside(self, what):
@@ -1068,7 +1072,7 @@ class Context(CallPath):
                 raise
             raise InvalidArgument("%s: %s" % (what, exc)) from exc
         except Error as exc:
-            raise type(exc)("%s: %s" % (what, exc)) from exc
+            raise exc.restated("%s: %s" % (what, exc)) from exc
 
     # -- lifecycle --------------------------------------------------------
 
@@ -1219,7 +1223,7 @@ class Context(CallPath):
             if self._closed:
                 raise Error("rank %d: the context is closed" % self._rank)
             if self._failure is not None:
-                raise type(self._failure)(
+                raise self._failure.restated(
                     "rank %d: the context failed earlier and cannot be used; open a new "
                     "context (%s)" % (self._rank, self._failure))
             seq = (self._seq + 1) & 0xFFFFFFFF

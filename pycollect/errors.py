@@ -19,7 +19,21 @@ __all__ = [
 
 
 class Error(RuntimeError):
-    """Root of every error pycollect raises."""
+    """Root of every error pycollect raises.
+
+    ``caused_elsewhere`` is True where the error reports another rank's failure or refusal
+    rather than this rank's own: every ``PeerError``, and a refusal that another rank made
+    (the ``MismatchError`` a refusing rank's peers raise; an object collective's
+    ``InvalidArgument`` on the ranks that did not refuse).  ``pycollect-run`` blames a rank
+    whose error is not (pycollect/exit_report.py)."""
+
+    caused_elsewhere = False
+
+    def restated(self, text):
+        """The same kind of error, saying ``text``, and caused where this one was."""
+        other = type(self)(text)
+        other.caused_elsewhere = self.caused_elsewhere
+        return other
 
 
 class InvalidArgument(Error, ValueError):
@@ -28,6 +42,8 @@ class InvalidArgument(Error, ValueError):
 
 class PeerError(Error):
     """A peer died, closed its connection or broke the protocol; the context is failed."""
+
+    caused_elsewhere = True
 
 
 class Timeout(Error, TimeoutError):

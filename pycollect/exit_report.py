@@ -13,44 +13,35 @@ raised before ``init`` writes nothing: its failure counts as its own.
 
 import json
 import os
-import re
 import sys
 
 from pycollect import settings
-from pycollect.errors import InvalidArgument, MismatchError, PeerError
 
 __all__ = ["ENV", "install", "is_consequence", "read"]
 
 ENV = "PYCOLLECT_EXIT_REPORT"
 # The longest message kept in a report (its first line, cut).
 MAX_MESSAGE = 500
-# Who refused its arguments, in a refusal that every rank of a collective raises or hears:
-# "rank 1 (127.0.0.1:40785) refused its arguments", "root 0 refused its arguments".
-_REFUSED = re.compile(r"\b(?:rank|root) (\d+)(?: \([^)]*\))? refused its arguments")
 
 
-def is_consequence(exc, rank=None):
-    """Whether ``exc`` reports another rank's failure rather than this rank's own: a
-    ``PeerError``, or a refusal (``MismatchError``, or an object collective's
-    ``InvalidArgument``) that names a rank other than ``rank`` as the one that refused;
-    the exceptions it was raised from count too (``raise ... from exc``)."""
+def is_consequence(exc):
+    """Whether ``exc`` reports another rank's failure rather than this rank's own: it, or
+    an exception it was raised from (``raise ... from exc``, or raised while handling one,
+    unless ``from None``), is a pycollect error ``caused_elsewhere`` (every ``PeerError``;
+    a refusal another rank made)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, PeerError):
+        if getattr(exc, "caused_elsewhere", False) is True:
             return True
-        if isinstance(exc, (MismatchError, InvalidArgument)):
-            found = _REFUSED.search(str(exc))
-            if found and (rank is None or int(found.group(1)) != rank):
-                return True
-        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
     return False
 
 
-def install(rank):
+def install():
     """Chain a hook to ``sys.excepthook`` that writes the report named by the environment
-    for ``rank`` (nothing where the variable is unset; installed once however often
-    ``init`` runs)."""
+    (nothing where the variable is unset; installed once however often ``init`` runs)."""
     path = settings.get(ENV)
     if not path or getattr(sys.excepthook, "pycollect_exit_report", False):
         return
@@ -58,7 +49,7 @@ def install(rank):
 
     def report_then_print(kind, value, traceback):
         try:
-            _write(path, kind, value, rank)
+            _write(path, kind, value)
         except Exception:       # the report is a courtesy: the traceback still prints
             pass
         previous(kind, value, traceback)
@@ -67,10 +58,10 @@ def install(rank):
     sys.excepthook = report_then_print
 
 
-def _write(path, kind, value, rank):
+def _write(path, kind, value):
     lines = str(value).splitlines()
     report = {"error": kind.__name__, "message": (lines[0] if lines else "")[:MAX_MESSAGE],
-              "consequence": is_consequence(value, rank)}
+              "consequence": is_consequence(value)}
     partial = path + ".partial"
     with open(partial, "w", encoding="utf-8") as out:
         json.dump(report, out)

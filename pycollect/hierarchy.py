@@ -232,5 +232,5 @@ def _phase(what, phase, rank, end, call):
     try:
         call(max(end - _now(), 1e-3))
     except Error as exc:
-        raise type(exc)("rank %d: hierarchical %s, %s phase: %s" % (
+        raise exc.restated("rank %d: hierarchical %s, %s phase: %s" % (
             rank, what, phase, _GROUP_RANK.sub("", str(exc), count=1))) from exc

@@ -198,7 +198,7 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     """
     debug = _debug_enabled()
     rank, size, store = _job(rank, size, store)
-    exit_report.install(rank)   # under pycollect-run: say why this rank ended, if it fails
+    exit_report.install()       # under pycollect-run: say why this rank ended, if it fails
     timeout = settings.get("PYCOLLECT_TIMEOUT") if timeout is None else timeout
     if segment_bytes is None:
         segment_bytes = settings.get("PYCOLLECT_MAX_SEGMENT_BYTES")

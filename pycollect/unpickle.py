@@ -16,9 +16,11 @@ define, by a plain public name (no dots, no leading underscore).  A wildcard adm
 function: a module's functions are reached only by naming each one.
 """
 
+import _compat_pickle
 import io
 import pickle
 import re
+import sys
 
 from .errors import InvalidArgument, UnpicklingRefused
 
@@ -70,22 +72,92 @@ def loads_for(allowed):
     modules = tuple(n[:-2] for n in allowed if n.endswith(".*"))
 
     def under(module):
-        return module is not None and any(module == m or module.startswith(m + ".")
-                                          for m in modules)
-
-    class _Restricted(pickle.Unpickler):
-        def find_class(self, module, name):
-            if "%s.%s" % (module, name) in exact:
-                return super().find_class(module, name)
-            # A wildcard: a class by a plain public name (a dotted one walks attributes,
-            # through a module's __builtins__ to eval), defined under the module.
-            if "." not in name and not name.startswith("_") and under(module):
-                found = super().find_class(module, name)
-                if isinstance(found, type) and under(getattr(found, "__module__", None)):
-                    return found
-            raise UnpicklingRefused("%s.%s is not in the unpickle allow-list"
-                                    % (module, name))
+        return isinstance(module, str) and any(module == m or module.startswith(m + ".")
+                                               for m in modules)
 
     def loads(data, buffers=None):
-        return _Restricted(io.BytesIO(data), buffers=buffers).load()
+        return _Restricted(io.BytesIO(data), exact, under, buffers=buffers).load()
     return loads
+
+
+def _wildcard_class(module, name, under):
+    """The class ``module.name`` that a wildcard admits, or None: a plain public name, in
+    a module already imported (importing one runs its code: a package's ``__main__``)
+    whose every part is public, and a class defined under the wildcard's module."""
+    if "." in name or name.startswith("_") or not under(module) or any(
+            part.startswith("_") for part in module.split(".")):
+        return None
+    found = getattr(sys.modules.get(module), name, None)
+    if isinstance(found, type) and under(getattr(found, "__module__", None)):
+        return found
+    return None
+
+
+class _Restricted(pickle._Unpickler):
+    """The restricted unpickler.  Its globals: ``find_class``.  The pure-Python unpickler,
+    not the C one, so that the opcodes that change an object in place (BUILD, SETITEM(S),
+    APPEND(S), ADDITEMS) can refuse a target that is a global it loaded: BUILD on a class
+    sets the class's attributes for the whole process (``collections.Counter`` with
+    ``most_common = None``), where it should only ever fill the pickle's own new objects."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file, exact, under, buffers=None):
+        super().__init__(file, buffers=buffers)
+        self._exact, self._under = exact, under
+        self._globals = set()       # the ids of the globals loaded (alive: module-level)
+
+    def find_class(self, module, name):
+        if self.proto < 3 and self.fix_imports:     # Python 2's names, as pickle maps them
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            elif module in _compat_pickle.IMPORT_MAPPING:
+                module = _compat_pickle.IMPORT_MAPPING[module]
+        if "%s.%s" % (module, name) in self._exact:
+            found = super().find_class(module, name)
+        else:
+            found = _wildcard_class(module, name, self._under)
+            if found is None:
+                raise UnpicklingRefused("%s.%s is not in the unpickle allow-list"
+                                        % (module, name))
+        self._globals.add(id(found))
+        return found
+
+    def _changes(self, target):
+        if id(target) in self._globals:
+            raise UnpicklingRefused("the pickle changes the global %r in place"
+                                    % (getattr(target, "__qualname__", None) or target,))
+
+    def load_build(self):
+        self._changes(self.stack[-2])
+        super().load_build()
+    dispatch[pickle.BUILD[0]] = load_build
+
+    def load_setitem(self):
+        self._changes(self.stack[-3])
+        super().load_setitem()
+    dispatch[pickle.SETITEM[0]] = load_setitem
+
+    def load_append(self):
+        self._changes(self.stack[-2])
+        super().load_append()
+    dispatch[pickle.APPEND[0]] = load_append
+
+    def _marked(self):
+        """The object under the innermost mark: what SETITEMS, APPENDS, ADDITEMS change."""
+        return self.metastack[-1][-1] if self.metastack and self.metastack[-1] else None
+
+    def load_setitems(self):
+        self._changes(self._marked())
+        super().load_setitems()
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+
+    def load_appends(self):
+        self._changes(self._marked())
+        super().load_appends()
+    dispatch[pickle.APPENDS[0]] = load_appends
+
+    def load_additems(self):
+        self._changes(self._marked())
+        super().load_additems()
+    dispatch[pickle.ADDITEMS[0]] = load_additems

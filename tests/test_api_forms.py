@@ -256,6 +256,7 @@ def test_scatter_object_refused_on_root_fails_every_rank_naming_the_call(trio, o
         with pytest.raises(pc.InvalidArgument) as info:
             ctx.scatter_object(objs(ctx) if ctx.rank == 0 else None)
         assert str(info.value).startswith("scatter_object: ") and words in str(info.value)
+        assert info.value.caused_elsewhere is (ctx.rank != 0)     # the root's own refusal
         return ctx.scatter_object(["a", "b", "c"] if ctx.rank == 0 else None)
 
     assert trio.run(body) == ["a", "b", "c"]
@@ -265,8 +266,9 @@ def test_an_object_one_rank_cannot_pickle_fails_every_rank(trio):
     def body(ctx):
         for call in (ctx.allgather_object, ctx.gather_object):
             with pytest.raises(pc.InvalidArgument, match="rank 1 refused its arguments: "
-                                                         "TypeError: cannot pickle"):
+                                                         "TypeError: cannot pickle") as info:
                 call(threading.Lock() if ctx.rank == 1 else ctx.rank)
+            assert info.value.caused_elsewhere is (ctx.rank != 1)
         with pytest.raises(pc.InvalidArgument, match="broadcast_object: root 2 refused"):
             ctx.broadcast_object(threading.Lock() if ctx.rank == 2 else None, root=2)
         return ctx.allgather_object(ctx.rank)

@@ -84,10 +84,12 @@ FLAGS_PATH = ("barrier", "broadcast", "allreduce")   # small ones, on shared mem
 def _check(outcome, rank, refuser, waits, call):
     if rank == refuser:
         assert isinstance(outcome, pc.InvalidArgument), (rank, outcome)
+        assert outcome.caused_elsewhere is False        # its own (pycollect-run blames it)
     elif rank in waits or isinstance(outcome, pc.Error):
         assert isinstance(outcome, pc.MismatchError), (rank, outcome)
         assert re.search(r"rank %d\b.*refused its arguments to %s #\d+" % (refuser, call),
                          str(outcome)), outcome
+        assert outcome.caused_elsewhere is True         # the refuser's, not this rank's
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

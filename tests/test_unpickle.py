@@ -9,6 +9,7 @@ import datetime
 import fractions
 import os
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -181,3 +182,48 @@ def test_a_wildcard_admits_classes_and_no_way_to_a_function(payload, allow):
     assert unpickle.loads_for(("test_unpickle.*",))(pickle.dumps(Point(1, 2), protocol=5)) \
         == Point(1, 2)
     assert unpickle.loads_for(())(pickle.dumps(np.float32(2), protocol=5)) == 2
+
+
+def test_a_pickle_may_not_change_a_global_it_loaded():
+    """BUILD on a class set its attributes for the whole process (Counter.most_common =
+    None, with no allow-list at all); the opcodes that change an object in place refuse a
+    target that is a global, and still fill the pickle's own objects."""
+    loads = unpickle.loads_for(())
+    attacks = [
+        b"ccollections\nCounter\n(N}S'most_common'\nNtb.",           # BUILD, slot state
+        b"ccollections\nCounter\n}S'most_common'\nNsb.",             # SETITEM on a class
+        b"ccollections\nOrderedDict\n(S'k'\nI1\nu.",                # SETITEMS
+        b"ccollections\ndeque\nI1\na.",                              # APPEND
+    ]
+    for attack in attacks:
+        with pytest.raises(pc.UnpicklingRefused, match="changes the global"):
+            loads(attack)
+    assert collections.Counter("aab").most_common() == [("a", 2), ("b", 1)]
+    filled = {"od": collections.OrderedDict(a=[1, 2]), "c": collections.Counter("ab"),
+              "dq": collections.deque([1]), "s": {frozenset({1})}, "p": Point(1, 2)}
+    assert unpickle.loads_for(("test_unpickle.Point",))(pickle.dumps(filled, protocol=5)) \
+        == filled
+    assert unpickle.loads_for(("test_unpickle.Point",))(pickle.dumps(filled, protocol=2)) \
+        == filled
+
+
+def test_a_wildcard_imports_nothing_and_skips_private_modules(tmp_path, monkeypatch):
+    """A wildcard found its class by importing the module first: numpy.* ran
+    numpy.f2py.__main__ (it exited the process)."""
+    runs_main = b"\x80\x04\x8c\x13numpy.f2py.__main__\x94\x8c\x01X\x94\x93\x94."
+    (tmp_path / "planted_mod.py").write_text(
+        "import pathlib\npathlib.Path(%r).touch()\nclass Thing:\n    pass\n"
+        % str(tmp_path / "imported"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    thing = b"cplanted_mod\nThing\n)\x81."                       # Thing() by NEWOBJ
+    for allow, payload in (("numpy.*", runs_main), ("planted_mod.*", thing),
+                           ("numpy.*", b"cnumpy._core.records\nrecarray\n.")):
+        with pytest.raises(pc.UnpicklingRefused, match="is not in the unpickle allow-list"):
+            unpickle.loads_for((allow,))(payload)
+    assert not (tmp_path / "imported").exists()             # nothing ran on import
+    # Once the program has imported the module, its classes load by their plain names.
+    __import__("planted_mod")
+    try:
+        assert type(unpickle.loads_for(("planted_mod.*",))(thing)).__name__ == "Thing"
+    finally:
+        del sys.modules["planted_mod"]

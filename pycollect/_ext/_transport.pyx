@@ -292,7 +292,9 @@ cdef int raise_error(Transport t) except -1:
         else:
             msg = "%s: %s failed: %s relayed that rank %d refused its arguments to %s" % (
                 me, what, peer, e.origin, call)
-        raise MismatchError(msg)
+        refused = MismatchError(msg)
+        refused.caused_elsewhere = True     # another rank's refusal (pycollect-run's blame)
+        raise refused
     if e.kind == ERR_MISMATCH:
         if e.has_theirs and e.peer >= 0 and e.blamed >= 0 and e.blamed != t.rank \
                 and e.blamed != e.peer:
@@ -304,7 +306,10 @@ cdef int raise_error(Transport t) except -1:
                 me, what, peer, _desc(&e.theirs), (": " + detail) if detail else "")
         else:
             msg = "%s: %s: %s" % (me, what, detail)
-        raise MismatchError(msg)
+        mismatch = MismatchError(msg)
+        # A peer's refusal of a later collective (the engine's words for it).
+        mismatch.caused_elsewhere = "refused its arguments" in detail
+        raise mismatch
     if e.kind == ERR_TIMEOUT:
         raise Timeout("%s: %s timed out after %g s %s" % (me, what, t.timeout_s, detail))
     if e.kind == ERR_ABORTED:
