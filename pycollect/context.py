@@ -999,7 +999,7 @@ class Context(CallPath):
         """Return ``objs[rank]`` of root's list on every rank (pickle)."""
         root = self._check_root(root, "scatter_object")
         with self._inside("scatter_object"):
-            refusal, data, sizes = None, None, np.zeros(self._size + 1, np.int64)
+            refusal, data, sizes = None, None, np.zeros(self._size, np.int64)
             if self._rank == root:
                 try:
                     objs = list(objs)
@@ -1007,18 +1007,18 @@ class Context(CallPath):
                         raise InvalidArgument("root passed %d objects for %d ranks"
                                               % (len(objs), self._size))
                     blobs = [pickle.dumps(o, protocol=5) for o in objs]
-                    sizes = np.array([len(b) for b in blobs] + [0], np.int64)
+                    sizes = np.array([len(b) for b in blobs], np.int64)
                     data = np.frombuffer(b"".join(blobs), np.uint8)
                 except Exception as exc:      # raised on every rank below
                     refusal = str(exc) if isinstance(exc, InvalidArgument) else \
                         "%s: %s" % (type(exc).__name__, exc)
             text = _encoded(refusal)
-            sizes[-1] = len(text)
-            # An allgather, not a broadcast: every rank checks that all name one root.
-            sizes = self._agreed(sizes, "scatter_object", root, "", timeout)[root]
-            if sizes[-1]:
-                self._refused("scatter_object", text, int(sizes[-1]), root, timeout)
-            sizes = sizes[:-1]
+            # An allgather, not a broadcast: every rank checks that all name one root and
+            # make one call (its row as long as the other object collectives' rows).
+            head = self._agreed([0, len(text)], "scatter_object", root, "", timeout)[root]
+            if head[1]:
+                self._refused("scatter_object", text, int(head[1]), root, timeout)
+            self.broadcast(sizes, root, timeout=timeout)
             mine = np.empty(int(sizes[self._rank]), np.uint8)
             self.scatterv(data, sizes.tolist(), mine, root, timeout=timeout)
             return self._unpickled(mine, root)

@@ -160,6 +160,9 @@ DISAGREEMENTS = {
         lambda ctx: ctx.gather_object(1) if ctx.rank == 0 else ctx.broadcast_object(1),
         "ranks made different calls: rank 0 gather_object (root 0); rank 1 broadcast_object "
         "(root 0); rank 2 broadcast_object (root 0)"),
+    "scatter_object beside gather_object": (
+        lambda ctx: ctx.gather_object(1) if ctx.rank == 2 else ctx.scatter_object([1, 2, 3]),
+        "rank 0 scatter_object (root 0); rank 1 scatter_object (root 0); rank 2 gather_object"),
     "allgather_object beside allreduce_object": (
         lambda ctx: ctx.allgather_object(1) if ctx.rank == 1 else ctx.allreduce_object(1),
         "rank 0 allreduce_object (op SUM); rank 1 allgather_object; rank 2 allreduce_object"),
