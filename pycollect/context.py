@@ -15,7 +15,6 @@ import functools
 import logging
 import operator
 import os
-import pickle
 import threading
 import zlib
 from time import monotonic as _now
@@ -904,7 +903,7 @@ class Context(CallPath):
             if self._rank == root:
                 try:
                     buffers = []
-                    main = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+                    main = unpickle.dumps(obj, buffer_callback=buffers.append)
                     parts = [np.frombuffer(main, np.uint8)] + [
                         np.frombuffer(b.raw(), np.uint8) for b in buffers]
                     sizes = np.array([len(parts)] + [p.size for p in parts], np.int64)
@@ -1006,12 +1005,12 @@ class Context(CallPath):
                     if len(objs) != self._size:
                         raise InvalidArgument("root passed %d objects for %d ranks"
                                               % (len(objs), self._size))
-                    blobs = [pickle.dumps(o, protocol=5) for o in objs]
+                    blobs = [unpickle.dumps(o) for o in objs]
                     sizes = np.array([len(b) for b in blobs], np.int64)
                     data = np.frombuffer(b"".join(blobs), np.uint8)
                 except Exception as exc:      # raised on every rank below
-                    refusal = str(exc) if isinstance(exc, InvalidArgument) else \
-                        "%s: %s" % (type(exc).__name__, exc)
+                    refusal = (str(exc) if isinstance(exc, InvalidArgument) else
+                               "%s: %s" % (type(exc).__name__, exc)) or type(exc).__name__
             text = _encoded(refusal)
             # An allgather, not a broadcast: every rank checks that all name one root and
             # make one call (its row as long as the other object collectives' rows).
@@ -1031,6 +1030,10 @@ class Context(CallPath):
         except UnpicklingRefused as exc:
             raise UnpicklingRefused("rank %d did not unpickle the object from rank %d: %s"
                                     % (self._rank, sender, exc)) from None
+        except Exception as exc:    # not a pickle: what the unpickler stumbled on
+            raise UnpicklingRefused("rank %d could not unpickle the object from rank %d: "
+                                    "%s: %s" % (self._rank, sender, type(exc).__name__,
+                                                exc)) from exc
 
     def _unpickled_blocks(self, data, sizes):
         """Every rank's object, block r of ``data`` (``sizes[r]`` bytes) from rank r."""
@@ -1070,7 +1073,7 @@ class Context(CallPath):
         except InvalidArgument as exc:
             if str(exc).startswith(what + ":"):
                 raise
-            raise InvalidArgument("%s: %s" % (what, exc)) from exc
+            raise exc.restated("%s: %s" % (what, exc)) from exc
         except Error as exc:
             raise exc.restated("%s: %s" % (what, exc)) from exc
 
@@ -1383,7 +1386,7 @@ def _block_of(sendbuf, size, what, squeeze=False):
 def _pickled(obj):
     """(the pickle of ``obj``, b""), or (nothing, why it does not pickle, encoded)."""
     try:
-        return np.frombuffer(pickle.dumps(obj, protocol=5), np.uint8), b""
+        return np.frombuffer(unpickle.dumps(obj), np.uint8), b""
     except Exception as exc:      # raised on every rank, with the reason
         return np.zeros(0, np.uint8), _encoded("%s: %s" % (type(exc).__name__, exc))
 

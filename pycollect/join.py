@@ -94,12 +94,14 @@ class _Join:
                             ("%s %d %s" % (error.__name__, count, message)).encode())
         self.stop(error, message)
 
-    def stop(self, error, message):
-        """Raise ``message``; rank 0, whose process may host the store, first lets the
-        others read the failure."""
+    def stop(self, error, message, elsewhere=False):
+        """Raise ``message`` (``elsewhere``: another rank's published failure); rank 0,
+        whose process may host the store, first lets the others read the failure."""
         if self.rank == 0:
             time.sleep(FAILURE_LINGER_S)
-        raise error("rank %d: %s" % (self.rank, message))
+        failure = error("rank %d: %s" % (self.rank, message))
+        failure.caused_elsewhere = elsewhere
+        raise failure
 
     def check_failed(self, run):
         """Raise the failure another rank published for ``run``, if any."""
@@ -110,7 +112,7 @@ class _Join:
             return
         error = Timeout if name == "Timeout" else MismatchError
         if count.isdigit() and int(count) >= self.ticket:
-            self.stop(error, message)
+            self.stop(error, message, elsewhere=True)
         # Published before this rank joined: an earlier job's, or this run failed
         # before this rank came.  It is the cause if nothing better shows up.
         self.earlier_failure = (error, message)

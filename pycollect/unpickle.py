@@ -1,12 +1,12 @@
-"""What the object collectives may unpickle: anything, or only the globals of an allow-list.
+"""The object collectives' pickles: how they are made, and what may be unpickled.
 
 Unpickling runs code the sender chose: a pickle may name any importable function and call
 it (``os.system`` among them).  By default the object collectives unpickle anything, and
 are for trusted peers only.  With an allow-list (``PYCOLLECT_UNPICKLE_ALLOW``, or
 ``Context.unpickle_allow``) a restricted unpickler loads only the globals it names, besides
 the plain values pickle builds without any (None, bools, numbers, strings, bytes, tuples,
-lists, dicts) and ``SAFE``: the standard library's containers and values, and what NumPy
-arrays, scalars and dtypes are rebuilt with, none of which runs code of the sender's
+lists, dicts) and ``SAFE``: the standard library's containers and values, and this module's
+rebuilders of NumPy arrays, scalars and dtypes, none of which runs code of the sender's
 choosing.  A pickle that reaches any other global is refused there, before that global is
 loaded; what it built until then is dropped.
 
@@ -14,17 +14,31 @@ An entry is ``module.name``, one global exactly (``myapp.config.Config``; a nest
 ``myapp.config.Outer.Inner``), or ``module.*``: the classes that module and its submodules
 define, by a plain public name (no dots, no leading underscore).  A wildcard admits no
 function: a module's functions are reached only by naming each one.
+
+``dumps`` pickles NumPy arrays, scalars and dtypes (of every dtype but ``object``) as their
+bytes and a description of their dtype in plain values (``rebuild_array`` and kin), not
+through NumPy's own reduction: that one rebuilds a dtype with ``__setstate__`` from the
+sender's state, which NumPy trusts (a forged state crashed the receiver, or made an array
+whose elements NumPy read as object pointers).  Arrays' bytes travel out of band where the
+caller takes buffers (``buffer_callback``), as NumPy's own protocol-5 reduction does.
 """
 
 import _compat_pickle
+import collections
+import copyreg
+import importlib
 import io
 import pickle
 import re
 import sys
+import types
+
+import numpy as np
 
 from .errors import InvalidArgument, UnpicklingRefused
 
-__all__ = ["SAFE", "parse", "loads_for"]
+__all__ = ["SAFE", "parse", "loads_for", "dumps", "rebuild_array", "rebuild_scalar",
+           "rebuild_dtype"]
 
 # Globals that build plain values and run nothing of the sender's choosing.
 SAFE = frozenset({
@@ -33,15 +47,130 @@ SAFE = frozenset({
     "collections.Counter", "datetime.date", "datetime.time", "datetime.datetime",
     "datetime.timedelta", "datetime.timezone", "decimal.Decimal", "fractions.Fraction",
     "uuid.UUID",
-    # NumPy's arrays, scalars and dtypes (the names of NumPy 2, and of NumPy 1 before them).
-    "numpy.ndarray", "numpy.dtype",
-    "numpy._core.multiarray._reconstruct", "numpy._core.multiarray.scalar",
-    "numpy._core.numeric._frombuffer",
-    "numpy.core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
-    "numpy.core.numeric._frombuffer",
+    # NumPy's arrays, scalars and dtypes, as ``dumps`` writes them.
+    "pycollect.unpickle.rebuild_array", "pycollect.unpickle.rebuild_scalar",
+    "pycollect.unpickle.rebuild_dtype",
 })
 
 _ENTRY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?")
+
+
+# -- NumPy values as plain values -----------------------------------------------------------
+
+
+def _description(dtype):
+    """``dtype`` in plain values: its string (``<f8``, ``<M8[ns]``), or for a structured or
+    sub-array dtype its ``descr`` list."""
+    return dtype.str if dtype.fields is None and dtype.subdtype is None else dtype.descr
+
+
+def _plain_dtype(description):
+    """The dtype a sender described; one that holds objects is refused (its bytes would be
+    pointers)."""
+    try:
+        dtype = np.dtype(description if isinstance(description, str)
+                         else [tuple(field) for field in description])
+    except (TypeError, ValueError) as exc:
+        raise UnpicklingRefused("%r does not describe a NumPy dtype: %s"
+                                % (description, exc)) from None
+    if dtype.hasobject:
+        raise UnpicklingRefused("a NumPy dtype that holds objects does not travel as bytes")
+    return dtype
+
+
+def rebuild_array(description, shape, order, data):
+    """A NumPy array of the described dtype over ``data`` (a buffer), in ``shape`` and
+    ``order`` ("C" or "F"), as ``dumps`` wrote it."""
+    dtype = _plain_dtype(description)
+    if order not in ("C", "F"):
+        raise UnpicklingRefused("an array's order must be 'C' or 'F', not %r" % (order,))
+    count = 1
+    for n in shape:
+        count *= n
+    flat = np.frombuffer(data, dtype=dtype, count=count) if count else np.empty(0, dtype)
+    return flat.reshape(shape, order=order)
+
+
+def rebuild_scalar(description, data):
+    """A NumPy scalar of the described dtype from its bytes."""
+    dtype = _plain_dtype(description)
+    return np.frombuffer(data, dtype=dtype, count=1)[0]
+
+
+def rebuild_dtype(description):
+    """A NumPy dtype from its description (``object`` too: a dtype holds no objects)."""
+    if description == "|O":
+        return np.dtype(object)
+    return _plain_dtype(description)
+
+
+def _plain(dtype):
+    """Whether ``dtype`` travels as its description: it holds no objects and the
+    description rebuilds it (a StringDType or a user-defined dtype does not)."""
+    if dtype.hasobject:
+        return False
+    description = _description(dtype)
+    try:
+        return np.dtype(description if isinstance(description, str)
+                        else [tuple(field) for field in description]) == dtype
+    except (TypeError, ValueError):
+        return False
+
+
+def _reduce_array(arr):
+    if not _plain(arr.dtype):
+        return arr.__reduce_ex__(5)         # NumPy's own: objects travel as objects
+    if arr.flags.c_contiguous:
+        order = "C"
+    elif arr.flags.f_contiguous:
+        order = "F"
+    else:
+        arr, order = np.ascontiguousarray(arr), "C"
+    # Its bytes as uint8 (every dtype exports so; datetimes do not otherwise), in order.
+    data = (arr if order == "C" else arr.T).reshape(-1).view(np.uint8)
+    return rebuild_array, (_description(arr.dtype), arr.shape, order, pickle.PickleBuffer(data))
+
+
+def _reduce_scalar(value):
+    if not _plain(value.dtype):
+        return value.__reduce_ex__(5)
+    return rebuild_scalar, (_description(value.dtype), value.tobytes())
+
+
+def _reduce_dtype(dtype):
+    if dtype != np.dtype(object) and not _plain(dtype):
+        return dtype.__reduce_ex__(5)
+    return rebuild_dtype, (_description(dtype),)
+
+
+def _numpy_reducers():
+    table = {np.ndarray: _reduce_array}
+    for kind in set(np.sctypeDict.values()):
+        if issubclass(kind, np.generic) and kind is not np.object_:
+            table[kind] = _reduce_scalar
+    table[type(np.dtype("f8"))] = _reduce_dtype
+    for name in dir(getattr(np, "dtypes", None) or ()):
+        kind = getattr(np.dtypes, name)
+        if isinstance(kind, type) and issubclass(kind, np.dtype):
+            table[kind] = _reduce_dtype
+    return table
+
+
+class _Pickler(pickle.Pickler):
+    # Exact types only (a subclass of ndarray keeps its own reduction), looked up in C.
+    dispatch_table = collections.ChainMap(_numpy_reducers(), copyreg.dispatch_table)
+
+
+def dumps(obj, buffer_callback=None):
+    """``obj`` pickled (protocol 5) as the object collectives send it: NumPy values in
+    plain values (``rebuild_array``...), arrays' bytes out of band where the caller takes
+    buffers."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffer_callback).dump(obj)
+    return out.getvalue()
+
+
+# -- the allow-list ------------------------------------------------------------------------
 
 
 def parse(entries):
@@ -87,10 +216,25 @@ def _wildcard_class(module, name, under):
     if "." in name or name.startswith("_") or not under(module) or any(
             part.startswith("_") for part in module.split(".")):
         return None
-    found = getattr(sys.modules.get(module), name, None)
+    loaded = sys.modules.get(module)
+    if not isinstance(loaded, types.ModuleType):
+        return None
+    found = vars(loaded).get(name)      # not getattr: a module's __getattr__ may import
     if isinstance(found, type) and under(getattr(found, "__module__", None)):
         return found
     return None
+
+
+def _named(module, name):
+    """The global ``module.name`` that an entry names exactly (a dotted name walks the
+    attributes, as pickle does); the module is imported if it is not yet: its name is
+    trusted."""
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        if part == "<locals>":
+            raise UnpicklingRefused("%s.%s is a local object" % (module, name))
+        found = getattr(found, part)
+    return found
 
 
 class _Restricted(pickle._Unpickler):
@@ -114,7 +258,7 @@ class _Restricted(pickle._Unpickler):
             elif module in _compat_pickle.IMPORT_MAPPING:
                 module = _compat_pickle.IMPORT_MAPPING[module]
         if "%s.%s" % (module, name) in self._exact:
-            found = super().find_class(module, name)
+            found = _named(module, name)        # mapped once, above (not again)
         else:
             found = _wildcard_class(module, name, self._under)
             if found is None:
@@ -123,13 +267,27 @@ class _Restricted(pickle._Unpickler):
         self._globals.add(id(found))
         return found
 
+    def get_extension(self, code):
+        # A copyreg extension code names a global too: it goes through find_class (the
+        # cache that pickle.loads fills would hand it over unchecked).
+        key = copyreg._inverted_registry.get(code)
+        if not key:
+            raise UnpicklingRefused("extension code %d is not registered" % code)
+        self.append(self.find_class(*key))
+
     def _changes(self, target):
         if id(target) in self._globals:
             raise UnpicklingRefused("the pickle changes the global %r in place"
                                     % (getattr(target, "__qualname__", None) or target,))
 
     def load_build(self):
-        self._changes(self.stack[-2])
+        target = self.stack[-2]
+        self._changes(target)
+        if isinstance(target, np.dtype):
+            # NumPy trusts a dtype's state: a forged one crashes the process or makes an
+            # array read bytes as object pointers.  ``dumps`` never sends one.
+            raise UnpicklingRefused("the pickle sets a NumPy dtype's state, which NumPy "
+                                    "does not check")
         super().load_build()
     dispatch[pickle.BUILD[0]] = load_build
 

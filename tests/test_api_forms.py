@@ -363,7 +363,8 @@ def test_a_closed_context_refuses_with():
 def test_number_forms_and_objects_do_not_pickle_numbers(monkeypatch):
     # Numbers travel as one-element arrays, never pickled: with pickle out of order, the
     # number forms still work on 2 ranks (the object forms, which pickle by name, do not).
-    import pycollect.context
+    import pickle
+    import pycollect.unpickle
     from group import ThreadGroup
 
     def no_pickle(*args, **kwargs):
@@ -371,8 +372,10 @@ def test_number_forms_and_objects_do_not_pickle_numbers(monkeypatch):
 
     g = ThreadGroup(2, timeout=20)
     try:
-        monkeypatch.setattr(pycollect.context.pickle, "dumps", no_pickle)
-        monkeypatch.setattr(pycollect.context.pickle, "loads", no_pickle)
+        # The object collectives pickle through pycollect.unpickle.dumps (a pickle.Pickler).
+        monkeypatch.setattr(pycollect.unpickle, "dumps", no_pickle)
+        monkeypatch.setattr(pickle, "Pickler", no_pickle)
+        monkeypatch.setattr(pickle, "loads", no_pickle)
         got = g.run(lambda ctx: (ctx.allreduce(3.5), ctx.reduce(ctx.rank + 2, root=0)))
         assert got[0] == (7.0, 5) and got[1][0] == 7.0, got
         with pytest.raises(pc.InvalidArgument, match="pickle used"):

@@ -293,22 +293,26 @@ cdef int raise_error(Transport t) except -1:
             msg = "%s: %s failed: %s relayed that rank %d refused its arguments to %s" % (
                 me, what, peer, e.origin, call)
         refused = MismatchError(msg)
-        refused.caused_elsewhere = True     # another rank's refusal (pycollect-run's blame)
+        # Another rank's refusal (pycollect-run's blame), unless relayed back to its maker.
+        refused.caused_elsewhere = (e.origin if e.origin >= 0 else e.peer) != t.rank
         raise refused
     if e.kind == ERR_MISMATCH:
+        third = False
         if e.has_theirs and e.peer >= 0 and e.blamed >= 0 and e.blamed != t.rank \
                 and e.blamed != e.peer:
             # A peer found a third rank out of step: this rank's call is not in question.
             msg = "%s: %s failed: %s, which called %s, %s" % (
                 me, what, peer, _desc(&e.theirs), detail)
+            third = True
         elif e.has_theirs:
             msg = "%s: %s disagrees with %s, which called %s%s" % (
                 me, what, peer, _desc(&e.theirs), (": " + detail) if detail else "")
         else:
             msg = "%s: %s: %s" % (me, what, detail)
         mismatch = MismatchError(msg)
-        # A peer's refusal of a later collective (the engine's words for it).
-        mismatch.caused_elsewhere = "refused its arguments" in detail
+        # A third rank out of step, or a peer's refusal of a later collective (the
+        # engine's words for it): not this rank's own.
+        mismatch.caused_elsewhere = third or "refused its arguments" in detail
         raise mismatch
     if e.kind == ERR_TIMEOUT:
         raise Timeout("%s: %s timed out after %g s %s" % (me, what, t.timeout_s, detail))
