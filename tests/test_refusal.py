@@ -171,3 +171,19 @@ def test_a_refusal_for_a_group_of_one_sends_nothing():
         assert ctx.allreduce(np.ones(2))[0] == 1.0
     finally:
         ctx.close()
+
+
+def test_a_refusal_relayed_back_to_its_maker_is_its_own(trio):
+    """The peers that waited on the refuser fail; the refuser hears of it at its next call
+    as a relay of its own refusal, which is no other rank's failure (caused_elsewhere is
+    what pycollect-run blames by)."""
+    first = trio.outcomes(lambda ctx: ctx.scatterv(None if ctx.rank == 0 else np.ones(6),
+                                                   [2, 2, 2]), timeout=BOUND)
+    assert isinstance(first[0], pc.InvalidArgument) and not first[0].caused_elsewhere, first
+    after = trio.outcomes(lambda ctx: ctx.barrier(), timeout=BOUND)
+    for rank, outcome in enumerate(after):
+        if isinstance(outcome, pc.MismatchError) and re.search(
+                r"that rank 0 refused its arguments|rank 0\b[^;]* refused its arguments",
+                str(outcome)):
+            assert outcome.caused_elsewhere is (rank != 0), (rank, outcome)
+    assert any(isinstance(o, pc.Error) for o in after), after
