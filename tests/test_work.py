@@ -772,6 +772,9 @@ def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transpor
             assert isinstance(seen[name], pc.InvalidArgument), (name, seen[name])
             assert "has not ended, and cannot while this done callback runs" in \
                 str(seen[name]), seen[name]
+            assert str(seen[name]).startswith(
+                "wait_all:" if name == "wait_all" else "wait_any:" if name == "wait_any"
+                else "Work.wait:"), seen[name]
         assert isinstance(seen["blocking call"], pc.InvalidArgument), seen["blocking call"]
         assert "allreduce: a blocking call cannot run in a done callback" in \
             str(seen["blocking call"])

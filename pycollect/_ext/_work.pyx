@@ -455,6 +455,9 @@ def wait_all(works, timeout=None):
     cdef object first = None, first_work = None
     cdef list results
     works = _handles(works, "wait_all")
+    for w in works:
+        if type(w) is Work and not (<Work>w)._end.done:
+            _not_in_callback(<Work>w, "wait_all")
     if timeout is None:
         # Run what each context's queue holds up to the last of its handles here, on
         # this thread, first: a wait for the first alone would hand the rest to the
