@@ -133,9 +133,9 @@ class Context(CallPath):
     def unpickle_allow(self):
         """The globals this context's object collectives may unpickle (a tuple of
         ``module.name`` entries, one global each, and ``module.*`` entries, that module's
-        classes), or None: anything unpickles.  Set it
-        to a list, or a comma-separated string, to restrict them (pycollect/unpickle.py);
-        sub-groups made later take it.  Default: ``PYCOLLECT_UNPICKLE_ALLOW``."""
+        classes), or None: anything unpickles.  Set it to a list, or a comma-separated
+        string, to restrict them (pycollect/unpickle.py); sub-groups made later take it.
+        Default: ``PYCOLLECT_UNPICKLE_ALLOW``."""
         return self._unpickle_allow
 
     @unpickle_allow.setter
