@@ -211,7 +211,7 @@ class _Join:
             if self.earlier_failure is None:
                 raise
             # The store went away with the rank 0 that published the failure.
-            self.stop(*self.earlier_failure)
+            self.stop(*self.earlier_failure, elsewhere=True)
 
     def withdraw(self, run):
         """Take back this rank's join of ``run``, which a newer run replaced in the store (an
@@ -250,7 +250,7 @@ class _Join:
             self.check_failed(run)
             if self.deadline.expired():
                 if self.earlier_failure is not None:
-                    self.stop(*self.earlier_failure)
+                    self.stop(*self.earlier_failure, elsewhere=True)
                 if foreign:
                     self.timed_out("rank 0 answered another process as rank %d (the echo is not "
                                    "this process's nonce): rank %d was started twice, or an "

@@ -59,18 +59,56 @@ _ENTRY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?")
 
 
 def _description(dtype):
-    """``dtype`` in plain values: its string (``<f8``, ``<M8[ns]``), or for a structured or
-    sub-array dtype its ``descr`` list."""
-    return dtype.str if dtype.fields is None and dtype.subdtype is None else dtype.descr
+    """``dtype`` in plain values (strings, ints, tuples, lists and dicts of them): its string
+    (``<f8``, ``<M8[ns]``; with NumPy's character where the string names another type, as
+    ``<q`` for ``longlong``), a sub-array as (its base, its shape), a structured dtype in
+    NumPy's dict form (names, formats, offsets, itemsize, titles, aligned), recursively."""
+    if dtype.subdtype is not None:
+        base, shape = dtype.subdtype
+        return (_description(base), list(shape))
+    if dtype.fields is None:
+        return dtype.str if np.dtype(dtype.str).type is dtype.type else \
+            dtype.str[0] + dtype.char
+    fields = [dtype.fields[name] for name in dtype.names]
+    return {"names": list(dtype.names), "formats": [_description(f[0]) for f in fields],
+            "offsets": [f[1] for f in fields], "itemsize": dtype.itemsize,
+            "titles": [f[2] if len(f) > 2 else None for f in fields],
+            "aligned": bool(dtype.isalignedstruct)}
+
+
+def _dtype_of(description):
+    """The dtype ``_description`` described: built from plain values only."""
+    if isinstance(description, str):
+        return np.dtype(description)
+    if isinstance(description, (tuple, list)) and len(description) == 2:
+        base, shape = description
+        if not (isinstance(shape, (tuple, list)) and all(type(n) is int for n in shape)):
+            raise TypeError("a sub-array's shape must be ints")
+        return np.dtype((_dtype_of(base), tuple(shape)))
+    if isinstance(description, dict):
+        names, formats = list(description["names"]), description["formats"]
+        titles = description.get("titles") or [None] * len(names)
+        if not (all(type(n) is str for n in names) and all(
+                t is None or type(t) is str for t in titles)
+                and all(type(o) is int for o in description["offsets"])
+                and type(description["itemsize"]) is int):
+            raise TypeError("a structured dtype's names, titles, offsets and itemsize must "
+                            "be strings and ints")
+        spec = {"names": names, "formats": [_dtype_of(f) for f in formats],
+                "offsets": list(description["offsets"]),
+                "itemsize": description["itemsize"]}
+        if any(t is not None for t in titles):
+            spec["titles"] = list(titles)
+        return np.dtype(spec, align=description.get("aligned") is True)
+    raise TypeError("not a dtype's description")
 
 
 def _plain_dtype(description):
     """The dtype a sender described; one that holds objects is refused (its bytes would be
     pointers)."""
     try:
-        dtype = np.dtype(description if isinstance(description, str)
-                         else [tuple(field) for field in description])
-    except (TypeError, ValueError) as exc:
+        dtype = _dtype_of(description)
+    except (TypeError, ValueError, KeyError, RecursionError) as exc:
         raise UnpicklingRefused("%r does not describe a NumPy dtype: %s"
                                 % (description, exc)) from None
     if dtype.hasobject:
@@ -84,17 +122,19 @@ def rebuild_array(description, shape, order, data):
     dtype = _plain_dtype(description)
     if order not in ("C", "F"):
         raise UnpicklingRefused("an array's order must be 'C' or 'F', not %r" % (order,))
-    count = 1
-    for n in shape:
-        count *= n
-    flat = np.frombuffer(data, dtype=dtype, count=count) if count else np.empty(0, dtype)
-    return flat.reshape(shape, order=order)
+    if not isinstance(shape, (tuple, list)) or not all(type(n) is int and n >= 0
+                                                       for n in shape):
+        raise UnpicklingRefused("an array's shape must be ints >= 0, not %r" % (shape,))
+    try:
+        return np.ndarray(tuple(shape), dtype, buffer=data, order=order)
+    except (TypeError, ValueError) as exc:      # a bad shape, or too few bytes for it
+        raise UnpicklingRefused("no array of shape %r and dtype %s over %d bytes: %s"
+                                % (shape, dtype, len(memoryview(data)), exc)) from None
 
 
 def rebuild_scalar(description, data):
-    """A NumPy scalar of the described dtype from its bytes."""
-    dtype = _plain_dtype(description)
-    return np.frombuffer(data, dtype=dtype, count=1)[0]
+    """A NumPy scalar of the described dtype from its bytes (writable: a copy)."""
+    return rebuild_array(description, (), "C", data)[()].copy()
 
 
 def rebuild_dtype(description):
@@ -104,17 +144,27 @@ def rebuild_dtype(description):
     return _plain_dtype(description)
 
 
+def _metadata(dtype):
+    """Whether ``dtype``, or a dtype inside it, carries metadata (any Python objects)."""
+    if dtype.metadata:
+        return True
+    if dtype.subdtype is not None:
+        return _metadata(dtype.subdtype[0])
+    return any(_metadata(dtype.fields[name][0]) for name in dtype.names or ())
+
+
 def _plain(dtype):
-    """Whether ``dtype`` travels as its description: it holds no objects and the
-    description rebuilds it (a StringDType or a user-defined dtype does not)."""
-    if dtype.hasobject:
+    """Whether ``dtype`` travels as its description: it holds no objects nor metadata, and
+    the description rebuilds it, its scalar type and alignment too (a StringDType, a
+    record dtype or a user-defined one does not)."""
+    if dtype.hasobject or _metadata(dtype):
         return False
-    description = _description(dtype)
     try:
-        return np.dtype(description if isinstance(description, str)
-                        else [tuple(field) for field in description]) == dtype
-    except (TypeError, ValueError):
+        rebuilt = _dtype_of(_description(dtype))
+    except (TypeError, ValueError, KeyError):
         return False
+    return (rebuilt == dtype and rebuilt.type is dtype.type
+            and rebuilt.isalignedstruct == dtype.isalignedstruct)
 
 
 def _reduce_array(arr):
@@ -283,11 +333,12 @@ class _Restricted(pickle._Unpickler):
     def load_build(self):
         target = self.stack[-2]
         self._changes(target)
-        if isinstance(target, np.dtype):
-            # NumPy trusts a dtype's state: a forged one crashes the process or makes an
-            # array read bytes as object pointers.  ``dumps`` never sends one.
-            raise UnpicklingRefused("the pickle sets a NumPy dtype's state, which NumPy "
-                                    "does not check")
+        if isinstance(target, (np.dtype, np.ndarray, np.generic)):
+            # NumPy trusts the state it is handed: a forged dtype state crashes the process
+            # or makes an array read bytes as object pointers, and an array's state sizes
+            # it past the list it holds.  ``dumps`` never sends either.
+            raise UnpicklingRefused("the pickle sets the state of a NumPy %s, which NumPy "
+                                    "does not check" % type(target).__name__)
         super().load_build()
     dispatch[pickle.BUILD[0]] = load_build
 

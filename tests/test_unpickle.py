@@ -231,11 +231,20 @@ def test_a_wildcard_imports_nothing_and_skips_private_modules(tmp_path, monkeypa
 
 
 NUMPY_VALUES = [np.arange(6.0).reshape(2, 3), np.asfortranarray(np.arange(6.0).reshape(2, 3)),
-                np.arange(10)[::2], np.zeros(0, "f4"), np.zeros((0, 3)), np.array(["ab", "c"]),
-                np.zeros(2, dtype=[("a", "<f4"), ("b", "i8", (2,))]), np.array([1, 2], ">i4"),
-                np.array([np.datetime64("2026-01-01")]), np.float32(1.5), np.int64(-3),
+                np.arange(10)[::-2], np.zeros(0, "f4"), np.zeros((0, 3)), np.zeros(()),
+                np.array(["ab", "c"]), np.zeros(2, dtype=[("a", "<f4"), ("b", "i8", (2,))]),
+                np.array([1, 2], ">i4"), np.array([np.datetime64("2026-01-01")]),
+                np.zeros(2, np.dtype([("a", "u1"), ("b", "f8")], align=True)),
+                np.zeros(2, [("a", "i4"), ("b", "f8")])[["b", "a"]],        # out of order
+                np.zeros(3, [("a", "i4"), ("b", "i4"), ("c", "i4")])[["a", "c"]],  # a gap
+                np.zeros(2, np.dtype(("i4", (2,)))), np.zeros(2, np.dtype(
+                    {"names": ["x"], "formats": ["f4"], "titles": ["T"]})),
+                np.zeros(2, [("n", [("p", "u1"), ("q", "<f2")]), ("r", "S3")]),
+                np.zeros(2, "V8"), np.float32(1.5), np.int64(-3), np.longlong(5),
                 np.bool_(True), np.complex128(1 + 2j), np.datetime64("2026-01-01T00:00"),
-                np.dtype("f4"), np.dtype([("x", "u1")]), np.dtype(object)]
+                np.str_(""), np.bytes_(b""), np.zeros(1, "U3")[0], np.zeros(1, [("a", "i4")])[0],
+                np.dtype("f4"), np.dtype("q"), np.dtype([("x", "u1")], align=True),
+                np.dtype(object)]
 
 
 @pytest.mark.parametrize("value", NUMPY_VALUES, ids=lambda v: "%s-%s" % (
@@ -246,7 +255,17 @@ def test_numpy_values_travel_as_plain_values_and_load_under_any_list(value):
     for loads in (pickle.loads, unpickle.loads_for(())):
         got = loads(unpickle.dumps(value))
         assert type(got) is type(value)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, np.dtype, np.generic)):
+            kind = value if isinstance(value, np.dtype) else value.dtype
+            assert (got if isinstance(got, np.dtype) else got.dtype) == kind
+            assert (got if isinstance(got, np.dtype) else got.dtype).type is kind.type
+            assert (got if isinstance(got, np.dtype) else got.dtype).isalignedstruct == \
+                kind.isalignedstruct
+        if isinstance(value, np.void):
+            assert got.tobytes() == value.tobytes()
+            if value.dtype.names:
+                got[value.dtype.names[0]] = 1   # writable, as NumPy's own gives it
+        elif isinstance(value, np.ndarray):
             assert got.dtype == value.dtype and got.shape == value.shape
             assert np.array_equal(got, value) and got.flags.writeable
             if value.flags.c_contiguous or value.flags.f_contiguous:
@@ -279,8 +298,22 @@ def test_numpy_internals_and_extension_codes_are_not_a_way_around():
              b"\x00<NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb.")
     with pytest.raises(pc.UnpicklingRefused, match="numpy.dtype is not in"):
         unpickle.loads_for(())(crash)
-    with pytest.raises(pc.UnpicklingRefused, match="sets a NumPy dtype's state"):
+    with pytest.raises(pc.UnpicklingRefused, match="sets the state of a NumPy"):
         loads(crash)                            # numpy.* admits numpy.dtype, not its state
+
+    class Oversized:
+        """A SAFE rebuilder's array, then BUILD with an object dtype sized past its list:
+        NumPy read pointers beyond it (a segfault at 100 elements)."""
+
+        def __reduce__(self):
+            return (unpickle.rebuild_array, ("|u1", (1,), "C", b"\0"),
+                    (1, (100,), np.dtype(object), False, [1]))
+
+    with pytest.raises(pc.UnpicklingRefused, match="sets the state of a NumPy ndarray"):
+        unpickle.loads_for(())(unpickle.dumps(Oversized()))
+    for shape in ((-1,), (10**12,), 5, (True,)):
+        with pytest.raises(pc.UnpicklingRefused):
+            unpickle.rebuild_array("<f8", shape, "C", b"\0" * 8)
     for forged in (["|O"], [("a", "|O")], "no such dtype"):
         with pytest.raises(pc.UnpicklingRefused):
             unpickle.rebuild_array(forged, (1,), "C", b"AAAAAAAA")
