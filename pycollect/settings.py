@@ -185,7 +185,7 @@ SETTINGS = {s.name: s for s in (
             "the globals the object collectives may unpickle, comma-separated: "
             "`module.name` (one global), or `module.*` (the classes of a module and its "
             "submodules). Plain values, the standard library's containers and NumPy arrays "
-            "always load; a pickle that reaches any other global is refused before it loads. "
+            "(not of objects) always load; a pickle that reaches any other global is refused before it loads. "
             "Unset: anything unpickles (trusted peers only). See "
             "[docs/security.md](docs/security.md#the-object-collectives-and-pickle)."),
     Setting("PYCOLLECT_EXIT_REPORT", _stripped, None, "a file name",

@@ -232,7 +232,7 @@ def parse(entries):
         names = [e.strip() if isinstance(e, str) else e for e in entries]
     except TypeError:
         raise InvalidArgument("unpickle allow-list: expected names such as 'myapp.Config' or "
-                              "'numpy.*', got %r" % (entries,)) from None
+                              "'myapp.*', got %r" % (entries,)) from None
     names = [n for n in names if n != ""]
     for name in names:
         if not isinstance(name, str) or not _ENTRY.fullmatch(name) or "." not in name:
