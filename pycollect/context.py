@@ -974,11 +974,10 @@ class Context(CallPath):
         notice."""
         said = ("root %d" % root if root is not None else "") + \
             (", " if root is not None and terms else "") + terms
-        table = self.allgather(np.array(list(row) + [zlib.crc32(("%s\0%s" % (
-            what, said)).encode())], np.int64), timeout=timeout).reshape(self._size,
-                                                                         len(row) + 1)
+        mine = _encoded("%s\0%s" % (what, said))
+        table = self.allgather(np.array(list(row) + [zlib.crc32(mine)], np.int64),
+                               timeout=timeout).reshape(self._size, len(row) + 1)
         if (table[:, -1] != table[0, -1]).any():
-            mine = _encoded("%s\0%s" % (what, said))
             lengths = self.allgather(np.array([len(mine)], np.int64),
                                      timeout=timeout).reshape(-1)
             out = np.empty(int(lengths.sum()), np.uint8)
@@ -1070,11 +1069,9 @@ class Context(CallPath):
         """Errors of the collectives inside ``what`` name ``what``, the user's call."""
         try:
             yield
-        except InvalidArgument as exc:
-            if str(exc).startswith(what + ":"):
-                raise
-            raise exc.restated("%s: %s" % (what, exc)) from exc
         except Error as exc:
+            if isinstance(exc, InvalidArgument) and str(exc).startswith(what + ":"):
+                raise
             raise exc.restated("%s: %s" % (what, exc)) from exc
 
     # -- lifecycle --------------------------------------------------------

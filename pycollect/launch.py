@@ -326,8 +326,12 @@ def _blame(job, failed, reports):
     the first failure seen that is the rank's own (its exit report says so, or it wrote
     none); while every failure seen is another's consequence, exits that come within
     CAUSE_WAIT_S more are waited for.  None of its own: the first seen."""
+    read = {}       # a report is written before its rank exits: read each once
+
     def said(rank):
-        return exit_report.read(reports[rank]) if reports is not None else None
+        if rank not in read:
+            read[rank] = exit_report.read(reports[rank]) if reports is not None else None
+        return read[rank]
 
     def own(exit_):
         report = said(exit_[1])

@@ -153,22 +153,26 @@ def _metadata(dtype):
     return any(_metadata(dtype.fields[name][0]) for name in dtype.names or ())
 
 
-def _plain(dtype):
-    """Whether ``dtype`` travels as its description: it holds no objects nor metadata, and
-    the description rebuilds it, its scalar type and alignment too (a StringDType, a
-    record dtype or a user-defined one does not)."""
+def _plain_description(dtype):
+    """``dtype``'s description where it travels as one, else None: it holds no objects nor
+    metadata, and the description rebuilds it, its scalar type and alignment too (a
+    StringDType, a record dtype or a user-defined one does not)."""
     if dtype.hasobject or _metadata(dtype):
-        return False
+        return None
     try:
-        rebuilt = _dtype_of(_description(dtype))
+        description = _description(dtype)
+        rebuilt = _dtype_of(description)
     except (TypeError, ValueError, KeyError):
-        return False
-    return (rebuilt == dtype and rebuilt.type is dtype.type
-            and rebuilt.isalignedstruct == dtype.isalignedstruct)
+        return None
+    if (rebuilt == dtype and rebuilt.type is dtype.type
+            and rebuilt.isalignedstruct == dtype.isalignedstruct):
+        return description
+    return None
 
 
 def _reduce_array(arr):
-    if not _plain(arr.dtype):
+    description = _plain_description(arr.dtype)
+    if description is None:
         return arr.__reduce_ex__(5)         # NumPy's own: objects travel as objects
     if arr.flags.c_contiguous:
         order = "C"
@@ -178,19 +182,21 @@ def _reduce_array(arr):
         arr, order = np.ascontiguousarray(arr), "C"
     # Its bytes as uint8 (every dtype exports so; datetimes do not otherwise), in order.
     data = (arr if order == "C" else arr.T).reshape(-1).view(np.uint8)
-    return rebuild_array, (_description(arr.dtype), arr.shape, order, pickle.PickleBuffer(data))
+    return rebuild_array, (description, arr.shape, order, pickle.PickleBuffer(data))
 
 
 def _reduce_scalar(value):
-    if not _plain(value.dtype):
+    description = _plain_description(value.dtype)
+    if description is None:
         return value.__reduce_ex__(5)
-    return rebuild_scalar, (_description(value.dtype), value.tobytes())
+    return rebuild_scalar, (description, value.tobytes())
 
 
 def _reduce_dtype(dtype):
-    if dtype != np.dtype(object) and not _plain(dtype):
+    description = "|O" if dtype == np.dtype(object) else _plain_description(dtype)
+    if description is None:
         return dtype.__reduce_ex__(5)
-    return rebuild_dtype, (_description(dtype),)
+    return rebuild_dtype, (description,)
 
 
 def _numpy_reducers():
