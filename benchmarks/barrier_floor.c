@@ -5,7 +5,8 @@
  *     /tmp/barrier_floor 4 2        # ranks, cores (default: 4, the CPUs this process may use)
  *
  * CORES is at most the CPUs this process may use (more would bind a rank where it cannot
- * run); a rank that cannot be bound or started calls the run off for every rank.
+ * run); a rank that cannot be bound or started calls the run off for every rank, and so
+ * does a rank that dies in the run, or a run past RUN_S: no rank waits for ever.
  *
  * Ranks are processes bound as pycollect-run --bind core binds them (rank r to CPU r mod
  * cores).  Each barrier is what pycollect's flag-area barrier does with nothing else: a
@@ -58,7 +59,8 @@
 
 #include "floor.h"
 
-enum { BARRIERS = 100000, WARMUP = 2000, MAX_RANKS = 64, EVERY = 8, SETUP_S = 10 };
+enum { BARRIERS = 100000, WARMUP = 2000, MAX_RANKS = 64, EVERY = 8, SETUP_S = 10,
+       RUN_S = 120, CHECK_EVERY = 4096 };
 enum { YIELD_TO_MATE, YIELD_EIGHTH, YIELD_ALWAYS, HAND_OVER, WAYS };
 static const char* WAY_NAME[WAYS] = {"yield to a mate", "... and every 8th", "always yield",
                                      "... and hand over"};
@@ -113,6 +115,27 @@ static int call_off(Setup* setup, int ranks) {
     }
 }
 
+/* Whether rank ``me``, waiting in the run that started at ``start``, stops: the run is off,
+ * or rank 0 found a rank dead (it forked them) or the run past RUN_S, and called it off. */
+static int stops(Setup* setup, int me, double start) {
+    int status;
+    pid_t gone;
+    if (setup->joined < 0) return 1;
+    if (me != 0) return 0;
+    while ((gone = waitpid(-1, &status, WNOHANG)) > 0)
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "barrier_floor: a rank died in the run (pid %d)\n", (int)gone);
+            setup->joined = -1;
+            return 1;
+        }
+    if (now() - start > RUN_S) {
+        fprintf(stderr, "barrier_floor: the run took more than %d s\n", RUN_S);
+        setup->joined = -1;
+        return 1;
+    }
+    return 0;
+}
+
 /* Rank ``me`` bound to its CPU joins the run and waits for the others: 1 once every rank
  * has, 0 where the run is off (a rank could not be bound or started, or SETUP_S passed), so
  * that no rank waits in a barrier for one that will never come. */
@@ -141,9 +164,11 @@ static int join(Setup* setup, int me, int ranks, int cores) {
     return 1;
 }
 
-/* Rank ``me``'s part: its calls' times into took[me * BARRIERS ...]. */
-static void run_rank(Line* lines, double* took, int me, int ranks, int cores, int way,
-                     double work_us) {
+/* Rank ``me``'s part: its calls' times into took[me * BARRIERS ...]; 0 where the run was
+ * called off. */
+static int run_rank(Line* lines, Setup* setup, double* took, int me, int ranks, int cores,
+                    int way, double work_us) {
+    double start = now();
     for (long k = 1; k <= WARMUP + BARRIERS; k++) {
         double t0 = now();
         unsigned looks = 0;
@@ -156,7 +181,7 @@ static void run_rank(Line* lines, double* took, int me, int ranks, int cores, in
                 int mate_missing = 0;
                 for (int q = me % cores; q < ranks; q += cores)
                     if (q != me && lines[q].posted < k) mate_missing = 1;
-                looks++;
+                if (++looks % CHECK_EVERY == 0 && stops(setup, me, start)) return 0;
                 if (mate_missing || way == YIELD_ALWAYS ||
                     ((way == YIELD_EIGHTH || way == HAND_OVER) && looks % EVERY == 0))
                     sched_yield();
@@ -165,11 +190,15 @@ static void run_rank(Line* lines, double* took, int me, int ranks, int cores, in
             }
         }
         if (way == HAND_OVER && first)
-            while (still_inside(lines, first, k)) sched_yield();
+            while (still_inside(lines, first, k)) {
+                if (++looks % CHECK_EVERY == 0 && stops(setup, me, start)) return 0;
+                sched_yield();
+            }
         lines[me].left = k;
         if (k > WARMUP) took[(long)me * BARRIERS + (k - WARMUP - 1)] = now() - t0;
         work(work_us);
     }
+    return 1;
 }
 
 static int usage(FILE* to, const char* me, int cpus) {
@@ -207,7 +236,7 @@ int main(int argc, char** argv) {
                             -1, 0);
         double* slowest = malloc(BARRIERS * sizeof(double));
         double start, period, mean = 0, sum;
-        int ok;
+        int ok, status;
         if (lines == MAP_FAILED || took == MAP_FAILED || slowest == NULL) die("memory");
         start = now();
         for (int r = 1; r < ranks; r++) {
@@ -221,13 +250,14 @@ int main(int argc, char** argv) {
                 prctl(PR_SET_PDEATHSIG, SIGKILL);
                 if (getppid() != me) _exit(1);
                 if (!join(setup, r, ranks, cores)) _exit(1);
-                run_rank(lines, took, r, ranks, cores, way, work_us);
-                _exit(0);
+                _exit(run_rank(lines, setup, took, r, ranks, cores, way, work_us) ? 0 : 1);
             }
         }
         ok = join(setup, 0, ranks, cores);
-        if (ok) run_rank(lines, took, 0, ranks, cores, way, work_us);
-        for (int r = 1; r < ranks; r++) wait(NULL);
+        if (ok) ok = run_rank(lines, setup, took, 0, ranks, cores, way, work_us);
+        /* the ranks not reaped in the run (stops reaps those that ended before rank 0) */
+        while (wait(&status) > 0)
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = 0;
         if (!ok) return 1;
         period = (now() - start) / (WARMUP + BARRIERS);
         for (long i = 0; i < BARRIERS; i++) {

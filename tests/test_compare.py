@@ -3,9 +3,11 @@
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -204,6 +206,33 @@ def test_a_known_peer_is_taken_whether_or_not_it_is_installed():
     args = _compare_module().parse_args(["--peers", "mpi-shm,gloo,pycollect-shm",
                                          "--collectives", "none", "--no-write"])
     assert args.peers == "mpi-shm,gloo,pycollect-shm" and args.collectives == ["none"]
+
+
+def test_the_barrier_floor_ends_when_a_rank_dies_in_the_run():
+    """A rank killed in the middle of barrier_floor's run calls the run off: the program
+    exits 1 at once, naming it (its other ranks once waited for the dead one for ever)."""
+    floor = _compare_module().CFloor("barrier_floor")
+    try:
+        assert floor.note is None, floor.note
+        run = subprocess.Popen([floor.exe, "4", "2", "20"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        try:
+            children, until = [], time.monotonic() + 10
+            while len(children) < 3 and time.monotonic() < until:    # ranks 1-3, forked
+                with open(f"/proc/{run.pid}/task/{run.pid}/children") as f:
+                    children = f.read().split()
+                time.sleep(0.05)
+            assert len(children) == 3, children
+            time.sleep(0.2)                                     # in the run: 20 us a barrier
+            os.kill(int(children[1]), signal.SIGKILL)
+            out, err = run.communicate(timeout=30)
+        finally:
+            run.kill()
+            run.wait()
+        assert run.returncode == 1, (out, err)
+        assert f"barrier_floor: a rank died in the run (pid {children[1]})" in err, err
+    finally:
+        floor.close()
 
 
 def test_the_barrier_floor_refuses_more_cores_than_cpus():

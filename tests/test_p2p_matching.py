@@ -45,6 +45,30 @@ def test_tags_received_out_of_send_order(trio):
     assert results[1] == ([2.0] * 5, [1.0] * 3, (0, 2, 5), (0, 1, 3))
 
 
+def test_a_status_that_cannot_be_filled_is_refused_before_the_receive(trio):
+    """A status without ``set`` is refused at the call, in every form, and the message stays
+    for a receive that can take it (it raised AttributeError once the message had come)."""
+    def body(ctx):
+        if ctx.rank == 0:
+            ctx.send(np.full(4, 7.0), 1, tag=3)
+            return None
+        if ctx.rank == 2:
+            return None
+        refused, buf = [], np.zeros(4)
+        for call in (lambda: ctx.recv(buf, 0, tag=3, status=1),
+                     lambda: ctx.recv(buf, 0, tag=3, async_op=True, status="s"),
+                     lambda: ctx.sendrecv(np.ones(2), 2, buf, 0, recvtag=3, status=[1])):
+            with pytest.raises(pc.InvalidArgument, match="status must be a pycollect.Status"):
+                call()
+            refused.append(buf.tolist())
+        st = pc.Status()
+        ctx.recv(buf, 0, tag=3, status=st)
+        return refused, buf.tolist(), (st.source, st.tag, st.count)
+
+    results = trio.run(body)
+    assert results[1] == ([[0.0] * 4] * 3, [7.0] * 4, (0, 3, 4))
+
+
 def test_any_tag_and_any_source_report_what_they_got(trio):
     def body(ctx):
         if ctx.rank:

@@ -133,6 +133,15 @@ cdef inline bint _is_tag(object tag, bint allow_any):
     return type(tag) is int and (0 <= tag < _TAG_END or allow_any and tag == _ANY_TAG)
 
 
+cdef object _status_arg(object status, str call):
+    """``status`` as given to ``call``: None, a ``Status``, or what has its ``set``; refused
+    before anything is posted (it is filled only once a message has come)."""
+    if status is None or type(status) is Status or callable(getattr(status, "set", None)):
+        return status
+    raise InvalidArgument("%s: status must be a pycollect.Status (or have its set(source, "
+                          "count, tag)), not %s" % (call, type(status).__name__))
+
+
 cdef inline bint _same_data(cnp.ndarray a, cnp.ndarray b) noexcept:
     """alltoall's in-place form: both arrays start at one address (the Python path stages
     the send side in a copy; any other overlap the compiled call refuses)."""
@@ -628,6 +637,8 @@ cdef class CallPath(BatchOwner):
         Work's result is the ``Status`` (source, count, tag).
         """
         cdef double seconds = _seconds(timeout, self._timeout)
+        if status is not None:
+            _status_arg(status, "recv")
         if (async_op and type(buf) is cnp.ndarray and seconds >= 0
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)
                 and _is_tag(tag, True) and self.ready_async()):
@@ -654,6 +665,8 @@ cdef class CallPath(BatchOwner):
         """Send ``sendbuf`` to ``dst`` and receive into ``recvbuf`` from ``src``, both in
         flight at once (MPI_Sendrecv); return the source rank, filling ``status``."""
         cdef double seconds = _seconds(timeout, self._timeout)
+        if status is not None:
+            _status_arg(status, "sendrecv")
         if (type(sendbuf) is cnp.ndarray and type(recvbuf) is cnp.ndarray and seconds >= 0
                 and self.is_peer(dst) and _is_tag(sendtag, False) and _is_tag(recvtag, True)
                 and (self.is_peer(src) or type(src) is int and src == _ANY_SOURCE)

@@ -18,8 +18,7 @@ from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url, redact, redact_text
 
 __all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "check_store_url", "get_store_opener",
-           "get_transport",
-           "open_store", "refresh", "transport_options", "with_prefix"]
+           "get_transport", "open_store", "refresh", "transport_options", "with_prefix"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"
@@ -178,6 +177,11 @@ def check_store_url(spec, *, across_processes=False):
     ``across_processes``, also a store that ranks in separate processes can share (a plugin
     whose store lives inside one process, as ``hash://``'s does, marks its opener
     ``in_process = True``).  Returns the plugin's opener."""
+    return _checked(spec, across_processes)[0]
+
+
+def _checked(spec, across_processes):
+    """check_store_url's checks; returns (opener, scheme, URL without its prefix, prefix)."""
     if not spec:
         raise InvalidArgument("a store is required: a Store, or a URL such as "
                               "tcp://HOST:PORT, file:///shared/dir or hash://NAME")
@@ -187,21 +191,19 @@ def check_store_url(spec, *, across_processes=False):
     if not scheme:
         raise InvalidArgument(f"store URL {redact(spec)!r} has no scheme; available: "
                               f"{', '.join(_stores.distributions()) or 'none'}")
-    _split_prefix(spec)
+    url, prefix = _split_prefix(spec)
     opener = _stores.load(scheme)
     if across_processes and getattr(opener, "in_process", False):
         raise InvalidArgument(f"store {redact(spec)!r} lives inside one process, and the ranks "
                               f"are separate processes: use tcp://, file:// or redis://")
-    return opener
+    return opener, scheme, url, prefix
 
 
 def open_store(spec, *, timeout=None, rank=None, size=None):
     """Return a Store as is, else open the store a URL names (``?prefix=NAME`` wraps it)."""
     if isinstance(spec, Store):
         return spec
-    opener = check_store_url(spec)
-    scheme = parse_url(spec).scheme.lower()
-    url, prefix = _split_prefix(spec)
+    opener, scheme, url, prefix = _checked(spec, False)
     if not callable(opener):
         raise PluginError(f"store plugin {scheme!r} is a {type(opener).__name__}, not a callable")
     try:
