@@ -1298,9 +1298,10 @@ class Context(CallPath):
         if timeout is None:
             return self._timeout
         seconds = wait_seconds(timeout, what)
-        if not 0 < seconds < float("inf"):
-            raise InvalidArgument("%s: timeout must be a positive, finite number of seconds, "
-                                  "got %r" % (what, timeout))
+        if not 0 < seconds:
+            raise InvalidArgument("%s: timeout must be a positive number of seconds, at most "
+                                  "%d (about 23 days), got %r"
+                                  % (what, settings.MAX_TIMEOUT_S, timeout))
         return seconds
 
     def _check_rank(self, rank, what, arg="root"):

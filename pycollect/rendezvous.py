@@ -203,10 +203,10 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     if segment_bytes is None:
         segment_bytes = settings.get("PYCOLLECT_MAX_SEGMENT_BYTES")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not 0 < timeout < float("inf"):
+            or not 0 < timeout <= settings.MAX_TIMEOUT_S:
         # Every blocking path has a deadline: an infinite one is refused too.
-        raise InvalidArgument("init: timeout must be a positive, finite number of seconds, "
-                              "got %r" % (timeout,))
+        raise InvalidArgument("init: timeout must be a positive number of seconds, at most %d "
+                              "(about 23 days), got %r" % (settings.MAX_TIMEOUT_S, timeout))
     if interface is not None and not isinstance(interface, str):
         raise InvalidArgument("init: interface must be a name or an address, such as 'eth0' "
                               "or '10.0.0.1', got %r" % (interface,))

@@ -8,7 +8,6 @@ is ``markdown_table()`` (a test holds the two together).  Build-time switches
 belong to ``setup.py``, which runs before the package exists.
 """
 
-import math
 import os
 
 from .errors import InvalidArgument
@@ -39,9 +38,14 @@ def _int_at_least(low):
     return parse
 
 
+# The longest timeout anything takes, in seconds (about 23 days): every deadline is a point on
+# the clock in int64 nanoseconds, and the store server waits on epoll in int milliseconds.
+MAX_TIMEOUT_S = 2_000_000.0
+
+
 def _seconds(raw):
     value = float(raw)
-    if not (math.isfinite(value) and value > 0):
+    if not 0 < value <= MAX_TIMEOUT_S:
         raise ValueError(raw)
     return value
 
@@ -117,7 +121,7 @@ SETTINGS = {s.name: s for s in (
             "the transport `pc.init()` uses when its `transport` argument is left out: `auto` "
             "(shared memory between ranks of a host, TCP between hosts), `tcp`, `shm`, "
             "`tcp+tls`, or a plugin's name"),
-    Setting("PYCOLLECT_TIMEOUT", _seconds, 120.0, "a positive, finite number of seconds",
+    Setting("PYCOLLECT_TIMEOUT", _seconds, 120.0, "a positive number of seconds, at most 2000000",
             "seconds (default 120). This bounds the rendezvous and every operation. It is also "
             "the default timeout of any store opened without one."),
     Setting("PYCOLLECT_SOCKET_IFNAME", _text, None, "an interface spec",

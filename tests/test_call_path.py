@@ -378,6 +378,16 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
             lambda: ctx.scatterv(np.ones(3), [1, -2, 4], np.empty(1), root=2),
             lambda: ctx.allgatherv(np.ones(2), np.empty(6), [2.0, 2, 2]),
             lambda: ctx.reduce_scatterv(np.ones(6), np.empty(2), [2, 2 ** 70, 2]),
+            # each count fits int64, their sum wraps to 0 in 64 bits (it passed the size
+            # checks and wrote before the buffer: a segfault, or heap corruption)
+            *(lambda fn=fn: fn([2 ** 63 - 1, 2 ** 63 - 1, 2]) for fn in (
+                lambda c: ctx.alltoallv(np.zeros(0), c, np.zeros(0), c),
+                lambda c: ctx.allgatherv(np.zeros(2 if ctx.rank == 2 else 0), np.zeros(0), c),
+                lambda c: ctx.reduce_scatterv(np.zeros(0), np.zeros(c[ctx.rank] % 8), c),
+                lambda c: ctx.gatherv(np.zeros(2 if ctx.rank == 2 else 0),
+                                      np.zeros(0) if ctx.rank == 2 else None, c, root=2),
+                lambda c: ctx.scatterv(np.zeros(0) if ctx.rank == 2 else None, c,
+                                       np.zeros(c[ctx.rank] % 8), root=2))),
         ]
         for call in bad:
             with pytest.raises(pc.InvalidArgument) as info:
@@ -387,7 +397,7 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         ctx.allreduce(a)        # still in step on every rank
         return ctx._seq - before, a[0], errors
     for used, value, errors in trio.run(body):
-        assert used == 12 and value == 3.0
+        assert used == 17 and value == 3.0
         assert errors[0].startswith("allgather") and errors[1].startswith("reduce_scatter")
         assert errors[2].startswith("alltoall") and "C-contiguous" in errors[3]
         assert errors[4].startswith("alltoallv") and "negative count -1" in errors[4]
@@ -397,6 +407,10 @@ def test_the_other_collectives_refuse_on_the_compiled_path_in_step(trio):
         assert errors[8].startswith("scatterv") and "negative" in errors[8], errors[8]
         assert errors[9].startswith("allgatherv") and "integer counts" in errors[9], errors[9]
         assert errors[10].startswith("reduce_scatterv") and "too large for rank 1" in errors[10]
+        for error, what in zip(errors[11:], ("alltoallv: argument 'sendcounts'", "allgatherv",
+                                             "reduce_scatterv", "gatherv", "scatterv")):
+            assert error.startswith(what), error
+            assert "adds up to more than 9223372036854775807 elements" in error, error
 
 
 def test_named_algorithms_and_call_timeouts_stay_compiled(trio, python_calls):
@@ -579,9 +593,14 @@ def test_every_other_form_takes_the_python_path(trio, python_calls, call):
     (dict(timeout=float("nan")), "timeout must be"),
     (dict(timeout=float("inf")), "timeout must be"),
     (dict(timeout=True), "timeout"),
+    # 1e10 s wrapped past int64 nanoseconds: some ranks timed out at once, others went on
+    (dict(timeout=1e10), "timeout must be at most 2000000 seconds"),
+    (dict(timeout=2 * 10**6 + 1), "at most 2000000"),
+    (dict(timeout=datetime.timedelta(days=24)), "at most 2000000"),
     (dict(algorithm="nope"), "unknown algorithm 'nope'"),
     (dict(algorithm="binomial"), "unknown algorithm 'binomial'"),
-], ids=["zero", "negative", "nan", "inf", "bool", "unknown", "broadcast's"])
+], ids=["zero", "negative", "nan", "inf", "bool", "huge", "huge-int", "huge-timedelta", "unknown",
+        "broadcast's"])
 def test_what_the_compiled_path_does_not_take_is_refused_as_before(trio, kwargs, match):
     def body(ctx):
         with pytest.raises(pc.InvalidArgument, match=match):

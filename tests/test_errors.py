@@ -364,7 +364,11 @@ def test_unreachable_store_fails_within_its_deadline():
     (dict(rank=2, size=2, store="hash://x"), "outside"),
     (dict(rank=0, size=2), "no store"),
     (dict(rank=0, size=2, store="hash://x", timeout=0), "timeout"),
-    (dict(rank=0, size=1, store="hash://x", timeout=float("inf")), "finite"),
+    (dict(rank=0, size=1, store="hash://x", timeout=float("inf")), "at most 2000000"),
+    # Past int64 nanoseconds a deadline wrapped (a call failed at once), and past epoll's
+    # int milliseconds the launcher's store server crashed on every rank's first wait.
+    (dict(rank=0, size=1, store="hash://x", timeout=1e10), "at most 2000000 .about 23 days"),
+    (dict(rank=0, size=1, store="hash://x", timeout=2_000_001), "at most 2000000"),
     (dict(rank=0, size=1, store="hash://x", segment_bytes=0), "segment_bytes"),
     (dict(rank=0, size=2, store="nosuch://x"), "nosuch"),
     (dict(rank=0, size=2, store="hash://x", transport="carrier-pigeon"), "carrier-pigeon"),

@@ -80,6 +80,7 @@ def test_values_are_parsed(name, raw, value):
 @pytest.mark.parametrize("name,raw", [
     ("PYCOLLECT_SPIN_US", "fast"), ("PYCOLLECT_SPIN_US", "-1"), ("PYCOLLECT_SPIN_US", "2e6"),
     ("PYCOLLECT_TIMEOUT", "0"), ("PYCOLLECT_TIMEOUT", "inf"), ("PYCOLLECT_TIMEOUT", "soon"),
+    ("PYCOLLECT_TIMEOUT", "1e10"),
     ("PYCOLLECT_CMA_MIN_BYTES", "-5"), ("PYCOLLECT_MAX_SEGMENT_BYTES", "0"),
     ("PYCOLLECT_RANK", "one"), ("PYCOLLECT_HOST_ID", "   "),
 ])

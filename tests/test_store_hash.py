@@ -1,5 +1,6 @@
 """The in-process store: conformance suite plus sharing between handles of one name."""
 
+import datetime
 import itertools
 import threading
 
@@ -88,3 +89,12 @@ def test_default_timeout_comes_from_the_environment(monkeypatch):
         HashStore()
     monkeypatch.delenv("PYCOLLECT_TIMEOUT")
     assert HashStore().timeout == 120.0
+
+
+@pytest.mark.parametrize("timeout", [1e10, 2_000_001, datetime.timedelta(days=24)])
+def test_a_store_timeout_longer_than_the_limit_is_refused(timeout):
+    with pytest.raises(pc.InvalidArgument, match="at most 2000000 .about 23 days"):
+        HashStore(timeout=timeout)
+    store = HashStore(timeout=2_000_000)
+    with pytest.raises(pc.InvalidArgument, match="at most 2000000"):
+        store.get("k", timeout=timeout)

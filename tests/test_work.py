@@ -56,6 +56,21 @@ def test_result_of_a_receive_waits_for_its_source_and_count(pair):
     assert pair.run(body)[0] == (1, 3)
 
 
+def test_a_wait_longer_than_the_limit_is_refused(pair):
+    """A wait's timeout past 2,000,000 s is refused (1e10 s raised a bare OverflowError from
+    the lock's wait); the handle is still there to wait for."""
+    def body(ctx):
+        work = ctx.barrier(async_op=True)
+        for wait in (lambda: work.wait(timeout=1e10), lambda: work.result(timeout=1e10),
+                     lambda: pc.wait_all([work], timeout=1e10),
+                     lambda: pc.wait_any([work], timeout=datetime.timedelta(days=30))):
+            with pytest.raises(pc.InvalidArgument, match="at most 2000000 seconds"):
+                wait()
+        return work.wait(timeout=10)
+
+    pair.run(body)
+
+
 def test_result_with_a_timeout_raises_timeout_while_pending(pair):
     gate = threading.Event()
 

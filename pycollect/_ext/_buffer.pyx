@@ -9,6 +9,7 @@ argument and the reason.
 cimport cython
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_RECORDS_RO, PyBuffer_IsContiguous,
                              PyBuffer_Release, PyObject_GetBuffer)
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdlib cimport free, malloc
 cimport numpy as cnp
 
@@ -197,7 +198,7 @@ cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
     (caller frees; Python's or NumPy's, as ``operator.index`` takes them: a float is
     refused).  A list or tuple is read in place (no copy, no conversion of its ints)."""
     cdef size_t* out
-    cdef Py_ssize_t i, v
+    cdef Py_ssize_t i, v, total = 0
     values = counts
     if type(counts) is not list and type(counts) is not tuple:
         try:
@@ -225,6 +226,9 @@ cdef size_t* counts_array(object counts, int size, str op, str arg) except NULL:
                 raise _reject(op, arg, "has a count too large for rank %d" % i) from None
             if v < 0:
                 raise _reject(op, arg, "has a negative count %d for rank %d" % (v, i))
+            if v > PY_SSIZE_T_MAX - total:      # offsets and totals are sums of counts
+                raise _reject(op, arg, "adds up to more than %d elements" % PY_SSIZE_T_MAX)
+            total += v
             out[i] = <size_t>v
     except BaseException:
         free(out)

@@ -74,6 +74,7 @@ from pycollect._ext._p2p import sendrecv as _p2p_sendrecv
 from pycollect._ext._rooted import REDUCE_ALGORITHMS as _REDUCE_ALGORITHMS
 from pycollect._ext._transport import ALGORITHM_NAMES, fail as _fail_transport
 from pycollect.errors import Aborted, Error, InvalidArgument, MismatchError, Timeout
+from pycollect.settings import MAX_TIMEOUT_S
 from pycollect.types import ReduceOp
 
 cnp.import_array()
@@ -116,7 +117,7 @@ cdef dict _NAMED = {K_ALLREDUCE: dict(_ALLREDUCE_ALGORITHMS),
                     K_BROADCAST: dict(_BROADCAST_ALGORITHMS),
                     K_REDUCE: dict(_REDUCE_ALGORITHMS),
                     K_ALLGATHER: dict(_ALLGATHER_ALGORITHMS)}
-cdef double _INF = float("inf")
+cdef double _MAX_TIMEOUT_S = MAX_TIMEOUT_S
 cdef object _EXACT_INT = 1 << 53         # an int timeout below this converts exactly
 
 
@@ -182,7 +183,7 @@ cdef inline int _named(int kind, object algorithm) except -2:
 
 cdef inline double _seconds(object timeout, double default):
     """A call's deadline in seconds: the context's for None, ``timeout`` where it is a
-    positive finite float or int, else -1 (the Python path converts a timedelta and
+    positive float or int up to MAX_TIMEOUT_S, else -1 (the Python path converts a timedelta and
     refuses the rest, as _call_timeout words it)."""
     cdef double s
     if timeout is None:
@@ -193,7 +194,7 @@ cdef inline double _seconds(object timeout, double default):
         s = <double>timeout
     else:
         return -1.0
-    return s if 0.0 < s < _INF else -1.0
+    return s if 0.0 < s <= _MAX_TIMEOUT_S else -1.0
 
 
 cdef object _run_other(int kind, Transport t, object buf, object recv, int code, int op,

@@ -33,6 +33,7 @@ import threading
 import time
 
 from pycollect.errors import Error, InvalidArgument, Timeout
+from pycollect.settings import MAX_TIMEOUT_S
 
 _log = logging.getLogger("pycollect")
 
@@ -55,6 +56,9 @@ def wait_seconds(timeout, what):
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout != timeout:
         raise InvalidArgument("%s: timeout must be seconds or a datetime.timedelta, got %r"
                               % (what, timeout))
+    if timeout > MAX_TIMEOUT_S:
+        raise InvalidArgument("%s: timeout must be at most %d seconds (about 23 days), got %r"
+                              % (what, MAX_TIMEOUT_S, timeout))
     return max(float(timeout), 0.0)
 
 

@@ -9,7 +9,6 @@ third-party store subclasses ``Store`` the same way.
 
 import abc
 import datetime
-import math
 import numbers
 import operator
 import re
@@ -47,8 +46,9 @@ def _seconds(timeout, what):
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise InvalidArgument(f"{what} must be a number of seconds, got {timeout!r}")
     seconds = float(timeout)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, got {timeout!r}")
+    if not 0 <= seconds <= settings.MAX_TIMEOUT_S:
+        raise InvalidArgument(f"{what} must be a number of seconds >= 0, at most "
+                              f"{settings.MAX_TIMEOUT_S:.0f} (about 23 days), got {timeout!r}")
     return seconds
 
 
