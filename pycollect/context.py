@@ -214,10 +214,13 @@ class Context(CallPath):
                        recvbuf=None, timeout=None):
         # allreduce() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         if recvbuf is None and _is_buffer(op):
-            # mpi4py's order, Allreduce(sendbuf, recvbuf, op)
-            recvbuf, op, algorithm = op, (ReduceOp.SUM if algorithm == "auto" else algorithm), \
-                "auto"
+            # mpi4py's order, Allreduce(sendbuf, recvbuf, op): the third argument is the op,
+            # unless it names an algorithm (algorithm= beside the two buffers)
+            recvbuf, op = op, ReduceOp.SUM
+            if not isinstance(algorithm, str):
+                op, algorithm = algorithm, "auto"
         if _is_number(buf):
+            _no_recvbuf_for_a_number(recvbuf, "allreduce")
             return self._number("allreduce", buf, async_op, lambda a, **kw: self.allreduce(
                 a, op, algorithm, **kw), timeout, op)
         checked = self._detail and dict(buf=buf, op=op, algorithm=algorithm)
@@ -244,6 +247,7 @@ class Context(CallPath):
         root = self._check_root(root, "reduce")
         op = self._check_op(op, "reduce")
         if _is_number(buf):
+            _no_recvbuf_for_a_number(recvbuf, "reduce")
             return self._number("reduce", buf, async_op, lambda a, **kw: self.reduce(
                 a, root, op, algorithm, **kw), timeout, op, self._rank == root)
         checked = self._detail and dict(buf=buf, root=root, op=op, algorithm=algorithm)
@@ -1357,7 +1361,13 @@ def _shared(kind):
 
 
 def _as_array(buf, what):
+    """``sendbuf`` as the array its output is shaped from: raw bytes (``bytes``, a ``'c'``
+    memoryview) as the uint8 the compiled side counts them as, where NumPy makes ``bytes`` a
+    0-d string."""
     _buffer.check(buf, what, "sendbuf", False)
+    if isinstance(buf, bytes) or isinstance(buf, memoryview) and buf.format == "c":
+        view = memoryview(buf)
+        return np.frombuffer(view, np.uint8).reshape(view.shape)
     return np.asarray(buf)
 
 
@@ -1426,6 +1436,7 @@ class _Call:
             self.tensor_in = True
             host = Host(obj, self.what, arg)
             if host.staging is not None:
+                host.check_writable(self.what, arg)
                 self.staged.append(host)
             return host.array
         return obj
@@ -1492,10 +1503,21 @@ def _bytes_of(buf):
 
 
 def _is_buffer(obj):
-    """Whether ``obj`` looks like a buffer (for mpi4py's positional ``(sendbuf, recvbuf)``)."""
+    """Whether ``obj`` looks like a buffer (for mpi4py's positional ``(sendbuf, recvbuf)``):
+    not a NumPy scalar, which has an ``__array_interface__`` too (``op=np.int64(3)``)."""
+    if isinstance(obj, np.generic):
+        return False
     return isinstance(obj, (np.ndarray, memoryview, bytearray)) or is_tensor(obj) or any(
         hasattr(obj, a) for a in ("__array_interface__", "__cuda_array_interface__",
                                   "__dlpack__"))
+
+
+def _no_recvbuf_for_a_number(recvbuf, what):
+    """A number's reduction returns the reduced number: a ``recvbuf`` beside it would be left
+    as it was."""
+    if recvbuf is not None:
+        raise InvalidArgument("%s: a number's result is returned, not written; pass an array "
+                              "to have recvbuf filled, or no recvbuf" % what)
 
 
 def _is_number(obj):

@@ -59,6 +59,18 @@ class Host:
             self.staging = tensor.detach().contiguous()
             self.array = array_view(self.staging)
 
+    def check_writable(self, what, arg):
+        """Refuse a tensor the collective would write whose elements share memory (a
+        dimension of stride 0 and size > 1, as ``expand`` makes): torch refuses to copy the
+        result into it, which it would do only after the collective had run."""
+        if self.staging is not None and any(
+                stride == 0 and size > 1
+                for size, stride in zip(self.tensor.shape, self.tensor.stride())):
+            raise InvalidArgument("%s: argument %r is a tensor whose elements share memory "
+                                  "(strides %s), so it cannot hold a result; pass a "
+                                  "tensor of its own memory (.clone())"
+                                  % (what, arg, tuple(self.tensor.stride())))
+
     def finish(self):
         """Copy a staged copy back into the tensor (after the collective wrote it)."""
         if self.staging is not None:

@@ -37,6 +37,35 @@ def test_allreduce_out_of_place_leaves_the_send_buffer_alone(trio):
         assert np.array_equal(send, np.full(4, rank + 1.0))      # untouched, every element
 
 
+def test_the_mpi4py_order_beside_an_algorithm_and_ops_as_numpy_ints(trio):
+    """``allreduce(send, recv, algorithm=NAME)`` runs NAME with SUM (it took NAME as the op);
+    a NumPy integer op is the op it numbers (it was taken for a recvbuf: SUM, silently)."""
+    def body(ctx):
+        send, recv = np.full(4, ctx.rank + 1.0), np.zeros(4)
+        ctx.allreduce(send, recv, algorithm="ring")
+        work = ctx.allreduce(send, np.zeros(4), algorithm="ring", async_op=True)
+        value = ctx.allreduce(ctx.rank, op=np.int64(int(pc.MAX)))
+        a = np.full(2, ctx.rank + 5)
+        ctx.allreduce(a, op=np.int32(int(pc.MIN)))
+        return recv.tolist(), work.wait().tolist(), value, a.tolist()
+
+    for recv, waited, value, a in trio.run(body):
+        assert recv == waited == [6.0] * 4 and value == 2 and a == [5, 5]
+
+
+def test_a_number_with_a_recvbuf_is_refused(trio):
+    """A number reduces to the number returned; a recvbuf beside it was left unwritten."""
+    def body(ctx):
+        rb = np.zeros(1)
+        for call in (lambda: ctx.allreduce(2.0, rb), lambda: ctx.allreduce(2.0, recvbuf=rb),
+                     lambda: ctx.reduce(2.0, 0, recvbuf=rb)):
+            with pytest.raises(pc.InvalidArgument, match="a number's result is returned"):
+                call()
+        return ctx.allreduce(2.0), rb[0]
+
+    assert trio.run(body) == [(6.0, 0.0)] * 3
+
+
 def test_out_of_place_refuses_a_recvbuf_of_another_shape(trio):
     def body(ctx):
         with pytest.raises(pc.InvalidArgument, match="recvbuf .float64 x 3. must have buf's"):
@@ -245,6 +274,30 @@ def test_v_collectives_allocate_their_outputs(trio):
         assert np.array_equal(rows, [2 * rank, 2 * rank + 1])
 
 
+def test_outputs_allocated_from_bytes_are_uint8(trio):
+    """``bytes`` and ``'c'`` memoryviews count as uint8 (api.md); an output allocated from one
+    is uint8 too (it was refused: "recvbuf has unsupported dtype |S18", a recvbuf never
+    passed, and reduce_scatter counted bytes(18) as 1 element)."""
+    def body(ctx):
+        data = bytes(range(6 * ctx.size))
+        chars = memoryview(bytearray(data)).cast("c")
+        return [ctx.allgather(data), ctx.allgather(chars), ctx.reduce_scatter(data),
+                ctx.alltoall(data), ctx.allgatherv(data, None, [len(data)] * ctx.size),
+                ctx.reduce_scatterv(data, None, [6] * ctx.size),
+                ctx.alltoallv(data, [6] * ctx.size, None, [6] * ctx.size),
+                ctx.gather(data, root=0)]
+
+    for rank, out in enumerate(trio.run(body)):
+        everyone = np.tile(np.arange(18, dtype=np.uint8), (3, 1))
+        assert all(a is None or a.dtype == np.uint8 for a in out)
+        assert np.array_equal(out[0], everyone) and np.array_equal(out[1], everyone)
+        assert np.array_equal(out[2], 3 * np.arange(6 * rank, 6 * rank + 6))
+        assert np.array_equal(out[3], np.tile(np.arange(6 * rank, 6 * rank + 6), 3))
+        assert np.array_equal(out[4], everyone.ravel())
+        assert np.array_equal(out[5], out[2]) and np.array_equal(out[6], out[3])
+        assert np.array_equal(out[7], everyone) if rank == 0 else out[7] is None
+
+
 def test_reduce_scatter_keeps_the_shape_of_a_block(trio):
     shapes = trio.run(lambda ctx: ctx.reduce_scatter(np.ones((6, 2))).shape)
     assert shapes == [(2, 2)] * 3
@@ -329,6 +382,25 @@ def test_torch_tensors_are_taken_directly(trio):
         assert isinstance(gathered, torch.Tensor)
         assert gathered.reshape(-1).tolist() == [0, 1, 2]
         assert half.dtype == torch.bfloat16 and half.tolist() == [3.0, 3.0]
+
+
+def test_a_tensor_whose_elements_share_memory_is_refused_as_an_output(trio):
+    """``expand`` makes a tensor whose elements share memory: refused before anything goes
+    out where the collective would write it (torch's copy back raised a bare RuntimeError
+    after the collective had run); read only, it is taken."""
+    torch = pytest.importorskip("torch")
+
+    def body(ctx):
+        wide = torch.ones(1, 4).expand(3, 4)
+        for call in (lambda: ctx.allreduce(wide), lambda: ctx.broadcast(wide, root=0),
+                     lambda: ctx.allreduce(torch.ones(3, 4), recvbuf=wide)):
+            with pytest.raises(pc.InvalidArgument, match="elements share memory .strides "
+                                                         r"\(0, 1\)\)"):
+                call()
+        return ctx.allgather(wide).shape, ctx.allreduce(wide.clone()).tolist()
+
+    for shape, summed in trio.run(body):
+        assert tuple(shape) == (3, 3, 4) and summed == [[3.0] * 4] * 3
 
 
 # -- smaller slips (item 4) -----------------------------------------------------
