@@ -16,6 +16,7 @@ from .plugins.stores.file_store import FileStore
 from .plugins.stores.tcp_store import TCPStore, TCPStoreServer
 from . import plugins
 from .rendezvous import DEFAULT_TIMEOUT, init
+from .settings import MAX_TIMEOUT_S
 from .shared import empty, zeros
 
 SUM = ReduceOp.SUM
@@ -31,8 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "init", "Context", "empty", "zeros", "Work", "Status", "wait_all", "wait_any",
-    "DEFAULT_TIMEOUT", "ANY_SOURCE",
-    "ANY_TAG",
+    "DEFAULT_TIMEOUT", "MAX_TIMEOUT_S", "ANY_SOURCE", "ANY_TAG",
     "ReduceOp", "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
     "Store", "PrefixStore", "HashStore", "FileStore", "TCPStore", "TCPStoreServer", "plugins",
     "Error", "InvalidArgument", "PeerError", "Timeout", "MismatchError", "Aborted",

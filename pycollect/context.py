@@ -849,11 +849,7 @@ class Context(CallPath):
         return result
 
     def _survivors(self, exclude, flag, timeout, what):
-        timeout = self._timeout if timeout is None else timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-                or not timeout > 0:
-            raise InvalidArgument("%s: timeout must be a number of seconds > 0, got %r"
-                                  % (what, timeout))
+        timeout = self._call_timeout(timeout, what)
         if self._closed:
             raise Error("rank %d: the context is closed" % self._rank)
         if self._handed_over:

@@ -164,7 +164,7 @@ def _call_timeout(options):
     if timeout is _UNSET or timeout is None:
         return None
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout / 1e3
-    return seconds if seconds > 0 else None
+    return min(seconds, pc.MAX_TIMEOUT_S) if seconds > 0 else None
 
 
 # -- the group ---------------------------------------------------------------
@@ -179,7 +179,7 @@ def _group_timeout(group_name):
     if info is not None:
         gloo_timeout_ms = ray.get(info.get_info.remote())[4]
         if gloo_timeout_ms:
-            return gloo_timeout_ms / 1e3
+            return min(gloo_timeout_ms / 1e3, pc.MAX_TIMEOUT_S)
     return settings.get("PYCOLLECT_TIMEOUT")
 
 

@@ -251,7 +251,7 @@ def _seconds(timeout):
         return None
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
-    return timeout if timeout > 0 else None
+    return min(timeout, pc.MAX_TIMEOUT_S) if timeout > 0 else None
 
 
 # -- work --------------------------------------------------------------------
@@ -378,10 +378,8 @@ class ProcessGroupPycollect(dist.ProcessGroup):
             self._ctx = context
         else:
             super().__init__(rank, size)
-            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) \
-                else timeout
-            if not seconds or seconds <= 0:
-                seconds = pc.DEFAULT_TIMEOUT
+            # torch's own longer timeouts (its gloo takes days) as pycollect's longest
+            seconds = _seconds(timeout) or pc.DEFAULT_TIMEOUT
             self._pc_store = TorchStore(store, timeout=seconds)
             self._ctx = pc.init(rank=rank, size=size, store=self._pc_store, timeout=seconds)
         self._group_name = None

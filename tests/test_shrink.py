@@ -112,6 +112,57 @@ def test_shrink_a_sub_group():
             c.close()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_sub_groups_recovery_leaves_its_parent_whole(transport):
+    """agree and shrink on a sub-group resync its members' pairs alone: the parent's pairs
+    to other ranks stay open, the parent's flags stay (ranks 0 and 1 once took another
+    algorithm than rank 2, which then timed out), and a shrink of the parent afterwards
+    keeps every rank (it once split 0 and 1 from 2, each side computing its own sums)."""
+    ctxs = _open(3, transport)
+    try:
+        groups = run_ranks(3, lambda r: ctxs[r].new_group([0, 1]), timeout=60)
+        assert outcomes(2, lambda r: groups[r].agree(True), timeout=60) == [True] * 2
+        assert _sums(ctxs, range(3)) == [6.0] * 3
+        assert _sums(groups[:2], range(2)) == [3.0] * 2
+        shrunk = outcomes(2, lambda r: groups[r].shrink(timeout=5), timeout=60)
+        assert [(c.rank, c.size) for c in shrunk] == [(0, 2), (1, 2)]
+        assert _sums(ctxs, range(3)) == [6.0] * 3
+        new = outcomes(3, lambda r: ctxs[r].shrink(timeout=5), timeout=60)
+        assert [(c.rank, c.size) for c in new] == [(0, 3), (1, 3), (2, 3)]
+        assert _sums(new, range(3)) == [6.0] * 3
+        assert _sums(shrunk, range(2)) == [3.0] * 2     # the group's own context goes on
+        for c in new + shrunk:
+            c.close()
+    finally:
+        for c in ctxs:
+            c.close()
+
+
+def test_an_abort_not_yet_delivered_ends_the_agree():
+    """abort() on an idle context fails its next operation, agree too (it was forgotten:
+    agree returned True and the context went on); the agree after that recovers."""
+    ctxs = _open(2, "auto")
+    try:
+        ctxs[0].abort()
+        got = outcomes(2, lambda r: ctxs[r].agree(True), timeout=60)
+        assert isinstance(got[0], pc.Aborted) and "abort() was called" in str(got[0]), got
+        assert got[1] is True or isinstance(got[1], pc.Error), got
+        again = outcomes(2, lambda r: ctxs[r].agree(True), timeout=60)
+        assert again == [True, True], again
+        for what in (lambda c: c.shrink(timeout=float("inf")),
+                     lambda c: c.agree(True, timeout=1e10)):
+            with pytest.raises(pc.InvalidArgument, match="at most 2000000"):
+                what(ctxs[0])
+        groups = run_ranks(2, lambda r: ctxs[r].new_group([0, 1]), timeout=60)
+        ctxs[0].close()
+        for closed in (ctxs[0], groups[0]):     # a group of a closed parent: a bare ValueError
+            with pytest.raises(pc.Error, match="the context is closed"):
+                closed.agree(True)
+    finally:
+        for c in ctxs:
+            c.close()
+
+
 def test_agree():
     ctxs = _open(4, "auto")
     try:

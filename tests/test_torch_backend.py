@@ -8,6 +8,7 @@ equal values (and equal dtypes and shapes), or an error under both backends.
 One launch per world size serves every comparison.
 """
 
+import datetime
 import os
 import re
 import socket
@@ -311,6 +312,20 @@ def test_torch_store_adapter():
     assert store.delete("a") is True
     with pytest.raises(pycollect.Timeout):
         store.get("missing", timeout=0.2)
+
+
+def test_torchs_longer_timeouts_are_pycollects_longest():
+    """torch takes a group timeout of days (its gloo does); the backend takes one past
+    pc.MAX_TIMEOUT_S as that limit (init refused it), and a wait's as well."""
+    month = datetime.timedelta(days=30)
+    pg = pctorch._create(dist.HashStore(), 0, 1, month)
+    try:
+        assert pg._c().timeout == pycollect.MAX_TIMEOUT_S
+        t = torch.ones(2)
+        work = pg.allreduce([t])
+        assert work.wait(month) and t.tolist() == [1.0, 1.0]
+    finally:
+        pg._c().close()
 
 
 def test_every_torch_store_adapter_numbers_its_contexts_afresh():

@@ -59,6 +59,8 @@ from pycollect._ext._channel cimport (CHANNEL_ABI, HDR_BYTES, MAGIC_ABORT, MAGIC
 
 import os
 
+from pycollect.errors import Error
+
 cdef extern from "_sys.h" nogil:
     int64_t pc_now_ns()
     int pc_atomic_load(int* p)
@@ -156,6 +158,8 @@ cdef struct Pair:
     char* rs_carry      # ... bytes read past its end (the stream's next bytes), malloc'd
     size_t rs_carry_len
     int rs_reset        # ... it was the peer's reset frame (the peer recovers): its epoch + 1
+    uint32_t resets     # recoveries of this pair (both ends take part in the same ones, the
+                        # world's or a group's): the epoch its reset frames carry
     # A leftover frame being dropped (a refusal, or a message of a refused collective):
     uint64_t skip       # its bytes still in the stream, to discard before the next header
     int skip_ack        # ... it was a by-address message: acknowledge it once skipped
@@ -251,7 +255,6 @@ cdef class Engine(Transport):
     cdef list addrs
     cdef unsigned long main_thread
     cdef list channels          # owns the pairs' channels (None for self)
-    cdef uint32_t resets        # recover() calls: the epoch its reset frames carry
     cdef uint32_t refused_gid[REFUSED_KEPT]     # the collectives this rank refused (group,
     cdef uint32_t refused_seq[REFUSED_KEPT]     # sequence number), the last REFUSED_KEPT
     cdef uint32_t refused_n                     # ... and how many it refused in all
@@ -367,12 +370,22 @@ cdef class Engine(Transport):
         free(self.pfds)
         free(self.pfd_peer)
 
-    cdef void _drop_stashed(self) noexcept nogil:
-        """Free the messages read aside that nobody took."""
+    cdef void _drop_stashed(self, object peers=None):
+        """Free the messages read aside that nobody took (from ``peers`` alone, where given:
+        the others stay, in their order)."""
         cdef Stashed* s = self.stashed()
+        cdef Stashed* head = NULL
+        cdef Stashed* tail = NULL
         while s != NULL:
-            free(s)
+            if peers is None or s.peer in peers:
+                free(s)
+            elif tail == NULL:
+                head = tail = s
+            else:
+                tail.next = s
+                tail = s
             s = self.stashed()
+        self.stash_head, self.stash_tail = head, tail
 
     cdef void _close_fds(self) noexcept:
         if self.channels is not None:
@@ -1911,7 +1924,7 @@ cdef class Engine(Transport):
 
     # -- recovery after a failure: back to a frame boundary on every live pair --
 
-    def recover(self, peers, double timeout_s):
+    def recover(self, peers, double timeout_s, within=None):
         """Bring the streams to ``peers`` back to a message boundary and clear the failure.
 
         This rank sends a reset frame on each pair and discards what the peer sent
@@ -1919,13 +1932,24 @@ cdef class Engine(Transport):
         messages nobody will receive.  Then the pair starts afresh (message numbers from
         0).  Pairs this rank broke mid-message, peers that ended their stream, and peers
         whose reset frame does not come within ``timeout_s`` seconds are closed, and so
-        is every pair not in ``peers``.  Returns the peers of ``peers`` that could not be
-        brought back.
+        is every other pair of ``within`` (the ranks of the group that recovers; None: the
+        world).  The pairs to ranks outside ``within`` stay as they are, with the messages
+        read aside from them: a group's recovery closes no pair its parent may still use.
+        Returns the peers of ``peers`` that could not be brought back.
+
+        An abort() not yet delivered (none failed this transport since) ends the recovery
+        before it starts, and one during it ends it where it stands (the pairs not yet
+        brought back are lost): both raise Aborted and leave the transport failed, for the
+        next recovery.
         """
         cdef int p, n = self.size
         cdef Pair* pr
         if self.closed:
-            raise ValueError("recover: the transport is closed")
+            raise Error("rank %d: the context is closed" % self.rank)
+        if pc_atomic_load(&self.abort_flag) and not self.failed:
+            Transport.set_error(self, ERR_ABORTED, -1, "", 0, "abort() was called")
+            raise_error(self)
+        pc_atomic_store(&self.abort_flag, 0)    # delivered: its failure is what recovers
         cdef char* want = <char*>calloc(n, 1)
         cdef Resync* rs = <Resync*>calloc(n, sizeof(Resync))
         if want == NULL or rs == NULL:
@@ -1935,14 +1959,15 @@ cdef class Engine(Transport):
         for p in peers:
             if 0 <= p < n and p != self.rank:
                 want[p] = 1
-        self.resets += 1
-        cdef uint32_t epoch = self.resets
+        for p in range(n):
+            if want[p]:
+                self.pairs[p].resets += 1
         cdef int64_t until = pc_now_ns() + <int64_t>(timeout_s * 1e9)
         with nogil:
-            self._resync(want, rs, epoch, until)
+            aborted = self._resync(want, rs, until)
         lost = [p for p in peers if 0 <= p < n and p != self.rank and want[p] != 2]
         for p in range(n):
-            if p == self.rank:
+            if p == self.rank or within is not None and p not in within:
                 continue
             pr = &self.pairs[p]
             pr.send_head = pr.send_tail = -1
@@ -1976,13 +2001,19 @@ cdef class Engine(Transport):
         free(rs)
         self.nreqs = 0
         self.stashing = 0
-        self._drop_stashed()        # messages of the epoch that ended, as those on the wire
-        self.flag_area = None       # the flags path ends with the group that used it
+        # messages of the epoch that ended, as those on the wire
+        self._drop_stashed(None if within is None else set(within))
+        if within is None:
+            self.flag_area = None   # the flags path ends with the world that used it (a
+                                    # group's operations never take it)
         self.failed = 0
         memset(&self.err, 0, sizeof(TransportError))
         self.err.peer = self.err.blamed = self.err.origin = -1
         self.interrupt = None
-        pc_atomic_store(&self.abort_flag, 0)
+        if aborted:
+            Transport.set_error(self, ERR_ABORTED, -1, "", 0,
+                                "abort() was called during the recovery")
+            raise_error(self)
         return lost
 
     def unreachable(self):
@@ -1990,16 +2021,16 @@ cdef class Engine(Transport):
         return [p for p in range(self.size) if p != self.rank and (
             self.pairs[p].ch.eof or self.pairs[p].lost or self.pairs[p].ch.fd < 0)]
 
-    cdef void _resync(self, char* want, Resync* rs, uint32_t epoch,
-                      int64_t until) noexcept nogil:
-        """recover()'s loop: ``want[p]`` becomes 2 for a pair brought back, 0 for one lost."""
+    cdef bint _resync(self, char* want, Resync* rs, int64_t until) noexcept nogil:
+        """recover()'s loop: ``want[p]`` becomes 2 for a pair brought back, 0 for one lost;
+        whether abort() ended it."""
+        cdef bint aborted = 0
         cdef int p, left, progressed, k
         cdef Pair* pr
         cdef Req* r
         cdef MsgHeader reset
         memset(&reset, 0, sizeof(reset))
         reset.magic = MAGIC_RESET
-        reset.seq = epoch
         for p in range(self.size):
             if not want[p]:
                 continue
@@ -2008,7 +2039,7 @@ cdef class Engine(Transport):
                 want[p] = 0         # broken here, or the peer ended or broke its side
                 continue
             # Where the stream stands: a failed frame's rest, or a receive cut short.
-            if pr.rs_reset and <int32_t>(<uint32_t>(pr.rs_reset - 1) - epoch) >= 0:
+            if pr.rs_reset and <int32_t>(<uint32_t>(pr.rs_reset - 1) - pr.resets) >= 0:
                 rs[p].got = 1           # its reset frame came during an operation
                 rs[p].carry_off = pr.rs_carry_len
             elif pr.rs_set:
@@ -2039,6 +2070,7 @@ cdef class Engine(Transport):
             for p in range(self.size):
                 if want[p] != 1:
                     continue
+                reset.seq = self.pairs[p].resets
                 k = self._resync_pair(p, &rs[p], &reset)
                 if k < 0:
                     want[p] = 0
@@ -2050,11 +2082,15 @@ cdef class Engine(Transport):
                     left += 1
             if not left or pc_now_ns() >= until:
                 break
+            if pc_atomic_load(&self.abort_flag):
+                aborted = 1
+                break
             if not progressed:
                 self._resync_wait(want)
         for p in range(self.size):
             if want[p] == 1:
                 want[p] = 0         # no reset frame in time: a stopped or absent peer
+        return aborted
 
     cdef int _resync_pair(self, int p, Resync* rs, MsgHeader* reset) noexcept nogil:
         """Move one pair's recovery on: 1 if it progressed, 0 if not, -1 if it is lost."""
@@ -2134,7 +2170,7 @@ cdef class Engine(Transport):
         rs.hdr_done = 0
         if rs.hdr.magic == MAGIC_RESET:
             # An older recovery's frame is skipped; this one's (or a later one's) ends it.
-            if <int32_t>(rs.hdr.seq - self.resets) >= 0:
+            if <int32_t>(rs.hdr.seq - self.pairs[p].resets) >= 0:
                 rs.got = 1
         elif rs.hdr.magic == MAGIC_DATA or rs.hdr.magic == MAGIC_REFUSED:
             rs.skip = rs.hdr.nbytes

@@ -229,10 +229,14 @@ cdef class GroupTransport(Transport):
         """The members whose pair to this rank has ended."""
         return [self.index[p] for p in self.parent.unreachable() if self.index[p] >= 0]
 
-    def recover(self, peers, double timeout_s):
-        """The parent's recover() for the members ``peers``; clears this group's failure.
-        Returns the members that could not be brought back."""
-        lost = self.parent.recover([self.members[p] for p in peers], timeout_s)
+    def recover(self, peers, double timeout_s, within=None):
+        """The parent's recover() for the members ``peers``, within the members (``within``:
+        those of a group of this group), so that the parent's pairs to other ranks stay as
+        they are; clears this group's failure.  Returns the members that could not be
+        brought back."""
+        lost = self.parent.recover(
+            [self.members[p] for p in peers], timeout_s,
+            [self.members[p] for p in (range(self.size) if within is None else within)])
         self.failed = 0
         self.err.kind = 0
         self.err.peer = self.err.blamed = self.err.origin = -1
