@@ -261,7 +261,8 @@ cdef class Queued:
     number, the flight recorder), and gets the algorithm's code.  Arguments that the
     algorithm refuses when it runs are told to the peers, as the Python path's are."""
 
-    cdef CallPath ctx           # the Context, whose ``refused`` tells the peers
+    cdef readonly CallPath ctx  # the Context, whose ``refused`` tells the peers (and whose
+                                # batch of sends and receives it may run beside)
     cdef Py_ssize_t entry       # its flight recorder entry, or -1
     cdef Transport t
     cdef int kind

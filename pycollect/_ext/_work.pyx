@@ -1034,9 +1034,13 @@ cdef class Runner:
         if type(op) is P2P or type(op) is tuple and not op[1]:
             return False        # a send or receive; or an item that numbers no collective
                                 # (monitored_barrier: its own sends and receives)
-        if execute is None:
-            execute = self._execute
-        if getattr(execute, "__self__", None) is not self._batch_owner:
+        # Its context: a compiled call's own (a Queued's ``ctx``: it is queued without an
+        # ``execute``, and the runner's default is the parent's where the runner is shared
+        # with sub-groups), else the one whose ``execute`` runs it.
+        owner = getattr(op, "ctx", None)
+        if owner is None:
+            owner = getattr(self._execute if execute is None else execute, "__self__", None)
+        if owner is not self._batch_owner:
             return False
         return (self._batch.matches_heads() and not self._batch.on_wire()
                 and self._batch_owner.may_stash_beside())
