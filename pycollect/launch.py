@@ -26,8 +26,10 @@ The first rank that fails (non-zero exit or a signal) takes the job down: the
 others get SIGTERM, then SIGKILL after a grace period, and the launcher exits
 non-zero naming the rank it blames: of the failures seen, the first that is the
 rank's own and not a consequence of another's (a ``PeerError``), as each rank's
-exit report says (``pycollect/exit_report.py``).  SIGINT and SIGTERM sent to the
-launcher are forwarded to every rank.
+exit report says (``pycollect/exit_report.py``).  SIGINT, SIGTERM and SIGHUP (a
+hung-up terminal or ssh session, which the ranks, in sessions of their own, do not
+get) sent to the launcher are forwarded to every rank.  A launcher started with
+SIGHUP ignored (``nohup``) leaves it ignored, and so do its ranks.
 """
 
 import argparse
@@ -283,14 +285,28 @@ class _Job:
 
 
 def _fail(message):
-    """Write a launcher message to stderr."""
-    sys.stderr.write(f"pycollect-run: {message}\n")
-    sys.stderr.flush()
+    """Write a launcher message to stderr; one whose stderr is gone (a hung-up terminal, a
+    closed pipe) drops it, and goes on stopping the ranks."""
+    try:
+        sys.stderr.write(f"pycollect-run: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _forwarded_signals():
+    """The signals the launcher forwards: SIGINT, SIGTERM, and SIGHUP unless it is ignored
+    (``nohup``: the ranks inherit the ignoring, and the job outlives the hang-up)."""
+    forwarded = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        forwarded.append(signal.SIGHUP)
+    return forwarded
 
 
 @contextlib.contextmanager
 def _signals_caught(job):
-    """Catch SIGINT and SIGTERM into a list while the job runs; a second one kills at once."""
+    """Catch the forwarded signals into a list while the job runs; a second one kills at
+    once."""
     received = []
 
     def on_signal(signum, frame):
@@ -299,8 +315,7 @@ def _signals_caught(job):
         else:
             received.append(signum)
 
-    previous = {signum: signal.signal(signum, on_signal)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, on_signal) for signum in _forwarded_signals()}
     try:
         yield received
     finally:

@@ -15,7 +15,9 @@ Where each setting comes from, first match wins:
 4. the default: size 1 with a private in-process store.
 
 A missing piece is an ``InvalidArgument`` naming the variable to set; with
-``PYCOLLECT_DEBUG=1`` what was chosen, and why, is logged.
+``PYCOLLECT_DEBUG=1`` what was chosen, and why, is logged.  The variables the
+context reads (``CONTEXT_SETTINGS``) are read before the store is opened: a
+malformed one fails this rank before it joins, not its peers after.
 
 Before connecting, the ranks join a fresh run in the store (``pycollect/join.py``),
 which also diagnoses ranks that are missing, duplicated or started with another size.
@@ -52,6 +54,11 @@ TORCH_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 # so every rank of a group derives the same namespace without talking.
 _context_counter = {}
 _counter_lock = threading.Lock()
+
+# The variables the new Context reads (pycollect/context.py): init reads them before it opens
+# the store, so that a malformed one fails this rank before it joins, with nothing to close.
+CONTEXT_SETTINGS = ("PYCOLLECT_TRACE_SIZE", "PYCOLLECT_TRACE_DIR", "PYCOLLECT_TRACE_SIGNAL",
+                    "PYCOLLECT_UNPICKLE_ALLOW")
 
 
 def _parse(raw, var, parse, what):
@@ -202,6 +209,8 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     timeout = settings.get("PYCOLLECT_TIMEOUT") if timeout is None else timeout
     if segment_bytes is None:
         segment_bytes = settings.get("PYCOLLECT_MAX_SEGMENT_BYTES")
+    for name in CONTEXT_SETTINGS:
+        settings.get(name)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
             or not 0 < timeout <= settings.MAX_TIMEOUT_S:
         # Every blocking path has a deadline: an infinite one is refused too.
@@ -250,5 +259,12 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
         raise
     log.debug("rank %d of %d: connected over %s through %s (run %s)", rank, size, transport,
               redact(getattr(base, "url", base)), run)
-    return Context(rank, size, t, timeout=timeout, segment_bytes=segment_bytes,
-                   on_close=[base.close] if owns_store else [], debug=debug)
+    try:
+        return Context(rank, size, t, timeout=timeout, segment_bytes=segment_bytes,
+                       on_close=[base.close] if owns_store else [], debug=debug)
+    except BaseException:
+        # No context owns them: close what this call opened.
+        t.close()
+        if owns_store:
+            base.close()
+        raise

@@ -29,10 +29,14 @@ class Setting:
         self.doc = doc          # one line for the README
 
 
-def _int_at_least(low):
+# The largest byte count a setting takes: a signed 64-bit size (ftruncate's off_t).
+MAX_BYTES = (1 << 63) - 1
+
+
+def _int_at_least(low, high=None):
     def parse(raw):
         value = int(raw)
-        if value < low:
+        if value < low or (high is not None and value > high):
             raise ValueError(raw)
         return value
     return parse
@@ -80,21 +84,30 @@ def _on_unless_zero(raw):
 
 
 def _signal_name(raw):
+    """A signal a handler can be set for: SIGKILL and SIGSTOP, which none can, are refused."""
     import signal
     name = raw.strip().upper()
     if name.isdigit():
-        return signal.Signals(int(name))
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    try:
-        return signal.Signals[name]
-    except KeyError:
-        raise ValueError(raw) from None
+        value = signal.Signals(int(name))
+    else:
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            value = signal.Signals[name]
+        except KeyError:
+            raise ValueError(raw) from None
+    if value in (signal.SIGKILL, signal.SIGSTOP):
+        raise ValueError(raw)
+    return value
 
 
 def _debug(raw):
-    """False; True (logs); "detail" (the cross-rank check alone); "all" (both: "1,detail")."""
-    flags = {f.strip() for f in raw.lower().split(",")} - {"", "0"}
+    """False; True (logs); "detail" (the cross-rank check alone); "all" (both: "1,detail").
+    A word other than 0, 1 and detail ("false", "off", "yes") is refused."""
+    flags = {f.strip() for f in raw.lower().split(",")} - {""}
+    if not flags <= {"0", "1", "detail"}:
+        raise ValueError(raw)
+    flags -= {"0"}
     if not flags:
         return False
     if "detail" in flags:
@@ -141,11 +154,11 @@ SETTINGS = {s.name: s for s in (
             "messages to a same-host peer from this size (default 65536) are read straight "
             "from the sender's memory, except async sends up to 256 KiB (a quarter of the "
             "ring at most), which go through the ring and end at once"),
-    Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20), 64 << 30,
-            "a byte count (an int >= 1048576)",
+    Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20, MAX_BYTES), 64 << 30,
+            "a byte count (an int from 1048576 to 2**63 - 1)",
             "the address space of this process's pool of shared arrays (`pycollect.empty`, "
-            "`pycollect.zeros`; default 64 GiB, sparse: only the pages of live arrays take "
-            "memory). Read when the first such array is made"),
+            "`pycollect.zeros`; default 64 GiB, at most 2^63 - 1, sparse: only the pages of "
+            "live arrays take memory). Read when the first such array is made"),
     Setting("PYCOLLECT_SPIN_US", _microseconds, None,
             "a number of microseconds in 0..1000000",
             "how many microseconds a waiting rank polls its sockets, rings and shared-memory "
@@ -162,7 +175,7 @@ SETTINGS = {s.name: s for s in (
             "one with the same arguments: ranks that disagree all raise the same "
             "`MismatchError` before any data moves "
             "([docs/errors.md](docs/errors.md#pycollect_debugdetail)); it logs nothing by "
-            "itself. `1,detail` does both."),
+            "itself. `1,detail` does both. Any other word (`false`, `off`) is refused."),
     Setting("PYCOLLECT_HOST_ID", _stripped, None, "a host name of your choice",
             "ranks that give the same string are one host (shared memory between them, "
             "hierarchical collectives across hosts). Default: host name + boot id + network "
@@ -181,9 +194,11 @@ SETTINGS = {s.name: s for s in (
             "where each rank writes its flight recorder's dump when an operation fails with a "
             "timeout, a mismatch or a peer failure (and on `PYCOLLECT_TRACE_SIGNAL`); "
             "`pycollect-trace DIR` says what happened. Unset: no automatic dumps."),
-    Setting("PYCOLLECT_TRACE_SIGNAL", _signal_name, None, "a signal name or number (e.g. USR1)",
-            "a signal (e.g. `USR1`) on which every context of the process dumps its flight "
-            "recorder into `PYCOLLECT_TRACE_DIR`; read when a context is made"),
+    Setting("PYCOLLECT_TRACE_SIGNAL", _signal_name, None,
+            "a signal name or number that a handler can catch (e.g. USR1; not KILL or STOP)",
+            "a signal (e.g. `USR1`; not `KILL` or `STOP`, which no handler can catch) on which "
+            "every context of the process dumps its flight recorder into `PYCOLLECT_TRACE_DIR`; "
+            "read when a context is made"),
     Setting("PYCOLLECT_UNPICKLE_ALLOW", _allow_list, None,
             "a comma-separated list of globals ('module.name') and modules ('module.*')",
             "the globals the object collectives may unpickle, comma-separated: "

@@ -324,30 +324,105 @@ def test_timeout_ends_the_job(tmp_path):
     assert elapsed < 15
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signals_to_the_launcher_reach_every_rank(tmp_path, signum):
-    program = write_program(tmp_path, f"""
-        def stop(signum, frame):
-            open(f"got-{{RANK}}", "w").write(str(signum))
-            sys.exit(0)
-        signal.signal({int(signum)}, stop)
-        open(f"ready-{{RANK}}", "w").close()
-        time.sleep(60)
-    """)
+# Each rank writes its pid and the directory of its exit report, then waits for SIGNUM (which
+# it records and exits on) or, for at most 60 s, for a file named "go".
+WAITS_FOR_A_SIGNAL = """
+def stop(signum, frame):
+    open(f"got-{RANK}", "w").write(str(signum))
+    sys.exit(0)
+signal.signal(SIGNUM, stop)
+report_dir = os.path.dirname(os.environ["PYCOLLECT_EXIT_REPORT"])
+open(f"tmp-{RANK}", "w").write(f"{os.getpid()} {report_dir}")
+os.rename(f"tmp-{RANK}", f"ready-{RANK}")
+deadline = time.monotonic() + 60
+while not os.path.exists("go") and time.monotonic() < deadline:
+    time.sleep(0.01)
+print("done", RANK)
+"""
+
+
+def start_waiting_ranks(tmp_path, signum, **popen):
+    """Start the launcher on 3 WAITS_FOR_A_SIGNAL ranks; return it, the ranks' pids and the
+    launcher's report directory once every rank is ready."""
+    program = write_program(tmp_path, WAITS_FOR_A_SIGNAL.replace("SIGNUM", str(int(signum))))
     launcher = subprocess.Popen(LAUNCHER + ["--store", f"file://{tmp_path}/store", "-n", "3",
                                             program],
-                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                **popen)
     try:
-        wait_for_files([tmp_path / f"ready-{r}" for r in range(3)])
-        launcher.send_signal(signum)
-        _, stderr = launcher.communicate(timeout=15)
-    finally:
+        ready = [tmp_path / f"ready-{r}" for r in range(3)]
+        wait_for_files(ready)
+    except BaseException:
         launcher.kill()
         launcher.wait(5)
+        raise
+    fields = [path.read_text().split(" ", 1) for path in ready]
+    assert len({report_dir for _, report_dir in fields}) == 1
+    return launcher, [int(pid) for pid, _ in fields], fields[0][1]
+
+
+def stop_leftovers(launcher, pids):
+    """Kill the launcher and any rank that outlived it (a failing test leaves no orphan)."""
+    launcher.kill()
+    launcher.wait(5)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signals_to_the_launcher_reach_every_rank(tmp_path, signum):
+    """SIGHUP too (a hung-up terminal or ssh session): the ranks, each in a session of its
+    own, get none from the terminal.  The launcher removes its report directory."""
+    launcher, pids, report_dir = start_waiting_ranks(tmp_path, signum)
+    try:
+        assert os.path.isdir(report_dir)
+        launcher.send_signal(signum)
+        _, stderr = launcher.communicate(timeout=15)
+        assert_all_gone(pids)
+    finally:
+        stop_leftovers(launcher, pids)
     assert launcher.returncode == 128 + signum
     assert f"received {signal.Signals(signum).name}".encode() in stderr
     for rank in range(3):
         assert (tmp_path / f"got-{rank}").read_text() == str(int(signum))
+    assert not os.path.exists(report_dir)
+
+
+def test_a_hangup_reaches_every_rank_when_the_launchers_stderr_is_gone(tmp_path):
+    """After a hang-up the launcher's terminal refuses writes: its message is dropped, and
+    the ranks are still stopped."""
+    launcher, pids, report_dir = start_waiting_ranks(tmp_path, signal.SIGHUP)
+    try:
+        launcher.stderr.close()         # its next write fails (EPIPE), as a hung-up tty's does
+        launcher.send_signal(signal.SIGHUP)
+        launcher.wait(15)
+        assert_all_gone(pids)
+    finally:
+        stop_leftovers(launcher, pids)
+    assert launcher.returncode == 128 + signal.SIGHUP
+    for rank in range(3):
+        assert (tmp_path / f"got-{rank}").read_text() == str(int(signal.SIGHUP))
+    assert not os.path.exists(report_dir)
+
+
+def test_under_nohup_a_hangup_leaves_the_job_running(tmp_path):
+    """A launcher started with SIGHUP ignored keeps it ignored, and so do its ranks."""
+    launcher, pids, _ = start_waiting_ranks(
+        tmp_path, signal.SIGUSR1,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        launcher.send_signal(signal.SIGHUP)
+        for pid in pids:
+            os.kill(pid, signal.SIGHUP)     # what a terminal's hang-up would send them
+        time.sleep(0.5)
+        assert launcher.poll() is None and all(alive(pid) for pid in pids)
+        (tmp_path / "go").touch()
+        stdout, stderr = launcher.communicate(timeout=15)
+    finally:
+        stop_leftovers(launcher, pids)
+    assert launcher.returncode == 0, stderr
+    assert sorted(stdout.splitlines()) == [b"[rank %d] done %d" % (r, r) for r in range(3)]
 
 
 def test_a_program_that_cannot_start_is_reported(tmp_path):

@@ -2,6 +2,10 @@
 
 import os
 import re
+import signal
+import socket
+import threading
+import time
 
 import pytest
 
@@ -70,8 +74,14 @@ def test_an_empty_variable_is_the_default():
     ("PYCOLLECT_DEBUG", "detail", "detail"),
     ("PYCOLLECT_DEBUG", "1", True),
     ("PYCOLLECT_DEBUG", "0", False),
+    ("PYCOLLECT_DEBUG", "1,detail", "all"),
+    ("PYCOLLECT_DEBUG", " Detail , 1 ", "all"),
     ("PYCOLLECT_HOST_ID", " rack3 ", "rack3"),
     ("PYCOLLECT_MAX_SEGMENT_BYTES", "256", 256),
+    ("PYCOLLECT_POOL_BYTES", str((1 << 63) - 1), (1 << 63) - 1),
+    ("PYCOLLECT_TRACE_SIGNAL", "usr1", signal.SIGUSR1),
+    ("PYCOLLECT_TRACE_SIGNAL", "SIGHUP", signal.SIGHUP),
+    ("PYCOLLECT_TRACE_SIGNAL", "10", signal.SIGUSR1),
 ])
 def test_values_are_parsed(name, raw, value):
     assert settings.get(name, {name: raw}) == value
@@ -83,10 +93,127 @@ def test_values_are_parsed(name, raw, value):
     ("PYCOLLECT_TIMEOUT", "1e10"),
     ("PYCOLLECT_CMA_MIN_BYTES", "-5"), ("PYCOLLECT_MAX_SEGMENT_BYTES", "0"),
     ("PYCOLLECT_RANK", "one"), ("PYCOLLECT_HOST_ID", "   "),
+    ("PYCOLLECT_POOL_BYTES", "99999999999999999999999"), ("PYCOLLECT_POOL_BYTES", str(1 << 63)),
+    ("PYCOLLECT_TRACE_SIGNAL", "KILL"), ("PYCOLLECT_TRACE_SIGNAL", "sigstop"),
+    ("PYCOLLECT_TRACE_SIGNAL", str(int(signal.SIGKILL))), ("PYCOLLECT_TRACE_SIGNAL", "0"),
+    ("PYCOLLECT_DEBUG", "false"), ("PYCOLLECT_DEBUG", "off"), ("PYCOLLECT_DEBUG", "1,yes"),
 ])
 def test_a_bad_value_names_the_variable_and_the_value(name, raw):
     with pytest.raises(pc.InvalidArgument, match="^%s=%r is not " % (name, raw)):
         settings.get(name, {name: raw})
+
+
+def test_the_messages_say_what_a_value_must_be():
+    """Which words PYCOLLECT_DEBUG takes, which signals cannot be caught, the pool's bound."""
+    for name, raw, what in (("PYCOLLECT_DEBUG", "false", "0, 1, detail or 1,detail"),
+                            ("PYCOLLECT_TRACE_SIGNAL", "KILL", "not KILL or STOP"),
+                            ("PYCOLLECT_POOL_BYTES", "1e3", "from 1048576 to 2**63 - 1")):
+        with pytest.raises(pc.InvalidArgument, match=re.escape(what)):
+            settings.get(name, {name: raw})
+
+
+def test_an_uncatchable_trace_signal_is_refused_by_init(monkeypatch, tmp_path):
+    """It was refused only by the kernel, once the ranks had joined: a bare OSError."""
+    monkeypatch.setenv("PYCOLLECT_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYCOLLECT_TRACE_SIGNAL", "KILL")
+    with pytest.raises(pc.InvalidArgument, match="^PYCOLLECT_TRACE_SIGNAL='KILL' is not "):
+        pc.init(rank=0, size=1, store="hash://settings-kill-%d" % os.getpid())
+
+
+def test_a_huge_pool_size_is_refused_naming_the_variable(tmp_path):
+    """Beyond 64 bits it was a bare OverflowError from the first pc.empty (a fresh process:
+    this one's pool may be made already)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYCOLLECT_POOL_BYTES="99999999999999999999999")
+    done = subprocess.run([sys.executable, "-c", "import numpy as np, pycollect as pc\n"
+                           "try:\n    pc.empty(10, np.float32)\n"
+                           "except pc.InvalidArgument as exc:\n    print(exc)\n"],
+                          env=env, cwd=tmp_path, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().startswith(
+        "PYCOLLECT_POOL_BYTES='99999999999999999999999' is not a byte count"), done
+
+
+def test_debug_off_words_are_refused_not_taken_as_on(monkeypatch):
+    monkeypatch.setenv("PYCOLLECT_DEBUG", "false")
+    with pytest.raises(pc.InvalidArgument, match="^PYCOLLECT_DEBUG='false' is not "):
+        pc.init(rank=0, size=1, store="hash://settings-debug-%d" % os.getpid())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# A malformed value of each variable that the context reads.
+CONTEXT_VARIABLES = [("PYCOLLECT_TRACE_SIZE", "-1"), ("PYCOLLECT_TRACE_DIR", "  "),
+                     ("PYCOLLECT_TRACE_SIGNAL", "NOPE"), ("PYCOLLECT_UNPICKLE_ALLOW", "a b")]
+
+
+@pytest.mark.parametrize("name,raw", CONTEXT_VARIABLES)
+def test_a_bad_context_variable_fails_init_before_the_rendezvous(monkeypatch, name, raw):
+    """Rank 0 of 2 alone: refused at once, not after waiting for a peer that never comes."""
+    monkeypatch.setenv(name, raw)
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    start = time.monotonic()
+    with pytest.raises(pc.InvalidArgument, match="^%s=%r is not " % (name, raw)):
+        pc.init(rank=0, size=2, store=url, timeout=10)
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("name,raw", CONTEXT_VARIABLES)
+def test_a_bad_context_variable_leaves_no_store_open(monkeypatch, name, raw):
+    """Both ranks refuse it, and the TCP store that rank 0 would host is not left listening
+    (it was opened, joined, and never closed)."""
+    monkeypatch.setenv(name, raw)
+    port = _free_port()
+    errors = {}
+
+    def run(rank):
+        try:
+            pc.init(rank=rank, size=2, store="tcp://127.0.0.1:%d" % port, timeout=10)
+        except Exception as exc:        # noqa: BLE001 - recorded for the assertions
+            errors[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(errors) == [0, 1]
+    assert all(isinstance(e, pc.InvalidArgument) and name in str(e) for e in errors.values())
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_context_that_cannot_be_made_closes_the_store_and_transport(monkeypatch):
+    """Whatever fails in the Context itself, init closes what it opened."""
+    from pycollect import rendezvous
+    closed = []
+    real_factory = rendezvous.get_transport("tcp")
+
+    class Recorded:
+        def __init__(self, *args, **kwargs):
+            self.transport = real_factory(*args, **kwargs)
+
+        def close(self):
+            closed.append("transport")
+            self.transport.close()
+
+    def refuse(rank, size, transport, **kwargs):
+        raise RuntimeError("no context")
+
+    monkeypatch.setattr(rendezvous, "get_transport", lambda name: Recorded)
+    monkeypatch.setattr(rendezvous, "Context", refuse)
+    port = _free_port()
+    with pytest.raises(RuntimeError, match="no context"):
+        pc.init(rank=0, size=1, store="tcp://127.0.0.1:%d" % port, timeout=10)
+    assert closed == ["transport"]
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_init_reads_a_bad_variable_through_the_table(monkeypatch):
