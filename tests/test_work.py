@@ -722,6 +722,40 @@ def test_handles_and_callbacks_are_checked(pair):
 
 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_blocking_call_in_a_done_callback_is_refused_on_every_rank(transport):
+    """Whichever thread runs a done callback (the runner, a waiter that ended the handle,
+    or the caller of add_done_callback for a handle ended already) a blocking call of the
+    context in it is refused: it ran where the handle had ended before the callback was
+    added, or where a waiter ended it, and was refused elsewhere, so one rank ran a barrier
+    the others never made (a hang, or PeerError)."""
+    g = ThreadGroup(2, timeout=10, transport=transport)
+    try:
+        def body(ctx):
+            seen = []
+
+            def callback(w):
+                try:
+                    ctx.barrier()
+                    seen.append("ran")
+                except pc.InvalidArgument as exc:
+                    seen.append("refused" if "cannot run in a done callback" in str(exc)
+                                else str(exc))
+
+            for i in range(20):
+                work = ctx.allreduce(np.ones(10), async_op=True)
+                if i % 2:
+                    work.wait()             # ended before its callback is added
+                work.add_done_callback(callback)
+                work.wait()
+            ctx.barrier()                   # in step
+            return seen
+
+        assert g.run(body, timeout=30) == [["refused"] * 20] * 2
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transport):
     """A done callback runs on the thread that runs the context's operations, so a wait in
     it for one queued behind (Work.wait with or without a timeout, wait_all, wait_any), or

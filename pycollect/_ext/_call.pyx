@@ -798,6 +798,7 @@ cdef class CallPath(BatchOwner):
             if ended and is_recv:
                 result = filled(status, got)
             work = Work.made_ended(what, result, exception)
+            work._runner = runner       # a blocking call in its done callback is refused
         else:
             work = runner.begun(P2P.of(is_recv, buf, peer, tag, self,
                                        Later.of(status) if is_recv else None, timeout),
@@ -864,13 +865,17 @@ cdef class CallPath(BatchOwner):
     cdef object send_beside_async(self, object buf, int dst, int tag, double timeout):
         """``send_beside_batch`` for an async send: its handle, made ended (with the error
         where the send failed on the wire: its wait raises it), or _TAKE_SLOW."""
+        cdef Work work
         try:
             got = self.send_beside_batch(buf, dst, tag, timeout)
         except Error as exc:
-            return Work.made_ended(self.what(K_SEND), None, exc)
-        if got is _TAKE_SLOW:
-            return got
-        return Work.made_ended(self.what(K_SEND), None, None)
+            work = Work.made_ended(self.what(K_SEND), None, exc)
+        else:
+            if got is _TAKE_SLOW:
+                return got
+            work = Work.made_ended(self.what(K_SEND), None, None)
+        work._runner = self._runner     # a blocking call in its done callback is refused
+        return work
 
     cdef object join_p2p(self, bint is_recv, object buf, int peer, int tag, double timeout,
                          bint async_op=False, object status=None):
@@ -1358,6 +1363,7 @@ cdef class CallPath(BatchOwner):
         if state == 1 or exception is not None:
             runner.unclaim(False)
             work = Work.made_ended(what, result, exception)
+            work._runner = runner       # a blocking call in its done callback is refused
             if exception is None:
                 work.algorithm = _name_of(ALGO_FLAGS)
                 if entry >= 0:
@@ -1440,8 +1446,11 @@ cdef class CallPath(BatchOwner):
 
     cdef inline bint ready_p2p(self) noexcept:
         """As ``ready``, but messages waiting in the mailbox do not stand in the way: for a
-        call that looks there itself (sendrecv)."""
-        return self.ready_async() and not (self._runner is not None and self._runner.backlog)
+        call that looks there itself (sendrecv).  A done callback running (on any thread)
+        sends a blocking call to the Python path, which refuses it in the callback."""
+        cdef Runner runner = self._runner
+        return self.ready_async() and (
+            runner is None or not (runner.backlog or runner._callbacks_on))
 
     cdef inline bint may_run_beside(self) noexcept:
         """Outside the lock, for a blocking call that ``ready`` turned away: whether it may

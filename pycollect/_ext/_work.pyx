@@ -370,16 +370,30 @@ cdef class Work:
 
         ``fn`` runs on the thread that ran the operation (the context's runner,
         or a thread that waited for it and ran it itself), or on the caller's
-        when the operation had already ended.  An exception it raises is logged
-        (logger ``pycollect``) and dropped, so that the thread that ran it goes on.
+        when the operation had already ended; either way a blocking call of the
+        context in it is refused.  An exception it raises is logged (logger
+        ``pycollect``) and dropped, so that the thread that ran it goes on.
         """
         if not callable(fn):
             raise InvalidArgument("add_done_callback: %r is not callable" % (fn,))
         if self._callbacks is None:
             self._callbacks = collections.deque()
         self._callbacks.append(fn)
-        if self._end.done:
+        if not self._end.done:
+            return
+        cdef Runner runner = self._runner
+        if runner is None:
             self._run_callbacks()
+            return
+        # Run here, on the caller's thread, as a callback all the same: a blocking call in
+        # it is refused as in one the runner runs (whether the handle had ended by now
+        # differs between ranks, and ranks that differed would fall out of step).
+        cdef unsigned long before = runner._callbacks_on
+        runner._callbacks_on = PyThread_get_thread_ident()
+        try:
+            self._run_callbacks()
+        finally:
+            runner._callbacks_on = before
 
     cdef _run_callbacks(self):
         # Each callback is popped, so runs, exactly once, whichever thread gets it.
@@ -681,9 +695,12 @@ cdef class Runner:
         return self.backlog
 
     cpdef bint in_callback(self) except -1:
-        """Whether the calling thread runs a done callback of this runner's handles while
-        it runs the runner's operations (so that none of them can run until it returns)."""
-        return self.busy and self._callbacks_on == PyThread_get_thread_ident()
+        """Whether the calling thread runs a done callback of this runner's handles: the
+        thread that runs the runner's operations, so that none of them can run until it
+        returns, or a waiter that ended one, or a caller whose handle had ended already
+        (add_done_callback).  A blocking call there is refused alike on every rank, whichever
+        thread ran the callback."""
+        return self._callbacks_on == PyThread_get_thread_ident()
 
     cpdef submit(self, object op, Work work, object execute=None):
         """Queue ``op`` (a send or receive: a ``P2P``; else a collective, which
