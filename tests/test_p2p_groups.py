@@ -159,6 +159,33 @@ def test_a_batch_fails_as_a_whole_when_its_peer_leaves(transport):
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("how", ["recv", "probe"])
+def test_a_receive_from_any_rank_fails_when_a_peer_leaves(transport, how):
+    """Rank 2 closes while rank 0 waits for a message from any rank: PeerError naming rank
+    2 at once, over shared memory as over TCP (a ring's reader skipped the ended stream and
+    waited to its deadline)."""
+    g = ThreadGroup(3, timeout=8, transport=transport)
+    try:
+        def body(ctx):
+            if ctx.rank == 2:
+                time.sleep(0.3)
+                ctx.close()
+                return None
+            if ctx.rank == 1:
+                return None
+            start = time.monotonic()
+            with pytest.raises(pc.PeerError, match="rank 2 .* closed its connection"):
+                if how == "recv":
+                    ctx.recv(np.zeros(4), pc.ANY_SOURCE, tag=3)
+                else:
+                    ctx.probe()
+            return time.monotonic() - start
+        assert g.run(body, timeout=60)[0] < 4
+    finally:
+        g.close()
+
+
 def test_a_receive_for_a_tag_nobody_sends_names_the_tag_that_came():
     """Receives match by tag (tests/test_p2p_matching.py): a message with another tag waits
     for its own receive, and the one that never comes times out naming it."""

@@ -673,8 +673,11 @@ cdef class Engine(Transport):
             ch = pr.ch
             if ch.fd < 0:
                 continue
+            # A peer whose stream ended is a candidate of a receive from any rank too: its
+            # end fails the receive (PeerError), as it does over every transport, where
+            # skipping it left a ring's reader waiting to its deadline.
             candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
-                and not (peer < 0 and (pr.data_waiting or ch.eof))
+                and not (peer < 0 and pr.data_waiting)
             if candidate and pr.skip:
                 rc = self._skip(p, 1)
                 if rc < 0:
