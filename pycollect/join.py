@@ -11,11 +11,22 @@ live one; every key of the context then lives under the new id.
 The join is also where a job that was started wrong shows itself, so it
 diagnoses, on every rank, with the real cause:
 
-* sizes that differ: the first rank that reads rank 0's size and holds
-  another says so at once, and publishes the failure under ``RUN/failed``,
-  which every rank of the run polls while it waits (with the run's join count
-  then, so that a rank that joined later, reading an earlier job's keys,
-  ignores it);
+* sizes that differ: rank 0 reads each join answer's size (and a rank beyond
+  its own size, which it never asks for, says so under ``RUN/outside``); on a
+  size other than its own it says so at once, and publishes the failure under
+  ``RUN/failed``, which every rank of the run polls while it waits.  A rank
+  that reads a run of another size does not fail on it: that run may be an
+  earlier job's, left in the store, which gives way to this job's rank 0's
+  own as soon as it publishes it.  The rank answers under it (a live rank 0
+  of that size then reports the mismatch) and keeps reading ``run``; only if
+  the run it sees at its deadline is still the other-sized one does it report
+  both sizes, saying that the run may be a stale one;
+* a run that failed before this rank joined it: a failure is published with
+  the run's join count then, so a rank whose own join came later (its
+  ticket) knows that the failure is not one of its run (an earlier job's,
+  or one of a rank 0 that failed before this rank came).  It takes that run
+  for a dead one and waits for rank 0 to publish a live one; at its deadline
+  it says that rank 0 never published one, and quotes the dead run's failure;
 * a rank started twice: rank 0 counts more join answers than ranks under its
   own, fresh run id (each process answers once per run) and publishes the
   failure; two processes started as rank 0: the first sees the run id it
@@ -81,7 +92,10 @@ class _Join:
         # The run's join count when this rank joined it: a failure published with a
         # lower count predates this rank's join (an earlier job's), and is ignored.
         self.ticket = 0
+        # The failure published for the joined run before this rank joined it: the run is
+        # dead (an earlier job's, or one whose rank 0 failed before this rank came).
         self.earlier_failure = None
+        self.outside = False    # this rank's answer is under RUN/outside too
 
     def left(self):
         return max(self.deadline.remaining(), 0.001)
@@ -113,8 +127,8 @@ class _Join:
         error = Timeout if name == "Timeout" else MismatchError
         if count.isdigit() and int(count) >= self.ticket:
             self.stop(error, message, elsewhere=True)
-        # Published before this rank joined: an earlier job's, or this run failed
-        # before this rank came.  It is the cause if nothing better shows up.
+        # Published before this rank joined: an earlier job's, or this run failed before
+        # this rank came.  Either way not this rank's failure: the run is dead.
         self.earlier_failure = (error, message)
 
     def joined(self, run):
@@ -156,6 +170,15 @@ class _Join:
                     self.fail([run], "rank %d was started twice: two processes joined as "
                               "rank %d (one is %s)" % (twice[0], twice[0],
                                                        _parse_join(answers[twice[0]])[2]))
+                # A rank beyond this size, started with a larger one, answers here.
+                outside = scoped_get_or_empty(scoped, "%s/outside" % run, self.left())
+                if outside:
+                    their_rank, _, raw = outside.partition(b" ")
+                    _, their_size, who = _parse_join(raw)
+                    self.fail([run], "the ranks were started with different sizes: rank 0 "
+                              "with size %d, rank %s (%s) with size %s"
+                              % (size, their_rank.decode("ascii", "replace"), who,
+                                 "unknown" if their_size is None else their_size))
             if len(answers) == size - 1:
                 break
             if self.deadline.expired():
@@ -207,11 +230,26 @@ class _Join:
     def guest(self):
         try:
             return self.try_guest()
-        except StoreError:
+        except StoreError as exc:
             if self.earlier_failure is None:
                 raise
-            # The store went away with the rank 0 that published the failure.
-            self.stop(*self.earlier_failure, elsewhere=True)
+            # The store went away, likely with the rank 0 that published the failure (it
+            # hosted the store and lingered, then left): name that failure, and say so.
+            error, message = self.earlier_failure
+            self.stop(error, "%s (reported before this rank joined the run; then the store "
+                      "went away: %s)" % (message, exc), elsewhere=True)
+
+    def join(self, run, their_size, answer):
+        """Answer ``run`` (of rank 0's size ``their_size``) and take this rank's ticket."""
+        scoped, rank = self.scoped, self.rank
+        scoped.add("%s/joins/%d" % (run, rank), 1)
+        self.ticket = scoped.add("%s/joins" % run, 1)
+        self.earlier_failure = None
+        scoped.set("%s/join/%d" % (run, rank), answer)
+        # Rank 0 of a smaller run never asks for this rank's answer: tell it where it looks.
+        self.outside = their_size is not None and rank >= their_size
+        if self.outside:
+            scoped.set("%s/outside" % run, b"%d %s" % (rank, answer))
 
     def withdraw(self, run):
         """Take back this rank's join of ``run``, which a newer run replaced in the store (an
@@ -220,27 +258,27 @@ class _Join:
         stays as it is: the tickets it hands out only grow (``check_failed``)."""
         self.scoped.delete("%s/join/%d" % (run, self.rank))
         self.scoped.delete("%s/joins/%d" % (run, self.rank))
+        if self.outside:
+            self.scoped.delete("%s/outside" % run)
 
     def try_guest(self):
-        scoped, rank, size = self.scoped, self.rank, self.size
+        rank = self.rank
         nonce = secrets.token_hex(8)
-        answer = ("%s %d %s" % (nonce, size, _whoami())).encode()
+        answer = ("%s %d %s" % (nonce, self.size, _whoami())).encode()
         joined, foreign = None, False
         for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
+            # A run of another size is answered too, not refused: it may be an earlier
+            # job's, which this job's rank 0 replaces, while a live rank 0 of that size
+            # reads the answer and reports both sizes at once.
             run, their_size = self.read_run()
             if run != joined:
                 if joined is not None:
                     self.withdraw(joined)
-                if their_size is not None and their_size != size:
-                    self.fail([run], "the ranks were started with different sizes: rank 0 "
-                              "with size %d, rank %d (%s) with size %d"
-                              % (their_size, rank, _whoami(), size))
-                scoped.add("%s/joins/%d" % (run, rank), 1)
-                self.ticket = scoped.add("%s/joins" % run, 1)
-                scoped.set("%s/join/%d" % (run, rank), answer)
-                joined = run
+                self.join(run, their_size, answer)
+                joined, foreign = run, False
             try:
-                ack = scoped.get("%s/ack/%d" % (run, rank), timeout=min(slice_s, self.left()))
+                ack = self.scoped.get("%s/ack/%d" % (run, rank),
+                                      timeout=min(slice_s, self.left()))
                 if ack == nonce.encode():
                     return run
                 foreign = True
@@ -249,16 +287,34 @@ class _Join:
                 pass
             self.check_failed(run)
             if self.deadline.expired():
-                if self.earlier_failure is not None:
-                    self.stop(*self.earlier_failure, elsewhere=True)
-                if foreign:
-                    self.timed_out("rank 0 answered another process as rank %d (the echo is not "
-                                   "this process's nonce): rank %d was started twice, or an "
-                                   "earlier job left its keys" % (rank, rank))
-                present = self.joined(run)
-                self.timed_out("rank 0 is up but still waits: rank(s) %s never joined "
-                               "(joined: %s)" % (_ranks(set(range(size)) - set(present)),
-                                                 _ranks(present)))
+                self.give_up(run, their_size, foreign)
+
+    def give_up(self, run, their_size, foreign):
+        """At the deadline: raise what the run this rank last saw says about the cause."""
+        rank, size = self.rank, self.size
+        if self.earlier_failure is not None:
+            error, message = self.earlier_failure
+            self.timed_out("rank 0 never published a run (is rank 0 running, with the same "
+                           "store?): the one in the store, %s%s, had failed before this rank "
+                           "joined it (keys an earlier job left, or this job's rank 0 failed "
+                           "before this rank came), with %s: %s" % (
+                               run, "" if their_size is None else " of size %d" % their_size,
+                               error.__name__, message))
+        if their_size is not None and their_size != size:
+            self.stop(MismatchError, "rank 0 of the run in store %s was started with size %d, "
+                      "this rank (%s) with size %d, and no rank 0 published a run of size %d "
+                      "within %g s: the ranks were started with different sizes, or that run "
+                      "is a stale one an earlier job left (is this job's rank 0 running, with "
+                      "the same store?)" % (self.scoped.url, their_size, _whoami(), size, size,
+                                            self.deadline.timeout))
+        if foreign:
+            self.timed_out("rank 0 answered another process as rank %d (the echo is not "
+                           "this process's nonce): rank %d was started twice, or an "
+                           "earlier job left its keys" % (rank, rank))
+        present = self.joined(run)
+        self.timed_out("rank 0 is up but still waits: rank(s) %s never joined "
+                       "(joined: %s)" % (_ranks(set(range(size)) - set(present)),
+                                         _ranks(present)))
 
 
 def scoped_get_or_empty(store, key, timeout):

@@ -1,10 +1,11 @@
-"""A job started wrong ends, on every rank, with the real cause: ranks missing, started twice or
-with different sizes, and a store address where something else answers.
+"""A job started wrong ends, on every rank, with the real cause: ranks missing, started twice,
+with different sizes or different transports, and a store address where something else answers.
 
 Real processes over the embedded TCP store (rank 0 hosts it) and real sockets; each scenario is
 bounded in time, and the ones that can be seen early must be seen well before the deadline.
 """
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,13 +47,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _start(tmp_path, rank, size, url, timeout=JOIN_TIMEOUT, gate=None):
-    """Start a rank; with ``gate`` (a path), it imports pycollect, then waits for the file."""
+def _start(tmp_path, rank, size, url, timeout=JOIN_TIMEOUT, gate=None, transport=None):
+    """Start a rank; with ``gate`` (a path), it imports pycollect, then waits for the file;
+    ``transport``: its PYCOLLECT_TRANSPORT."""
     script = tmp_path / "rank.py"
     script.write_text(RANK)
+    env = {k: v for k, v in os.environ.items() if k != "PYCOLLECT_TRANSPORT"}
+    if transport is not None:
+        env["PYCOLLECT_TRANSPORT"] = transport
     return subprocess.Popen([sys.executable, str(script), str(rank), str(size), url,
                              str(timeout)] + ([str(gate)] if gate else []),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 
 
 def _published_runs(url, count):
@@ -94,16 +99,58 @@ def test_a_rank_that_never_started_is_named_on_every_rank(tmp_path):
         assert seconds < JOIN_TIMEOUT + 3, seconds
 
 
-@pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
-def test_ranks_started_with_different_sizes_say_so_at_once(tmp_path, sizes):
+@pytest.mark.parametrize("sizes, other", [((2, 3), 1), ((3, 2), 1), ((2, 3), 2)])
+def test_ranks_started_with_different_sizes_say_so_at_once(tmp_path, sizes, other):
+    """Rank 0 first (it hosts the store), then rank ``other``; rank 2 of size 3 is beyond the
+    size-2 rank 0's ranks."""
     url = "tcp://127.0.0.1:%d" % _free_port()
     procs = [_start(tmp_path, 0, sizes[0], url)]
     time.sleep(0.3)
-    procs.append(_start(tmp_path, 1, sizes[1], url))
+    procs.append(_start(tmp_path, other, sizes[1], url))
+    for name, seconds, message in _outcomes(procs):
+        assert name == "MismatchError", message
+        assert ("started with different sizes: rank 0 with size %d, rank %d"
+                % (sizes[0], other)) in message and \
+            message.endswith("with size %d" % sizes[1]), message
+        assert seconds < EARLY_S, (seconds, message)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
+def test_a_rank_of_another_size_that_came_first_is_named_at_once(tmp_path, sizes):
+    """Rank 1 starts first (a file store), answers rank 0's run of another size once it
+    appears, and rank 0 names both sizes on both ranks at once."""
+    url = "file://%s" % (tmp_path / "rdv")
+    procs = [_start(tmp_path, 1, sizes[1], url)]
+    time.sleep(0.5)
+    procs.append(_start(tmp_path, 0, sizes[0], url))
     for name, seconds, message in _outcomes(procs):
         assert name == "MismatchError", message
         assert ("started with different sizes: rank 0 with size %d, rank 1" % sizes[0]) \
             in message and message.endswith("with size %d" % sizes[1]), message
+        assert seconds < EARLY_S, (seconds, message)
+
+
+@pytest.mark.parametrize("transports", [("auto", "tcp"), ("tcp", "shm"), ("shm", "auto"),
+                                        ("tcp", "tcp", "auto")])
+def test_ranks_started_with_different_transports_say_so_at_once(tmp_path, transports):
+    """Every rank names every rank's transport before connecting, also where rank 0 hosts the
+    store (it stays up until the others have read the addresses)."""
+    url = "tcp://127.0.0.1:%d" % _free_port()
+    size = len(transports)
+    procs = [_start(tmp_path, 0, size, url, transport=transports[0])]
+    time.sleep(0.3)
+    procs += [_start(tmp_path, rank, size, url, transport=transports[rank])
+              for rank in range(1, size)]
+    names = {}
+    for rank, name in enumerate(transports):
+        names.setdefault(name, []).append(rank)
+    expected = "; ".join("rank(s) %s with %r" % (", ".join(map(str, ranks)), name)
+                         for name, ranks in names.items())
+    for rank, (name, seconds, message) in enumerate(_outcomes(procs)):
+        assert name == "MismatchError", message
+        assert message == ("rank %d: the ranks were started with different transports: %s; "
+                           "start every rank with the same one (init(transport=...) or "
+                           "PYCOLLECT_TRANSPORT)" % (rank, expected)), message
         assert seconds < EARLY_S, (seconds, message)
 
 

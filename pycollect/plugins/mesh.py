@@ -8,6 +8,14 @@ store), both ranks and the context id; anything else that reaches the
 listener (a port scanner, garbage, a rank of another run) is logged and
 dropped while the job goes on.  All of it runs under one deadline.
 
+Each rank's record also names its transport (``transport=``, what the factory
+that calls ``connect_mesh`` is registered as), so that ranks started with
+different transports refuse the run before connecting, every rank alike.
+Before a rank raises such a refusal of the table (transports, TLS, host
+identities) it waits, briefly, until every rank has read the table: a store
+that its process hosts stays up until the others have what they need to say
+the same.
+
 A transport that encrypts its pairs passes a hook (``tls=``) that wraps each
 socket right after the TCP connect, before the hello, so the token never
 crosses a link between ranks in clear (it does pass through the store, whose
@@ -28,7 +36,7 @@ import socket
 import struct
 import time
 
-from ..errors import InvalidArgument, PeerError, StoreError, Timeout
+from ..errors import Error, InvalidArgument, MismatchError, PeerError, StoreError, Timeout
 from . import hosts
 from .interfaces import choose_address
 
@@ -43,6 +51,8 @@ ACK_MAGIC = b"PCA1"
 VERSION = 1
 SOCKET_BUFFER_BYTES = 4 << 20
 STRANGER_GRACE_S = 5.0
+# How long a rank that refuses the address table waits for every rank to have read it.
+REFUSAL_LINGER_S = 5.0
 
 
 class _NoTls(Exception):
@@ -331,11 +341,14 @@ class Joined:
         self.deadline = deadline    # time.monotonic() deadline of the whole rendezvous
 
 
-def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", tls=None):
+def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", tls=None,
+                 transport=None):
     """Listen, publish this rank's address, connect the full mesh; return a ``Joined``.
 
     ``deadline`` is a ``time.monotonic()`` value that bounds all of it; ``tls``
-    wraps every socket before the hello (``Mesh``).
+    wraps every socket before the hello (``Mesh``); ``transport`` is the name of
+    the transport this rank was started with, which every rank must share
+    (``MismatchError`` naming each rank's otherwise).
     """
     host, why = choose_address(interface, store)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -350,7 +363,8 @@ def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", 
     log.debug("rank %d: listening on %s (%s)", rank, format_addr(host, port), why)
     machine = hosts.machine_identity()
     me = {"host": host, "port": port, "hostid": hosts.host_identity(machine), "machine": machine,
-          "boot": hosts.boot_id(), "pid": os.getpid(), "cpus": hosts.cpu_list()}
+          "boot": hosts.boot_id(), "pid": os.getpid(), "cpus": hosts.cpu_list(),
+          "transport": transport}
     if tls is not None:
         me["tls"] = {"name": socket.gethostname()}
     try:
@@ -368,8 +382,13 @@ def connect_mesh(rank, size, store, *, deadline, interface=None, context_id="", 
                 raw = store.get("tcp/addr/%d" % peer,
                                 timeout=max(deadline - time.monotonic(), 0.001))
                 addrs.append(json.loads(raw.decode()))
-        hosts.check_host_table(rank, addrs)
-        _check_same_security(rank, addrs)
+        try:    # every rank reads the same table, so each refuses it alike
+            hosts.check_host_table(rank, addrs)
+            _check_same_security(rank, addrs)
+            _check_same_transport(rank, addrs)
+        except Error:
+            _read_by_all(store, rank, size, deadline)
+            raise
         context = hashlib.sha256(context_id.encode()).digest()
         mesh = Mesh(rank, size, token, context, deadline, tls=tls)
         socks = mesh.run(listener, addrs)
@@ -406,6 +425,32 @@ def _check_same_security(rank, addrs):
                         "must use transport 'tcp+tls' or none" % (
                             rank, others, "without" if mine else "with",
                             "with" if mine else "without"))
+
+
+def _check_same_transport(rank, addrs):
+    """Refuse a run whose ranks were started with different transports, naming each one's."""
+    names = {}
+    for peer, addr in enumerate(addrs):
+        names.setdefault(addr.get("transport"), []).append(peer)
+    if len(names) > 1:
+        raise MismatchError(
+            "rank %d: the ranks were started with different transports: %s; start every rank "
+            "with the same one (init(transport=...) or PYCOLLECT_TRANSPORT)" % (rank, "; ".join(
+                "rank(s) %s with %s" % (", ".join(map(str, peers)),
+                                        "%r" % name if name is not None else
+                                        "a transport that does not name itself (a plugin's)")
+                for name, peers in names.items())))
+
+
+def _read_by_all(store, rank, size, deadline):
+    """Before this rank refuses the table: wait (at most ``REFUSAL_LINGER_S``, within the
+    deadline) until every rank has read it, each of which refuses it too; best effort."""
+    try:
+        store.set("tcp/refused/%d" % rank, b"")
+        store.wait(["tcp/refused/%d" % peer for peer in range(size)],
+                   timeout=max(min(deadline - time.monotonic(), REFUSAL_LINGER_S), 0.001))
+    except (StoreError, Timeout) as exc:
+        log.debug("rank %d: not every rank read the address table: %s", rank, exc)
 
 
 def _peer_names(addr):

@@ -134,7 +134,8 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
 
 
 def _with_shared_memory(rank, size, store, required, options):
-    transport, joined = open_tcp(rank, size, store, **options)
+    transport, joined = open_tcp(rank, size, store, transport="shm" if required else "auto",
+                                 **options)
     try:
         if required:
             local = sum(1 for a in joined.addrs if a["hostid"] == joined.addrs[rank]["hostid"])

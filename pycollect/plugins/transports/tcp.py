@@ -20,13 +20,14 @@ SPIN_US_SHARED = 50.0
 
 
 def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_us=None,
-             tls=None):
+             tls=None, transport=None):
     """Connect the full mesh and build an ``Engine`` with a socket channel per peer:
     ``(transport, joined)``.
 
     ``joined`` is the mesh's ``Joined`` record (addresses, token, deadline) for
     a factory that goes on setting up (shared memory); ``tls`` is the mesh's
-    wrapping hook.
+    wrapping hook; ``transport`` is the name the calling factory is registered
+    as, which the ranks compare before connecting (``connect_mesh``).
     """
     from ..._ext._engine import Engine
     from ..._ext._socket import SocketChannel
@@ -35,7 +36,7 @@ def open_tcp(rank, size, store, *, timeout, interface=None, context_id="", spin_
     if spin_us is None:
         spin_us = settings.get("PYCOLLECT_SPIN_US")
     joined = connect_mesh(rank, size, store, deadline=deadline, interface=interface,
-                          context_id=context_id, tls=tls)
+                          context_id=context_id, tls=tls, transport=transport)
     addrs = joined.addrs
     shared = oversubscribed(rank, addrs)
     if spin_us is None:
@@ -55,4 +56,4 @@ def create_tcp_transport(rank, size, store, *, timeout, interface=None, context_
     """Connect the full mesh for ``rank`` of ``size`` through ``store``; return an engine
     that reaches every peer over TCP."""
     return open_tcp(rank, size, store, timeout=timeout, interface=interface,
-                    context_id=context_id, spin_us=spin_us)[0]
+                    context_id=context_id, spin_us=spin_us, transport="tcp")[0]

@@ -75,7 +75,7 @@ def create_tls_transport(rank, size, store, *, tls=None, **options):
     """The TCP transport over TLS to every peer (``tls``: a ``TlsConfig``; left out, from
     ``PYCOLLECT_TLS_*``)."""
     hook = TlsHook(load_tls() if tls is None else tls)
-    transport, joined = open_tcp(rank, size, store, tls=hook, **options)
+    transport, joined = open_tcp(rank, size, store, tls=hook, transport="tcp+tls", **options)
     try:
         for peer, stream in enumerate(joined.streams):
             if peer != rank:
