@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 
-from pycollect import exit_report
+from pycollect import exit_report, leftovers
 from pycollect.errors import Error
 from pycollect.plugins.hosts import cores, rank_cpus, started_on
 from pycollect.plugins.registry import check_store_url, with_prefix
@@ -456,8 +456,8 @@ def main(argv=None):
         server = TCPStoreServer(host="127.0.0.1", port=0, auth=auth).start()
         store_url = server.url
     report_dir = tempfile.mkdtemp(prefix="pycollect-run-")
+    reports = [os.path.join(report_dir, f"rank{r}.json") for r in range(args.nranks)]
     try:
-        reports = [os.path.join(report_dir, f"rank{r}.json") for r in range(args.nranks)]
         envs = _rank_envs(args.nranks, with_prefix(store_url, run_id), auth, reports)
         # Ranks write into our pipes: make Python ranks flush every line.
         if args.prefix_output:
@@ -476,6 +476,10 @@ def main(argv=None):
             finally:
                 job.drain()
     finally:
+        # The ranks have ended: what shared memory a killed one left linked goes too.
+        for rank, report in enumerate(reports):
+            for name in leftovers.sweep(report):
+                _fail(f"removed {leftovers.SHM_DIR}/{name}, which rank {rank} left behind")
         shutil.rmtree(report_dir, ignore_errors=True)
         if server is not None:
             server.close()

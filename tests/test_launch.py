@@ -296,6 +296,34 @@ def test_a_rank_killed_by_a_signal_stops_the_job(tmp_path):
     assert_all_gone([int((tmp_path / f"pid-{r}").read_text()) for r in range(3)])
 
 
+def test_shared_memory_that_a_killed_rank_left_is_removed(tmp_path):
+    """Rank 0 creates its host's segment and waits for rank 1 to map it; rank 1 fails
+    first, so the launcher SIGTERMs rank 0, whose default SIGTERM runs no finally: the
+    segment stayed in /dev/shm.  The launcher removes it and says so."""
+    program = write_program(tmp_path, """
+        import threading
+        import pycollect._ext._shm as shm
+        real = shm.Segment
+        def late(path, length, create):     # rank 1 maps the segment late, and fails first
+            if not create:
+                threading.Timer(1.0, os._exit, (1,)).start()
+                time.sleep(30)
+            return real(path, length, create)
+        shm.Segment = late
+        import pycollect as pc
+        pc.init(transport="shm", timeout=20)
+        """)
+    before = set(os.listdir("/dev/shm"))
+    done, elapsed = launch(tmp_path, "-n", "2", program)
+    assert done.returncode == 1, done.stderr
+    found = re.search(rb"removed /dev/shm/(pycollect-[0-9a-f]{24}), which rank 0 left behind",
+                      done.stderr)
+    assert found, done.stderr
+    assert found.group(1).decode() not in os.listdir("/dev/shm")
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("pycollect-")}
+    assert elapsed < 20
+
+
 def test_ranks_ignoring_sigterm_and_their_children_are_killed(tmp_path):
     program = write_program(tmp_path, """
         import subprocess

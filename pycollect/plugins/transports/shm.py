@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ... import settings
+from ... import leftovers, settings
 from ...errors import InvalidArgument, StoreError
 from ..hosts import cpu_mates
 from ..mesh import forget
@@ -70,10 +70,13 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     path = "/dev/shm/pycollect-%s" % tag
     leader = local[0]
     created = rank == leader
+    noted = None
     if created:
+        noted = leftovers.note(path)        # for pycollect-run, should this rank die now
         try:
             segment = Segment(path, length, True)
         except OSError as exc:
+            leftovers.drop(noted)
             if required:
                 raise InvalidArgument("rank %d: cannot create the shared segment %s: %s"
                                       % (rank, path, exc)) from None
@@ -108,6 +111,7 @@ def attach_shared_memory(transport, rank, addrs, store, secret, deadline, requir
     finally:
         if created:
             segment.unlink()        # every local rank has mapped it (or failed)
+            leftovers.drop(noted)
     cma_min = settings.get("PYCOLLECT_CMA_MIN_BYTES")
     me = local_of[rank]
     for p in local:
