@@ -858,6 +858,10 @@ class Context(CallPath):
         entry = None if self._recorder is None else self._recorder.record(
             what, None, None, None)
         with self._lock:
+            if self._transport.take_abort() and self._failure is None:
+                # An abort() no operation raised: the context is failed, and this call,
+                # which runs on failed contexts, goes on with every rank.
+                self._failure = Aborted("rank %d: abort() was called" % self._rank)
             self._recoveries += 1
             gid = zlib.crc32(repr((self._group_id, what, self._recoveries)).encode()) or 1
             if entry is not None:

@@ -12,7 +12,8 @@ The join is also where a job that was started wrong shows itself, so it
 diagnoses, on every rank, with the real cause:
 
 * sizes that differ: rank 0 reads each join answer's size (and a rank beyond
-  its own size, which it never asks for, says so under ``RUN/outside``); on a
+  its own size, which it never asks for, says so under ``RUN/outside/K``, K
+  counted by ``RUN/outsiders``); on a
   size other than its own it says so at once, and publishes the failure under
   ``RUN/failed``, which every rank of the run polls while it waits.  A rank
   that reads a run of another size does not fail on it: that run may be an
@@ -95,7 +96,7 @@ class _Join:
         # The failure published for the joined run before this rank joined it: the run is
         # dead (an earlier job's, or one whose rank 0 failed before this rank came).
         self.earlier_failure = None
-        self.outside = False    # this rank's answer is under RUN/outside too
+        self.outside = 0        # K where this rank's answer is under RUN/outside/K too
 
     def left(self):
         return max(self.deadline.remaining(), 0.001)
@@ -170,15 +171,17 @@ class _Join:
                     self.fail([run], "rank %d was started twice: two processes joined as "
                               "rank %d (one is %s)" % (twice[0], twice[0],
                                                        _parse_join(answers[twice[0]])[2]))
-                # A rank beyond this size, started with a larger one, answers here.
-                outside = scoped_get_or_empty(scoped, "%s/outside" % run, self.left())
-                if outside:
-                    their_rank, _, raw = outside.partition(b" ")
-                    _, their_size, who = _parse_join(raw)
-                    self.fail([run], "the ranks were started with different sizes: rank 0 "
-                              "with size %d, rank %s (%s) with size %s"
-                              % (size, their_rank.decode("ascii", "replace"), who,
-                                 "unknown" if their_size is None else their_size))
+                # Ranks beyond this size, started with a larger one, answer here.
+                for k in range(1, scoped.add("%s/outsiders" % run, 0) + 1):
+                    outside = scoped_get_or_empty(scoped, "%s/outside/%d" % (run, k),
+                                                  self.left())
+                    if outside:     # else withdrawn
+                        their_rank, _, raw = outside.partition(b" ")
+                        _, their_size, who = _parse_join(raw)
+                        self.fail([run], "the ranks were started with different sizes: rank "
+                                  "0 with size %d, rank %s (%s) with size %s"
+                                  % (size, their_rank.decode("ascii", "replace"), who,
+                                     "unknown" if their_size is None else their_size))
             if len(answers) == size - 1:
                 break
             if self.deadline.expired():
@@ -247,9 +250,10 @@ class _Join:
         self.earlier_failure = None
         scoped.set("%s/join/%d" % (run, rank), answer)
         # Rank 0 of a smaller run never asks for this rank's answer: tell it where it looks.
-        self.outside = their_size is not None and rank >= their_size
-        if self.outside:
-            scoped.set("%s/outside" % run, b"%d %s" % (rank, answer))
+        self.outside = 0
+        if their_size is not None and rank >= their_size:
+            self.outside = scoped.add("%s/outsiders" % run, 1)
+            scoped.set("%s/outside/%d" % (run, self.outside), b"%d %s" % (rank, answer))
 
     def withdraw(self, run):
         """Take back this rank's join of ``run``, which a newer run replaced in the store (an
@@ -259,7 +263,7 @@ class _Join:
         self.scoped.delete("%s/join/%d" % (run, self.rank))
         self.scoped.delete("%s/joins/%d" % (run, self.rank))
         if self.outside:
-            self.scoped.delete("%s/outside" % run)
+            self.scoped.delete("%s/outside/%d" % (run, self.outside))
 
     def try_guest(self):
         rank = self.rank

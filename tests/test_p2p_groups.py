@@ -186,6 +186,27 @@ def test_a_receive_from_any_rank_fails_when_a_peer_leaves(transport, how):
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_receive_from_any_rank_takes_a_message_beside_an_ended_stream(transport):
+    """Rank 1 closes; rank 2's message is already here: a receive from any rank takes it
+    (the ended stream, looked at first, failed the receive over TCP)."""
+    g = ThreadGroup(3, timeout=5, transport=transport)
+    try:
+        def body(ctx):
+            if ctx.rank == 1:
+                ctx.close()
+                return None
+            if ctx.rank == 2:
+                ctx.send(np.full(4, 2.0), 0, tag=3)
+                return None
+            time.sleep(0.5)
+            got = np.zeros(4)
+            return ctx.recv(got, pc.ANY_SOURCE, tag=3), got[0]
+        assert g.run(body, timeout=60)[0] == (2, 2.0)
+    finally:
+        g.close()
+
+
 def test_a_receive_for_a_tag_nobody_sends_names_the_tag_that_came():
     """Receives match by tag (tests/test_p2p_matching.py): a message with another tag waits
     for its own receive, and the one that never comes times out naming it."""

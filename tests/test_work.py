@@ -755,6 +755,70 @@ def test_a_blocking_call_in_a_done_callback_is_refused_on_every_rank(transport):
         g.close()
 
 
+def test_callbacks_on_two_threads_at_once_leave_no_thread_marked():
+    """A callback run on the caller's thread (its handle had ended) adds one whose handle
+    the runner ends meanwhile, and returns first: each thread's mark goes with its own
+    callbacks (one field, saved and restored by both, stayed on the caller's thread, and
+    every later blocking call of it was refused)."""
+    g = ThreadGroup(2, timeout=20, transport="tcp")
+    try:
+        def body(ctx):
+            runner_busy, later = threading.Event(), []
+
+            def on_runner(w):
+                runner_busy.set()
+                time.sleep(0.3)             # the caller's callback returns meanwhile
+
+            def on_caller(w):
+                later.append(ctx.allreduce(np.ones(4), async_op=True))
+                later[0].add_done_callback(on_runner)
+                runner_busy.wait(10)
+
+            first = ctx.allreduce(np.ones(4), async_op=True)
+            first.wait()
+            first.add_done_callback(on_caller)      # ended: runs here
+            later[0].wait(10)
+            time.sleep(0.5)
+            in_callback = ctx._runner.in_callback()
+            ctx.barrier()
+            return in_callback
+        assert g.run(body, timeout=60) == [False, False]
+    finally:
+        g.close()
+
+
+def test_a_blocking_call_in_a_callback_beside_a_parked_receive_is_refused():
+    """With a receive parked in the runner's batch, a blocking barrier in a callback on the
+    caller's thread took the path beside the batch and ran, where the other rank's was
+    refused: every rank refuses it."""
+    g = ThreadGroup(2, timeout=6, transport="tcp")
+    try:
+        def body(ctx):
+            seen = []
+
+            def callback(w):
+                try:
+                    ctx.barrier(timeout=4)
+                    seen.append("ran")
+                except pc.InvalidArgument:
+                    seen.append("refused")
+
+            ctx.recv(np.zeros(4), 1 - ctx.rank, tag=9, async_op=True)     # stays parked
+            work = ctx.allreduce(np.ones(4), async_op=True)
+            if ctx.rank == 0:
+                work.wait()
+                time.sleep(0.2)
+                work.add_done_callback(callback)    # ended: the caller's thread
+            else:
+                work.add_done_callback(callback)
+                work.wait()
+            time.sleep(0.3)
+            return seen
+        assert g.outcomes(body, timeout=60) == [["refused"]] * 2
+    finally:
+        g.close()
+
+
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_a_wait_in_a_done_callback_for_what_is_queued_behind_is_refused(transport):
     """A done callback runs on the thread that runs the context's operations, so a wait in

@@ -1450,7 +1450,7 @@ cdef class CallPath(BatchOwner):
         sends a blocking call to the Python path, which refuses it in the callback."""
         cdef Runner runner = self._runner
         return self.ready_async() and (
-            runner is None or not (runner.backlog or runner._callbacks_on))
+            runner is None or not (runner.backlog or runner._callbacks_running))
 
     cdef inline bint may_run_beside(self) noexcept:
         """Outside the lock, for a blocking call that ``ready`` turned away: whether it may
@@ -1458,6 +1458,7 @@ cdef class CallPath(BatchOwner):
         runner has work and nothing else stands in the way, and the transport has a flag
         area or reads point-to-point messages aside (``Transport.can_stash``)."""
         return (self._runner is not None and self._runner.backlog and self.ready_async()
+                and not self._runner._callbacks_running    # the Python path refuses it there
                 and not self.has_mail() and (self._transport.flag_area is not None
                                                  or self._transport.can_stash()))
 

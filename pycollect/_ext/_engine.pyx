@@ -65,6 +65,7 @@ cdef extern from "_sys.h" nogil:
     int64_t pc_now_ns()
     int pc_atomic_load(int* p)
     void pc_atomic_store(int* p, int v)
+    int pc_atomic_exchange(int* p, int v)
 
 cdef extern from "<poll.h>" nogil:
     struct pollfd:
@@ -651,7 +652,7 @@ cdef class Engine(Transport):
         Requests already posted (a batch of sends and receives) move on meanwhile,
         and a pair with receives posted is theirs first: its head is not a candidate.
         """
-        cdef int p, n, k = 1, rc, candidate
+        cdef int p, n, k = 1, rc, candidate, ended = -1
         cdef short ev
         cdef Pair* pr
         cdef ChannelBase* ch
@@ -674,8 +675,8 @@ cdef class Engine(Transport):
             if ch.fd < 0:
                 continue
             # A peer whose stream ended is a candidate of a receive from any rank too: its
-            # end fails the receive (PeerError), as it does over every transport, where
-            # skipping it left a ring's reader waiting to its deadline.
+            # end fails the receive (PeerError) where no other peer's message matches (a
+            # ring's reader skipped it, and waited to its deadline).
             candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
                 and not (peer < 0 and pr.data_waiting)
             if candidate and pr.skip:
@@ -717,6 +718,10 @@ cdef class Engine(Transport):
                     # batch, Transport.stash).  Not a disagreement: wait on.
                     pr.data_waiting = 1
                     candidate = 0
+                elif peer < 0 and n != HDR_BYTES and (n == 0 or not _would_block(errno)):
+                    if ended < 0:
+                        ended = p           # fails the receive if no other peer's matches
+                    candidate = 0
                 elif n == HDR_BYTES or n == 0 or (n < 0 and not _would_block(errno)):
                     # A mismatch, an abort frame, or end of stream: let the
                     # receive path name it.
@@ -731,6 +736,13 @@ cdef class Engine(Transport):
                 self.pfds[k].revents = 0
                 self.pfd_peer[k] = p
                 k += 1
+        if ended >= 0:
+            # No peer's message matched: the ended stream fails the receive, named by the
+            # receive path.
+            rc = self.post_recv(ended, NULL, 0)
+            if rc < 0 or self._do_recv(ended) < 0:
+                return -1
+            return self.set_error(ERR_INTERNAL, ended, "", 0, "probe lost its message")
         npfds[0] = k
         return -2
 
@@ -1940,19 +1952,15 @@ cdef class Engine(Transport):
         read aside from them: a group's recovery closes no pair its parent may still use.
         Returns the peers of ``peers`` that could not be brought back.
 
-        An abort() not yet delivered (none failed this transport since) ends the recovery
-        before it starts, and one during it ends it where it stands (the pairs not yet
-        brought back are lost): both raise Aborted and leave the transport failed, for the
-        next recovery.
+        An abort() during it ends it where it stands (the pairs not yet brought back are
+        lost) and raises Aborted, leaving the transport failed for the next recovery; one
+        from before is the caller's to take first (``take_abort``).
         """
         cdef int p, n = self.size
         cdef Pair* pr
+        cdef bint outside_busy = 0
         if self.closed:
             raise Error("rank %d: the context is closed" % self.rank)
-        if pc_atomic_load(&self.abort_flag) and not self.failed:
-            Transport.set_error(self, ERR_ABORTED, -1, "", 0, "abort() was called")
-            raise_error(self)
-        pc_atomic_store(&self.abort_flag, 0)    # delivered: its failure is what recovers
         cdef char* want = <char*>calloc(n, 1)
         cdef Resync* rs = <Resync*>calloc(n, sizeof(Resync))
         if want == NULL or rs == NULL:
@@ -1970,9 +1978,14 @@ cdef class Engine(Transport):
             aborted = self._resync(want, rs, until)
         lost = [p for p in peers if 0 <= p < n and p != self.rank and want[p] != 2]
         for p in range(n):
-            if p == self.rank or within is not None and p not in within:
+            if p == self.rank:
                 continue
             pr = &self.pairs[p]
+            if within is not None and p not in within:
+                # the parent's own, left as they are: a send or receive still in flight
+                # there keeps its request (the next operation finishes it first)
+                outside_busy |= pr.send_head >= 0 or pr.recv_head >= 0 or pr.ack_head >= 0
+                continue
             pr.send_head = pr.send_tail = -1
             pr.recv_head = pr.recv_tail = -1
             pr.ack_head = pr.ack_tail = -1
@@ -2002,7 +2015,8 @@ cdef class Engine(Transport):
                 pr.lost = 1
         free(want)
         free(rs)
-        self.nreqs = 0
+        if not outside_busy:
+            self.nreqs = 0
         self.stashing = 0
         # messages of the epoch that ended, as those on the wire
         self._drop_stashed(None if within is None else set(within))
@@ -2018,6 +2032,13 @@ cdef class Engine(Transport):
                                 "abort() was called during the recovery")
             raise_error(self)
         return lost
+
+    def take_abort(self):
+        """Whether an abort() is pending that no operation has raised yet (none failed this
+        transport since), clearing it either way: a recovery, which runs on a failed
+        context, takes it as the context's failure and goes on (were it raised there, this
+        rank's peers would wait for its reset frames to their deadline)."""
+        return bool(pc_atomic_exchange(&self.abort_flag, 0) and not self.failed)
 
     def unreachable(self):
         """The peers whose pair has ended (end of stream seen, broken or closed)."""

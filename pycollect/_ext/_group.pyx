@@ -243,6 +243,10 @@ cdef class GroupTransport(Transport):
         self.err.has_theirs = 0
         return [self.index[p] for p in lost]
 
+    def take_abort(self):
+        """The parent's take_abort(): an abort() of the shared connections not yet raised."""
+        return self.parent.take_abort()
+
     def abort(self):
         """Abort the shared connections (the parent and every group on them)."""
         self.parent.abort()

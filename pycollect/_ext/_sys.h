@@ -13,6 +13,9 @@ static inline int64_t pc_now_ns(void) {
 
 static inline int pc_atomic_load(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void pc_atomic_store(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline int pc_atomic_exchange(int *p, int v) {
+    return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL);
+}
 #endif
 
 #ifndef PYCOLLECT_SYS_ERRNO

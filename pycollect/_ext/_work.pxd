@@ -75,9 +75,12 @@ cdef class Runner:
     cdef bint _handoff_made
     cdef object _drive_until
     cdef double _drive_slice
-    cdef unsigned long _callbacks_on    # the thread running done callbacks of its handles
+    cdef int _callbacks_running         # done callbacks of its handles running, any thread
+    cdef dict _callback_threads         # ... how many on each thread (by thread ident)
 
     cpdef bint in_callback(self) except -1
+    cdef int callbacks_begin(self) except -1
+    cdef int callbacks_end(self) except -1
 
     cpdef Py_ssize_t pending(self)
     cpdef submit(self, object op, Work work, object execute=*)

@@ -388,12 +388,11 @@ cdef class Work:
         # Run here, on the caller's thread, as a callback all the same: a blocking call in
         # it is refused as in one the runner runs (whether the handle had ended by now
         # differs between ranks, and ranks that differed would fall out of step).
-        cdef unsigned long before = runner._callbacks_on
-        runner._callbacks_on = PyThread_get_thread_ident()
+        runner.callbacks_begin()
         try:
             self._run_callbacks()
         finally:
-            runner._callbacks_on = before
+            runner.callbacks_end()
 
     cdef _run_callbacks(self):
         # Each callback is popped, so runs, exactly once, whichever thread gets it.
@@ -432,18 +431,16 @@ cdef class Work:
         if self._callbacks is None:
             return
         cdef Runner runner = self._runner
-        cdef unsigned long before
         if runner is None:
             self._run_callbacks()
             return
         # Callbacks run on the thread that runs the runner's operations: until they
         # return, nothing of its queue can (``_not_in_callback``).
-        before = runner._callbacks_on
-        runner._callbacks_on = PyThread_get_thread_ident()
+        runner.callbacks_begin()
         try:
             self._run_callbacks()
         finally:
-            runner._callbacks_on = before
+            runner.callbacks_end()
 
 
 cdef int _not_in_callback(Work work, str what) except -1:
@@ -654,6 +651,7 @@ cdef class Runner:
         # operation, instead of at the end of its slice (the transport's kick).
         self._kick = kick
         self._queue = collections.deque()
+        self._callback_threads = {}
         self._in_batch = 0      # operations taken off the queue by the running batch
         # Operations queued or in the batch (len(_queue) + _in_batch), kept as one number
         # that the compiled call path reads before each blocking call.
@@ -700,7 +698,27 @@ cdef class Runner:
         returns, or a waiter that ended one, or a caller whose handle had ended already
         (add_done_callback).  A blocking call there is refused alike on every rank, whichever
         thread ran the callback."""
-        return self._callbacks_on == PyThread_get_thread_ident()
+        return (self._callbacks_running != 0
+                and PyThread_get_thread_ident() in self._callback_threads)
+
+    cdef int callbacks_begin(self) except -1:
+        """The calling thread starts running done callbacks (with the GIL: each thread's
+        count changes under it, whatever other threads run callbacks meanwhile)."""
+        ident = PyThread_get_thread_ident()
+        self._callback_threads[ident] = self._callback_threads.get(ident, 0) + 1
+        self._callbacks_running += 1
+        return 0
+
+    cdef int callbacks_end(self) except -1:
+        """... and has run them (``callbacks_begin``)."""
+        ident = PyThread_get_thread_ident()
+        left = self._callback_threads[ident] - 1
+        if left:
+            self._callback_threads[ident] = left
+        else:
+            del self._callback_threads[ident]
+        self._callbacks_running -= 1
+        return 0
 
     cpdef submit(self, object op, Work work, object execute=None):
         """Queue ``op`` (a send or receive: a ``P2P``; else a collective, which
