@@ -18,7 +18,8 @@ import pycollect as pc
 from jobs import collect
 
 JOIN_TIMEOUT = 8.0      # every rank's init timeout; "early" means well inside it
-EARLY_S = JOIN_TIMEOUT / 2
+# Well before the deadline, with room for rank 0's 1.5 s linger and a loaded 2-core machine.
+EARLY_S = JOIN_TIMEOUT * 0.75
 
 RANK = """
 import os, sys, time
