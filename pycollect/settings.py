@@ -29,8 +29,9 @@ class Setting:
         self.doc = doc          # one line for the README
 
 
-# The largest byte count a setting takes: a signed 64-bit size (ftruncate's off_t).
-MAX_BYTES = (1 << 63) - 1
+# The largest pool of shared arrays: 64 TiB, half the 128 TiB of a process's address space on
+# x86-64 (a larger one fails to map, and past 2^63 its size rounded to pages wraps off_t).
+MAX_POOL_BYTES = 1 << 46
 
 
 def _int_at_least(low, high=None):
@@ -154,11 +155,11 @@ SETTINGS = {s.name: s for s in (
             "messages to a same-host peer from this size (default 65536) are read straight "
             "from the sender's memory, except async sends up to 256 KiB (a quarter of the "
             "ring at most), which go through the ring and end at once"),
-    Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20, MAX_BYTES), 64 << 30,
-            "a byte count (an int from 1048576 to 2**63 - 1)",
+    Setting("PYCOLLECT_POOL_BYTES", _int_at_least(1 << 20, MAX_POOL_BYTES), 64 << 30,
+            "a byte count (an int from 1048576 to 2**46)",
             "the address space of this process's pool of shared arrays (`pycollect.empty`, "
-            "`pycollect.zeros`; default 64 GiB, at most 2^63 - 1, sparse: only the pages of "
-            "live arrays take memory). Read when the first such array is made"),
+            "`pycollect.zeros`; default 64 GiB, at most 2^46, 64 TiB, sparse: only the pages "
+            "of live arrays take memory). Read when the first such array is made"),
     Setting("PYCOLLECT_SPIN_US", _microseconds, None,
             "a number of microseconds in 0..1000000",
             "how many microseconds a waiting rank polls its sockets, rings and shared-memory "

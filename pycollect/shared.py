@@ -58,6 +58,11 @@ def empty(shape, dtype=np.float32):
         raise InvalidArgument("pycollect.empty: shape %r is not a tuple of ints >= 0"
                               % (shape,))
     count = math.prod(int(d) for d in dims)
+    # NumPy refuses a shape whose nonzero sides multiply past intp, even with a zero side (a
+    # larger array of elements does not fit the pool, below)
+    if not count and math.prod(int(d) for d in dims if d) * dt.itemsize > np.iinfo(np.intp).max:
+        raise InvalidArgument("pycollect.empty: shape %r holds more than an array may"
+                              % (shape,))
     nbytes = count * dt.itemsize
     pool = _current()
     block = pool.block(nbytes) if nbytes <= pool.nbytes else None

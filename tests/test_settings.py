@@ -78,7 +78,7 @@ def test_an_empty_variable_is_the_default():
     ("PYCOLLECT_DEBUG", " Detail , 1 ", "all"),
     ("PYCOLLECT_HOST_ID", " rack3 ", "rack3"),
     ("PYCOLLECT_MAX_SEGMENT_BYTES", "256", 256),
-    ("PYCOLLECT_POOL_BYTES", str((1 << 63) - 1), (1 << 63) - 1),
+    ("PYCOLLECT_POOL_BYTES", str(1 << 46), 1 << 46),
     ("PYCOLLECT_TRACE_SIGNAL", "usr1", signal.SIGUSR1),
     ("PYCOLLECT_TRACE_SIGNAL", "SIGHUP", signal.SIGHUP),
     ("PYCOLLECT_TRACE_SIGNAL", "10", signal.SIGUSR1),
@@ -94,6 +94,8 @@ def test_values_are_parsed(name, raw, value):
     ("PYCOLLECT_CMA_MIN_BYTES", "-5"), ("PYCOLLECT_MAX_SEGMENT_BYTES", "0"),
     ("PYCOLLECT_RANK", "one"), ("PYCOLLECT_HOST_ID", "   "),
     ("PYCOLLECT_POOL_BYTES", "99999999999999999999999"), ("PYCOLLECT_POOL_BYTES", str(1 << 63)),
+    # the largest that passed: its size rounded to pages wrapped off_t ("ftruncate to 2^63")
+    ("PYCOLLECT_POOL_BYTES", str((1 << 63) - 1)), ("PYCOLLECT_POOL_BYTES", str((1 << 46) + 1)),
     ("PYCOLLECT_TRACE_SIGNAL", "KILL"), ("PYCOLLECT_TRACE_SIGNAL", "sigstop"),
     ("PYCOLLECT_TRACE_SIGNAL", str(int(signal.SIGKILL))), ("PYCOLLECT_TRACE_SIGNAL", "0"),
     ("PYCOLLECT_DEBUG", "false"), ("PYCOLLECT_DEBUG", "off"), ("PYCOLLECT_DEBUG", "1,yes"),
@@ -107,7 +109,7 @@ def test_the_messages_say_what_a_value_must_be():
     """Which words PYCOLLECT_DEBUG takes, which signals cannot be caught, the pool's bound."""
     for name, raw, what in (("PYCOLLECT_DEBUG", "false", "0, 1, detail or 1,detail"),
                             ("PYCOLLECT_TRACE_SIGNAL", "KILL", "not KILL or STOP"),
-                            ("PYCOLLECT_POOL_BYTES", "1e3", "from 1048576 to 2**63 - 1")):
+                            ("PYCOLLECT_POOL_BYTES", "1e3", "from 1048576 to 2**46")):
         with pytest.raises(pc.InvalidArgument, match=re.escape(what)):
             settings.get(name, {name: raw})
 
