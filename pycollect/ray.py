@@ -18,7 +18,8 @@ Arrays are NumPy arrays or CPU torch tensors, passed to pycollect as views
 that share their memory; a collective may mix the two.  An array that Ray
 handed the actor read-only (an argument or a ``ray.get`` result: its memory
 is Ray's object store) is written in place, as Ray's "gloo" backend does,
-with a warning: copy it first when anything else reads that object.  The
+with a warning: copy it first when anything else reads that object; any other
+read-only array is refused, and so is an output that is not contiguous.  The
 deadline of a group made by ``create_collective_group`` is its ``gloo_timeout``
 (Ray keeps 30000 ms where none is given; ``gloo_timeout=None`` leaves it to
 ``PYCOLLECT_TIMEOUT``); a group made by ``init_collective_group`` takes
@@ -100,13 +101,35 @@ def _array(obj, what):
                              % (what, type(obj).__name__))
 
 
+def _in_ray_object_store(arr):
+    """Whether ``arr``'s memory is Ray's object store: its chain of bases ends in a buffer
+    of Ray's (how Ray hands an actor a deserialized array)."""
+    base = arr
+    for _ in range(16):     # bounded: a chain of views is short
+        if type(base).__module__.partition(".")[0] == "ray":
+            return True
+        nxt = getattr(base, "base", None)
+        if nxt is None:
+            return False
+        base = nxt
+    return False
+
+
 def _output(obj, what):
-    """``_array(obj)``, writable: a read-only array Ray deserialized is written in place."""
+    """``_array(obj)``, writable and contiguous (the result lands in it, in place): a
+    read-only array in Ray's object store is written in place; any other read-only array
+    (bytes, a read-only memory map) is refused."""
     arr = _array(obj, what)
+    if not arr.flags.c_contiguous:
+        # reshape(-1) of it is a copy: the result would land there, and be lost
+        raise pc.InvalidArgument("%s: the array is not contiguous, and the result is written "
+                                 "in place; pass a contiguous one (np.ascontiguousarray, "
+                                 "then copy back)" % what)
     if arr.flags.writeable:
         return arr
-    if not arr.flags.c_contiguous:
-        raise pc.InvalidArgument("%s: the array is read-only and not contiguous" % what)
+    if not _in_ray_object_store(arr):
+        raise pc.InvalidArgument("%s: the array is read-only (not memory of Ray's object "
+                                 "store, which is written anyway)" % what)
     warnings.warn("pycollect.ray: %s writes into a read-only array (memory of Ray's object "
                   "store, as Ray's gloo backend does); copy it first (array.copy()) if "
                   "anything else reads that object" % what, RuntimeWarning,

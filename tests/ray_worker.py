@@ -96,19 +96,39 @@ class Member:
         return self.buffer
 
     def read_only_warnings(self, group_name="default"):
-        """allreduce and allgather into read-only arrays (as Ray hands an actor its
-        arguments); each warning's (file name, line) and whether the results landed."""
+        """allreduce and allgather into read-only arrays of Ray's object store (as Ray hands
+        an actor its arguments); each warning's (file name, line) and whether the results
+        landed."""
         def read_only(a):
-            a.setflags(write=False)
-            return a
+            return ray.get(ray.put(a))
         buf = read_only(np.ones(4, np.float32))
         blocks = [read_only(np.zeros(4, np.float32)) for _ in range(2)]
+        assert not buf.flags.writeable and not blocks[0].flags.writeable
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             col.allreduce(buf, group_name)
             col.allgather(blocks, np.ones(4, np.float32), group_name)
         return ([(os.path.basename(w.filename), w.lineno) for w in caught],
                 float(buf[0]), [float(b[0]) for b in blocks])
+
+    def refused_outputs(self, group_name="default"):
+        """Outputs the result cannot land in: a read-only array that is not Ray's (its
+        memory a bytes object: it was written, an immutable bytes changed), strided and
+        Fortran-ordered arrays (the result landed in a copy, and was lost); the messages."""
+        raw = np.ones(4).tobytes()
+        messages = []
+        for call in (lambda: col.allreduce(np.frombuffer(raw, np.float64), group_name),
+                     lambda: col.allgather([np.zeros((4, 4))[:, :2] for _ in range(2)],
+                                           np.ones((4, 2)), group_name),
+                     lambda: col.reducescatter(np.asfortranarray(np.zeros((2, 3))),
+                                               [np.ones((2, 3)) for _ in range(2)],
+                                               group_name)):
+            try:
+                call()
+                messages.append(None)
+            except pc.InvalidArgument as exc:
+                messages.append(str(exc))
+        return messages, raw == np.ones(4).tobytes()
 
     def barrier(self, group_name="default"):
         col.barrier(group_name)

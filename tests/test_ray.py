@@ -524,6 +524,20 @@ def test_a_read_only_array_is_written_with_a_warning_at_the_callers_line(pair):
             assert len(warned) == 3 and len({line for _, line in warned}) == 2, warned
 
 
+def test_outputs_the_result_cannot_land_in_are_refused(pair):
+    """A read-only array that is not Ray's (a bytes object: it was written, changing the
+    bytes; a read-only memory map crashed the actor), and non-contiguous outputs of
+    allgather and reducescatter (the result landed in a copy, and was lost silently)."""
+    with Group(pair) as g:
+        for messages, bytes_unchanged in g.call("refused_outputs"):
+            assert bytes_unchanged
+            assert "allreduce: the array is read-only (not memory of Ray's object store" \
+                in messages[0], messages
+            for message, what in zip(messages[1:], ("allgather", "reducescatter")):
+                assert message is not None and message.startswith(
+                    what + ": the array is not contiguous"), messages
+
+
 def test_barrier(actors):
     with Group(actors) as g:
         assert g.call("barrier") == [True] * g.size
