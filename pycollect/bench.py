@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import time
 
@@ -298,10 +299,9 @@ class Config:
             raise InvalidArgument("--json and --csv cannot both go to stdout; give one a FILE")
         for flag, path in (("--json", args.json), ("--csv", args.csv)):
             # Checked now, not after the sweep: the file is written once every size has run.
-            where = os.path.dirname(os.path.abspath(path)) if path and path != "-" else None
-            if where is not None and not (os.path.isdir(where) and os.access(where, os.W_OK)):
-                raise InvalidArgument(f"{flag} {path}: cannot write into {where} (no such "
-                                      f"directory, or not writable)")
+            problem = _output_problem(path) if path and path != "-" else None
+            if problem:
+                raise InvalidArgument(f"{flag} {path}: {problem}")
         stores = [flag for flag, value in (("--store", args.store), ("--redis-host",
                   args.redis_host), ("--shared-path", args.shared_path)) if value]
         if len(stores) > 1:
@@ -340,6 +340,30 @@ class Config:
             raise InvalidArgument("pairwise_exchange needs at least 2 ranks")
         if self.collective in ROOTED and self.args.root >= size:
             raise InvalidArgument(f"--root {self.args.root} is not a rank of {size}")
+
+
+def _output_problem(path):
+    """Why the results cannot be written to ``path`` (None: they can).  It must be a writable
+    regular file, character device (``/dev/stdout``) or pipe, or a new file in a writable
+    directory; a symbolic link counts as its target."""
+    if path.endswith(os.sep) or os.path.isdir(path):
+        return "is a directory; name a file"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"cannot be written ({exc.strerror})"
+    if mode is None:
+        where = os.path.dirname(os.path.realpath(path))     # a dangling link: its target's
+        if not (os.path.isdir(where) and os.access(where, os.W_OK)):
+            return f"cannot write into {where} (no such directory, or not writable)"
+        return None
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+        return "is not a regular file, a character device or a pipe"
+    if not os.access(path, os.W_OK):
+        return "is not writable"
+    return None
 
 
 def _default_transport():
@@ -456,6 +480,21 @@ def mismatch(got, expected, tolerance, what):
 # -- one benchmark at one size ------------------------------------------------------
 
 
+def _numpy_empty(count, dtype):
+    """``np.empty(count, dtype)``; an array that cannot be had raises InvalidArgument, as
+    pycollect.empty's does (--shared), instead of NumPy's MemoryError or ValueError."""
+    try:
+        return np.empty(count, dtype)
+    except MemoryError:
+        from .errors import InvalidArgument
+        raise InvalidArgument(f"numpy.empty: {count * dtype.itemsize} bytes ({count} elements "
+                              f"of {dtype.name}) do not fit in this machine's memory") from None
+    except (ValueError, OverflowError):
+        from .errors import InvalidArgument
+        raise InvalidArgument(f"numpy.empty: {count} elements of {dtype.name} are more than "
+                              f"a NumPy array may hold") from None
+
+
 def _vcounts(count, size):
     """Per-rank counts around ``count`` that differ by rank and add up to size * count."""
     counts = [count * 2 * (r + 1) // (size + 1) for r in range(size)]
@@ -480,7 +519,7 @@ class Case:
             from .shared import empty
             self.empty = empty
         else:
-            self.empty = np.empty
+            self.empty = _numpy_empty
         coll = cfg.collective
         per_buffer = count * self.dtype.itemsize
         self.nbytes = per_buffer * (self.size if coll in WHOLE_BUFFER else 1)
@@ -927,10 +966,10 @@ class Report:
                 "latency": "per iteration, the slowest rank's", "results": self.rows}
 
     def finish(self):
-        """Write the JSON and CSV outputs."""
+        """Write the JSON and CSV outputs; a file that cannot be written raises Error."""
         args = self.cfg.args
         if args.json:
-            _write(args.json, json.dumps(self.document(), indent=2) + "\n")
+            _write("--json", args.json, json.dumps(self.document(), indent=2) + "\n")
         if args.csv:
             out = io.StringIO()
             fields = ("elements",) + self.COLUMNS[:1] + self.COLUMNS[2:] + ("algorithm",
@@ -938,7 +977,7 @@ class Report:
             writer = csv.DictWriter(out, fields, extrasaction="ignore", lineterminator="\n")
             writer.writeheader()
             writer.writerows({k: _csv_value(v) for k, v in row.items()} for row in self.rows)
-            _write(args.csv, out.getvalue())
+            _write("--csv", args.csv, out.getvalue())
 
 
 def _csv_value(value):
@@ -946,14 +985,20 @@ def _csv_value(value):
     return float("%.6g" % value) if isinstance(value, float) else value
 
 
-def _write(target, text):
-    """Write ``text`` to stdout ('-') or to a file."""
+def _write(flag, target, text):
+    """Write ``text`` to stdout ('-') or to a file (raise Error naming ``flag`` if it fails:
+    the file changed since the check before the sweep, or its disk is full)."""
     if target == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
+        return
+    try:
         with open(target, "w") as out:
             out.write(text)
+    except OSError as exc:
+        from .errors import Error
+        raise Error(f"{flag} {target}: cannot write the results: "
+                    f"{exc.strerror or exc}") from None
 
 
 def run(cfg):
@@ -1040,8 +1085,11 @@ def _rank_label(args):
 
 
 def main(argv=None):
-    """Run pycollect-bench; return its exit status."""
+    """Run pycollect-bench; return its exit status.  An exception turned into a status here
+    is also written to the exit report that pycollect-run reads (exit_report.report), so
+    that the launcher blames the rank whose failure is its own, not a peer's PeerError."""
     from .errors import Error, InvalidArgument, PluginError
+    from .exit_report import report
     parser = _parser()
     args = parser.parse_args(argv)
     cfg = Config(args, parser)
@@ -1051,18 +1099,27 @@ def main(argv=None):
     try:
         return run(cfg)
     except VerificationFailed as exc:
+        report(exc)
         if exc.args[0]:
             sys.stderr.write(f"pycollect-bench: verification failed: {exc.args[0]}\n")
         return 1
     except (InvalidArgument, PluginError) as exc:
+        report(exc)
         sys.stderr.write(f"pycollect-bench: rank {rank}: {exc}\n")
         return 2
     except Error as exc:
+        report(exc)
         sys.stderr.write(f"pycollect-bench: rank {rank}: {type(exc).__name__}: {exc}\n")
+        return 1
+    except MemoryError as exc:
+        report(exc)
+        sys.stderr.write(f"pycollect-bench: rank {rank}: out of memory"
+                         + (f": {exc}" if str(exc) else "") + "\n")
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
+        report(exc)
         # Whoever read our output (e.g. `| head`) has gone: stop without a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

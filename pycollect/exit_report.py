@@ -7,8 +7,10 @@ exit codes in the order they come, would blame whichever exits first.  So the la
 every rank a file to write (``PYCOLLECT_EXIT_REPORT``), ``pycollect.init`` installs a hook
 (``install``) that, when an exception ends the program, writes the exception's type and
 whether it is a consequence of another rank's failure, and the launcher (``read``) blames a
-rank whose failure is its own.  A rank that ends with ``sys.exit``, a signal or an exception
-raised before ``init`` writes nothing: its failure counts as its own.
+rank whose failure is its own.  A program that catches the exception and turns it into an
+exit status itself (``pycollect-bench``) writes the report with ``report``.  A rank that ends
+with ``sys.exit`` (and no ``report``), a signal or an exception raised before ``init`` writes
+nothing: its failure counts as its own.
 """
 
 import json
@@ -17,7 +19,7 @@ import sys
 
 from pycollect import settings
 
-__all__ = ["ENV", "install", "is_consequence", "read"]
+__all__ = ["ENV", "install", "is_consequence", "read", "report"]
 
 ENV = "PYCOLLECT_EXIT_REPORT"
 # The longest message kept in a report (its first line, cut).
@@ -56,6 +58,18 @@ def install():
 
     report_then_print.pycollect_exit_report = True
     sys.excepthook = report_then_print
+
+
+def report(exc):
+    """Write the report of ``exc``, an exception that ends the program although the program
+    handles it itself (it prints a line and exits with a status of its own): nothing where
+    the environment names no report file.  Never raises: the report is a courtesy."""
+    try:
+        path = settings.get(ENV)
+        if path:
+            _write(path, type(exc), exc)
+    except Exception:
+        pass
 
 
 def _write(path, kind, value):

@@ -11,12 +11,17 @@ overlap each other too, are async slices.  An operation the dump caught unfinish
 the dump's time; a failed one is coloured and carries its error.  The dumps' times are
 wall-clock nanoseconds, so the ranks of one host line up; across hosts they are as close as
 the hosts' clocks.
+
+``write`` replaces a regular file only: a device, a pipe or a directory named as the
+timeline is refused (``check_target``), and a symbolic link is followed (its target is
+written, the link stays).
 """
 
 import json
 import os
+import stat
 
-__all__ = ["events", "write"]
+__all__ = ["check_target", "events", "write"]
 
 # A collective's slice when it failed, or the dump caught it unfinished (Trace Event
 # Format colour names).
@@ -128,12 +133,50 @@ def _async(name, cat, pid, tid, ident, begin, end, args, colour):
     yield dict(common, ph="e", ts=end)
 
 
+def check_target(path):
+    """The file ``write`` writes for ``path``: ``path`` itself, or where a symbolic link
+    leads.  Raises ValueError (why, without the path) where it may not be written: it is a
+    directory, or exists and is not a regular file (a device, a pipe, a socket: the timeline
+    is written beside it and renamed over it, which would replace the node), or its directory
+    does not exist or is not writable."""
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise ValueError("cannot be written (%s)" % (exc.strerror or exc)) from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise ValueError("is a directory; name a file")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ValueError("is not a regular file (a device, a pipe or a socket): the timeline "
+                         "replaces the file it names")
+    where = os.path.dirname(target)
+    if not os.path.isdir(where):
+        raise ValueError("not a file in an existing directory")
+    if not os.access(where, os.W_OK):
+        raise ValueError("cannot write into %s (not writable)" % where)
+    return target
+
+
 def write(groups, path):
-    """Write the timeline of ``groups`` to ``path`` (JSON); return the number of events."""
+    """Write the timeline of ``groups`` to ``path`` (JSON): into a new file beside it, then
+    renamed over it; return the number of events.  Raises ValueError where ``check_target``
+    refuses ``path``, OSError where the writing fails."""
+    target = check_target(path)
     trace = {"traceEvents": events(groups), "displayTimeUnit": "ns",
              "otherData": {"source": "pycollect flight recorder dumps"}}
-    partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as out:
-        json.dump(trace, out)
-    os.replace(partial, path)
+    partial = "%s.%d.partial" % (target, os.getpid())
+    # O_EXCL: never through a file (or a pipe) already there under the partial's name.
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as out:
+            json.dump(trace, out)
+        os.replace(partial, target)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except OSError:
+            pass
+        raise
     return len(trace["traceEvents"])

@@ -4,6 +4,10 @@ import csv
 import io
 import itertools
 import json
+import os
+import re
+import socket
+import stat
 import subprocess
 
 import numpy as np
@@ -11,7 +15,7 @@ import pytest
 
 import pycollect as pc
 from group import run_ranks
-from pycollect import bench
+from pycollect import bench, exit_report
 from pycollect.context import ALLREDUCE_ALGORITHMS
 from pycollect.launch import module_command
 from pycollect.types import ReduceOp
@@ -282,3 +286,114 @@ def test_shared_buffers_run_checked_on_the_peers_memory():
         if name in ("allreduce", "broadcast", "allgather"):
             done = bench_local("--local", "2", "--shared", *TINY, name, timeout=120)
             assert done.returncode == 0, (name, done.stderr)
+
+
+def _mknod(path, major, minor):
+    """A copy of a character device's node at ``path`` (never the real /dev one)."""
+    try:
+        os.mknod(str(path), 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    except OSError as exc:
+        pytest.skip(f"cannot make a device node here: {exc}")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv"])
+@pytest.mark.parametrize("what, message", [
+    ("a directory", "is a directory; name a file"),
+    ("a new directory's name", "is a directory; name a file"),
+    ("a socket", "is not a regular file, a character device or a pipe"),
+    ("in a missing directory", "cannot write into"),
+])
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_sweep(
+        tmp_path, capsys, flag, what, message):
+    """Refused with a usage error before any rank starts, not with a traceback once every
+    size has run."""
+    path = str(tmp_path)
+    if what == "a new directory's name":
+        path = str(tmp_path / "new") + os.sep
+    elif what == "a socket":
+        path = str(tmp_path / "sock")
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.close()
+    elif what == "in a missing directory":
+        path = str(tmp_path / "missing" / "out")
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--local", "2", f"{flag}={path}", "allreduce"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"pycollect-bench: error: {flag} {path}: {message}" in err, err
+
+
+def test_an_output_file_may_be_new_a_file_a_pipe_or_a_character_device(tmp_path):
+    (tmp_path / "old.json").write_text("x")
+    os.mkfifo(str(tmp_path / "fifo"))
+    _mknod(tmp_path / "null", 1, 3)
+    parser = bench._parser()
+    for name in ("new.json", "old.json", "fifo", "null"):
+        path = str(tmp_path / name)
+        cfg = bench.Config(parser.parse_args([f"--json={path}", f"--csv={path}",
+                                              "allreduce"]), parser)
+        assert cfg.args.json == path
+
+
+@pytest.mark.parametrize("elements, message", [
+    ("10000000000000", "numpy.empty: 40000000000000 bytes (10000000000000 elements of float32) "
+                       "do not fit in this machine's memory"),
+    ("9999999999999999999999", "numpy.empty: 9999999999999999999999 elements of float32 are "
+                               "more than a NumPy array may hold"),
+])
+def test_an_element_count_too_large_to_allocate_is_one_line(capsys, elements, message):
+    """As with --shared (pycollect.empty's InvalidArgument): a usage error, not NumPy's
+    MemoryError or ValueError."""
+    assert bench_threads(2, "--elements", elements, "--iteration-count", "1",
+                         "--warmup-iters", "0", "allreduce") == [2, 2]
+    err = capsys.readouterr().err
+    assert err.count(message) == 2, err
+
+
+def test_an_element_count_too_large_to_allocate_under_local_has_no_traceback():
+    done = bench_local("--local", "2", "--elements", "10000000000000", "--iteration-count", "1",
+                       "--warmup-iters", "0", "--quiet", "allreduce")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "do not fit in this machine's memory" in done.stderr
+    assert re.search(r"pycollect-run: rank \d exited with code 2 \(InvalidArgument\)",
+                     done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("error, status, consequence", [
+    (pc.PeerError, 1, True), (pc.Error, 1, False), (pc.InvalidArgument, 2, False)])
+def test_an_error_bench_turns_into_a_status_is_in_the_exit_report(
+        tmp_path, monkeypatch, capsys, error, status, consequence):
+    """pycollect-run's exit report (exit_report.report): a PeerError is another rank's
+    failure; nothing is written where no report is asked for."""
+    def fail(cfg):
+        raise error("rank 1: it went wrong\nsecond line")
+
+    monkeypatch.setattr(bench, "run", fail)
+    report = tmp_path / "report.json"
+    monkeypatch.delenv(exit_report.ENV, raising=False)
+    assert bench.main(["--rank", "1", "--quiet", "allreduce"]) == status
+    assert not report.exists()
+    monkeypatch.setenv(exit_report.ENV, str(report))
+    assert bench.main(["--rank", "1", "--quiet", "allreduce"]) == status
+    assert exit_report.read(str(report)) == {
+        "error": error.__name__, "message": "rank 1: it went wrong", "consequence": consequence}
+    assert "pycollect-bench: rank 1: " in capsys.readouterr().err
+
+
+def test_the_launcher_blames_the_rank_that_could_not_write_the_results(tmp_path):
+    """Only rank 0 writes --json; a copy of /dev/full's node takes the check before the
+    sweep and fails the write after it.  Rank 1's PeerError (rank 0 left) is another rank's
+    failure: rank 0 is blamed, with a one-line error."""
+    full = tmp_path / "full"
+    _mknod(full, 1, 7)
+    done = bench_local("--local", "2", "--elements", "100", "--iteration-count", "2",
+                       "--warmup-iters", "0", "--quiet", f"--json={full}", "allreduce")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"pycollect-bench: rank 0: Error: --json {full}: cannot write the results: No " \
+           f"space left on device" in done.stderr, done.stderr
+    line = re.search(r"pycollect-run: (.*)", done.stderr).group(1)
+    assert line.startswith("rank 0 exited with code 1 (Error)"), line
+    assert stat.S_ISCHR(os.stat(full).st_mode)
