@@ -172,7 +172,10 @@ def test_a_stopped_staged_rank_fails_its_peers_at_the_deadline(tmp_path):
 
 
 _NO_POOL = r"""
-import json, os, sys
+import json, os, resource, sys
+# An address space of 16 GiB: the pool's 64 GiB (PYCOLLECT_POOL_BYTES, 2^46 at most) cannot
+# be mapped
+resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
 import numpy as np
 import pycollect as pc
 from pycollect import shared
@@ -196,7 +199,7 @@ def test_a_pool_that_cannot_be_made_leaves_plain_arrays_to_cross_memory_attach(t
                                                                                monkeypatch):
     """PYCOLLECT_POOL_BYTES larger than the address space: ``pc.empty`` raises naming the
     setting (each time), and a direct allreduce on plain arrays still runs, unstaged."""
-    monkeypatch.setenv("PYCOLLECT_POOL_BYTES", str(1 << 62))
+    monkeypatch.setenv("PYCOLLECT_POOL_BYTES", str(64 << 30))
     for res in last_json(run_script(tmp_path, _NO_POOL, size=2), (0, 1), timeout=120):
         assert res["ok"], res
         assert res["views"] == [0, 0] and res["used"] == 0, res
