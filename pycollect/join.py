@@ -171,8 +171,11 @@ class _Join:
                     self.fail([run], "rank %d was started twice: two processes joined as "
                               "rank %d (one is %s)" % (twice[0], twice[0],
                                                        _parse_join(answers[twice[0]])[2]))
-                # Ranks beyond this size, started with a larger one, answer here.
-                for k in range(1, scoped.add("%s/outsiders" % run, 0) + 1):
+                # Ranks beyond this size, started with a larger one, answer here (the count
+                # read only where one made it: add would leave the key in the store).
+                outsiders = "%s/outsiders" % run
+                for k in range(1, scoped.add(outsiders, 0) + 1 if scoped.check([outsiders])
+                               else 1):
                     outside = scoped_get_or_empty(scoped, "%s/outside/%d" % (run, k),
                                                   self.left())
                     if outside:     # else withdrawn
