@@ -483,14 +483,13 @@ def mismatch(got, expected, tolerance, what):
 def _numpy_empty(count, dtype):
     """``np.empty(count, dtype)``; an array that cannot be had raises InvalidArgument, as
     pycollect.empty's does (--shared), instead of NumPy's MemoryError or ValueError."""
+    from .errors import InvalidArgument
     try:
         return np.empty(count, dtype)
     except MemoryError:
-        from .errors import InvalidArgument
         raise InvalidArgument(f"numpy.empty: {count * dtype.itemsize} bytes ({count} elements "
                               f"of {dtype.name}) do not fit in this machine's memory") from None
     except (ValueError, OverflowError):
-        from .errors import InvalidArgument
         raise InvalidArgument(f"numpy.empty: {count} elements of {dtype.name} are more than "
                               f"a NumPy array may hold") from None
 

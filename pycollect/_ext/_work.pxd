@@ -60,6 +60,7 @@ cdef class Work:
     cpdef ends_with(self, Work inner)
     cdef object _outcome(self)
     cdef _run_callbacks(self)
+    cdef _pop_callbacks(self)
 
 cdef class Runner:
     cdef public object _execute, _kick

@@ -379,22 +379,27 @@ cdef class Work:
         if self._callbacks is None:
             self._callbacks = collections.deque()
         self._callbacks.append(fn)
-        if not self._end.done:
-            return
+        if self._end.done:
+            # Run here, on the caller's thread, as a callback all the same: a blocking call
+            # in it is refused as in one the runner runs (whether the handle had ended by
+            # now differs between ranks, and ranks that differed would fall out of step).
+            self._run_callbacks()
+
+    cdef _run_callbacks(self):
+        """Run the callbacks, counted as such on the calling thread by the handle's runner
+        (``Runner.in_callback``): until they return, nothing of its queue can run there
+        (``_not_in_callback``)."""
         cdef Runner runner = self._runner
         if runner is None:
-            self._run_callbacks()
+            self._pop_callbacks()
             return
-        # Run here, on the caller's thread, as a callback all the same: a blocking call in
-        # it is refused as in one the runner runs (whether the handle had ended by now
-        # differs between ranks, and ranks that differed would fall out of step).
         runner.callbacks_begin()
         try:
-            self._run_callbacks()
+            self._pop_callbacks()
         finally:
             runner.callbacks_end()
 
-    cdef _run_callbacks(self):
+    cdef _pop_callbacks(self):
         # Each callback is popped, so runs, exactly once, whichever thread gets it.
         callbacks = self._callbacks
         while callbacks:
@@ -428,19 +433,8 @@ cdef class Work:
         self._end.set_done()
         if self._entry >= 0:
             self._rec.end(self._entry, None, exception)
-        if self._callbacks is None:
-            return
-        cdef Runner runner = self._runner
-        if runner is None:
+        if self._callbacks is not None:
             self._run_callbacks()
-            return
-        # Callbacks run on the thread that runs the runner's operations: until they
-        # return, nothing of its queue can (``_not_in_callback``).
-        runner.callbacks_begin()
-        try:
-            self._run_callbacks()
-        finally:
-            runner.callbacks_end()
 
 
 cdef int _not_in_callback(Work work, str what) except -1:
