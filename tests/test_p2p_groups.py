@@ -207,6 +207,64 @@ def test_a_receive_from_any_rank_takes_a_message_beside_an_ended_stream(transpor
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("how", ["recv", "probe", "irecv", "nested"])
+def test_a_groups_receive_from_any_rank_waits_on_beside_a_non_members_end(transport, how):
+    """Rank 3, outside the group {0, 1, 2}, closes before rank 0 of the group receives from
+    any member: the group's receive waits for its members' messages and takes rank 1's
+    (a non-member's ended stream failed it with PeerError naming nobody).  ``nested``: the
+    receive runs on a group {0, 1} made of that group, and rank 2 leaves too."""
+    g = ThreadGroup(4, timeout=8, transport=transport)
+    try:
+        def body(ctx):
+            grp = ctx.new_group([0, 1, 2])
+            if ctx.rank == 3:
+                ctx.close()
+                return None
+            sub = grp.new_group([0, 1]) if how == "nested" else grp
+            if ctx.rank == 2:
+                if how == "nested":
+                    ctx.close()         # a member of grp, not of sub
+                return None
+            if ctx.rank == 1:
+                time.sleep(0.6)         # rank 3 has closed by now
+                sub.send(np.full(4, 1.0), 0, tag=3)
+                return None
+            time.sleep(0.3)
+            got = np.zeros(4)
+            if how == "probe":
+                status = sub.probe(pc.ANY_SOURCE, 3)
+                assert (status.source, status.tag) == (1, 3)
+                return sub.recv(got, status.source, tag=3), got[0]
+            if how == "irecv":
+                return sub.recv(got, pc.ANY_SOURCE, tag=3, async_op=True).wait()[0], got[0]
+            return sub.recv(got, pc.ANY_SOURCE, tag=3), got[0]
+        assert g.run(body, timeout=60)[0] == (1, 1.0)
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_groups_receive_from_any_rank_fails_when_a_member_leaves(transport):
+    """A member's ended stream still fails the group's receive from any rank, naming the
+    member by its group rank and its global rank."""
+    g = ThreadGroup(4, timeout=8, transport=transport)
+    try:
+        def body(ctx):
+            grp = ctx.new_group([0, 2, 3])
+            if ctx.rank == 3:
+                time.sleep(0.3)
+                ctx.close()
+            if ctx.rank != 0:
+                return None
+            with pytest.raises(pc.PeerError, match=r"rank 2 \(global rank 3.* closed its"):
+                grp.recv(np.zeros(4), pc.ANY_SOURCE, tag=3)
+            return True
+        assert g.run(body, timeout=60)[0]
+    finally:
+        g.close()
+
+
 def test_a_receive_for_a_tag_nobody_sends_names_the_tag_that_came():
     """Receives match by tag (tests/test_p2p_matching.py): a message with another tag waits
     for its own receive, and the one that never comes times out naming it."""

@@ -676,9 +676,10 @@ cdef class Engine(Transport):
                 continue
             # A peer whose stream ended is a candidate of a receive from any rank too: its
             # end fails the receive (PeerError) where no other peer's message matches (a
-            # ring's reader skipped it, and waited to its deadline).
-            candidate = (peer < 0 or p == peer) and pr.recv_head < 0 \
-                and not (peer < 0 and pr.data_waiting)
+            # ring's reader skipped it, and waited to its deadline).  Only the ranks that
+            # may send it are (``out.within``: a sub-group's members).
+            candidate = (p == peer or (peer < 0 and (out.within == NULL or out.within[p]))) \
+                and pr.recv_head < 0 and not (peer < 0 and pr.data_waiting)
             if candidate and pr.skip:
                 rc = self._skip(p, 1)
                 if rc < 0:

@@ -20,11 +20,13 @@ cdef class GroupTransport(Transport):
     cdef Transport parent
     cdef int* members
     cdef int* index
+    cdef uint8_t* within        # Probe.within for the parent: the members among its ranks
     cdef uint32_t group_id
 
     def __cinit__(self):
         self.members = NULL
         self.index = NULL
+        self.within = NULL
 
     def __init__(self, Transport parent, members, unsigned int group_id):
         cdef int i, p
@@ -36,7 +38,8 @@ cdef class GroupTransport(Transport):
         self.rank = list(members).index(parent.rank)
         self.members = <int*>calloc(self.size, sizeof(int))
         self.index = <int*>calloc(parent.size, sizeof(int))
-        if self.members == NULL or self.index == NULL:
+        self.within = <uint8_t*>calloc(parent.size, sizeof(uint8_t))
+        if self.members == NULL or self.index == NULL or self.within == NULL:
             raise MemoryError()
         for p in range(parent.size):
             self.index[p] = -1
@@ -50,6 +53,7 @@ cdef class GroupTransport(Transport):
     def __dealloc__(self):
         free(self.members)
         free(self.index)
+        free(self.within)
 
     cdef int _mirror(self, int rc) noexcept nogil:
         """Adopt the parent's error after a failed call, peers renumbered into the group."""
@@ -83,17 +87,34 @@ cdef class GroupTransport(Transport):
     cdef int wait_all(self) noexcept nogil:
         return self._mirror(self.parent.wait_all())
 
+    cdef const uint8_t* _narrow(self, int peer, Probe* out) noexcept nogil:
+        """For a probe of any member (``peer`` -1): point ``out.within`` at the members among
+        the parent's ranks (of those ``out.within`` names, for a group of this group), so
+        that a non-member's ended stream does not fail it.  Returns what it was."""
+        cdef const uint8_t* outer = out.within
+        cdef int p
+        if peer < 0:
+            for p in range(self.parent.size):
+                self.within[p] = self.index[p] >= 0 and (outer == NULL or
+                                                         outer[self.index[p]])
+            out.within = self.within
+        return outer
+
     cdef int probe(self, int peer, Probe* out) noexcept nogil:
+        cdef const uint8_t* outer = self._narrow(peer, out)
         cdef int rc = self._mirror(self.parent.probe(
             self.members[peer] if peer >= 0 else -1, out))
+        out.within = outer
         if rc >= 0:
             out.peer = self.index[rc]
             rc = out.peer
         return rc
 
     cdef int probe_until(self, int peer, Probe* out, int64_t until_ns) noexcept nogil:
+        cdef const uint8_t* outer = self._narrow(peer, out)
         cdef int rc = self.parent.probe_until(self.members[peer] if peer >= 0 else -1, out,
                                               until_ns)
+        out.within = outer
         if rc >= 0:
             out.peer = self.index[rc]
             return out.peer

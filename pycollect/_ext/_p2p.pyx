@@ -229,6 +229,7 @@ cdef inline int _probe_head(Transport t, int src, Probe* pr, int64_t until_ns) n
     cdef OpDesc d
     fill_desc(&d, 0, COLL_P2P, 0, 0, 0, -1, 0)
     t.set_op(&d)
+    pr.within = NULL        # a group narrows it to its members
     return t.probe_until(src, pr, until_ns)
 
 

@@ -79,6 +79,10 @@ cdef struct Probe:
     int peer            # who sent the message
     uint64_t nbytes     # its payload size
     OpDesc desc         # its descriptor
+    # In: for a probe of any rank (peer -1), NULL, or the ranks that may send it (those p
+    # with within[p]): a sub-group's members, so that another rank's ended stream or
+    # message is not the group's.  Whoever fills a Probe for probe/probe_until sets it.
+    const uint8_t* within
 
 # A point-to-point message that an operation run beside a batch's waiting receives read
 # aside (Transport.stash): from ``peer`` with ``tag``, of ``nbytes`` at ``data`` (the bytes
