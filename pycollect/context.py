@@ -754,6 +754,8 @@ class Context(CallPath):
             raise InvalidArgument("plan: %r is not a collective that picks an algorithm "
                                   "(choose from %s)" % (collective, ", ".join(selection.FLAT)))
         if algorithm != "auto":
+            if collective == "allreduce":
+                algorithm = allreduce_algorithm(algorithm)[0]   # "bcube:B": bcube, B checked
             return selection.named(collective, algorithm)
         # The rules of this group, scanned here: the small-message path of every collective.
         rules = self._rules.get(collective) or self._auto_rules(collective)

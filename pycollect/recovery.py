@@ -3,7 +3,7 @@
 
 ``survivors`` runs on every rank that goes on, over the context's own connections:
 
-1. The pairs come back: ``recover()`` (pycollect/_ext/_tcp.pyx) sends a reset frame on
+1. The pairs come back: ``recover()`` (the engine's, pycollect/_ext/_engine.pyx) sends a reset frame on
    every pair to a rank not excluded and not known gone, and discards what arrives
    before the peer's reset frame.  A peer that closed, one whose pair broke
    mid-message, and one whose reset frame does not come in time (a stopped

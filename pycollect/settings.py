@@ -139,10 +139,12 @@ SETTINGS = {s.name: s for s in (
             "seconds (default 120). This bounds the rendezvous and every operation. It is also "
             "the default timeout of any store opened without one."),
     Setting("PYCOLLECT_SOCKET_IFNAME", _text, None, "an interface spec",
-            "the interface name (its first IPv4 address, else its first IPv6 address) or IP "
-            "address that the listener binds. The default is the local address that routes to "
-            "the `tcp://` store's host. For other stores it is the host name's address, or "
-            "`127.0.0.1` when that address is loopback."),
+            "which local address the listener binds: a comma list of interface name prefixes "
+            "(`=NAME` for one exact name), address ranges (`198.18.0.0/15`) and addresses, or "
+            "`^`-led, those excluded; among the addresses allowed, the one that routes to the "
+            "store's host wins (docs/stores.md). The default is the local address that routes "
+            "to the store's host (`tcp://`, `redis://`, `mpi://`); for other stores it is the "
+            "host name's address, or `127.0.0.1` when that address is loopback."),
     Setting("PYCOLLECT_MAX_SEGMENT_BYTES", _int_at_least(1), None, "a byte count (an int >= 1)",
             "the segment size of `ring_chunked` allreduce (at 2 ranks below 16 MiB at most "
             "128 KiB), `pipelined` broadcast, and the ring phases of `reduce`, `allgather` and "

@@ -213,6 +213,13 @@ def test_plan_and_new_group_refuse_what_they_cannot_serve():
     for bad in ("x", "gather", None, 1.5):
         with pytest.raises(pc.InvalidArgument, match="is not a collective that picks"):
             ctx.plan(bad, np.ones(2))
+    # "bcube:B", which allreduce runs, is a plan too; its base is checked as the call's is.
+    assert ctx.plan("allreduce", np.ones(2), algorithm="bcube:3") == ctx.plan(
+        "allreduce", np.ones(2), algorithm="bcube")
+    with pytest.raises(pc.InvalidArgument, match="bcube base 40 is outside"):
+        ctx.plan("allreduce", np.ones(2), algorithm="bcube:40")
+    with pytest.raises(pc.InvalidArgument, match="broadcast: unknown algorithm 'bcube:3'"):
+        ctx.plan("broadcast", np.ones(2), algorithm="bcube:3")
     ctx.close()
     with pytest.raises(pc.Error, match="new_group: the context is closed"):
         ctx.new_group([0])
