@@ -56,6 +56,7 @@ DEFAULT_SEGMENT_BYTES = 1 << 20
 
 
 _REFUSED_AS = {"allreduce_coalesced": "allreduce"}   # the wire's name of a refused call
+_ABSENT = object()      # an argument an object collective does not take (Context._object_args)
 
 
 def _refusable(method):
@@ -530,20 +531,17 @@ class Context(CallPath):
         """Reduce any picklable values across ranks, as mpi4py's ``comm.allreduce(obj, op)``:
         ``op`` is SUM, PRODUCT, MIN or MAX (Python's +, *, min, max) or a function of
         two values; every rank gets the result, combined in rank order (pickle)."""
-        fn = _object_op(op, "allreduce_object")
         with self._inside("allreduce_object"):
-            values = self._allgather_objects(obj, timeout, "allreduce_object",
-                                             "op %s" % _op_name(op))
-        return functools.reduce(fn, values)
+            args = self._object_args("allreduce_object", timeout, op=op)
+            values = self._allgather_objects(obj, args, "allreduce_object")
+        return _combined(args.fn, values, "allreduce_object")
 
     def reduce_object(self, obj, root=0, op=ReduceOp.SUM, timeout=None):
         """``allreduce_object``'s result on root, None elsewhere (pickle)."""
-        fn = _object_op(op, "reduce_object")
-        root = self._check_root(root, "reduce_object")
         with self._inside("reduce_object"):
-            values = self._gather_objects(obj, root, timeout, "reduce_object",
-                                          "op %s" % _op_name(op))
-        return None if values is None else functools.reduce(fn, values)
+            args = self._object_args("reduce_object", timeout, root, op)
+            values = self._gather_objects(obj, args, "reduce_object")
+        return None if values is None else _combined(args.fn, values, "reduce_object")
 
     # -- point to point --------------------------------------------------
     #
@@ -897,16 +895,41 @@ class Context(CallPath):
     # -- object collectives (pickle: only with trusted peers) -------------
     #
     # Each is made of array collectives; an error names the user's call, and an
-    # argument one rank refuses (a value that does not pickle, a wrong-length
-    # list on root) travels in the first exchange, so that every rank raises
-    # the same InvalidArgument and the context stays usable everywhere.
+    # argument one rank refuses (a root, op or timeout out of place, a value that
+    # does not pickle, a wrong-length list on root) travels in the first exchange,
+    # so that every rank raises the same InvalidArgument and the context stays
+    # usable everywhere.
+
+    def _object_args(self, what, timeout, root=_ABSENT, op=_ABSENT):
+        """An object collective's ``timeout``, ``root`` (where it has one) and ``op`` (where
+        it reduces), checked on this rank: an ``_ObjectArgs`` whose ``refusal`` (bytes, b""
+        where none) travels in the first exchange instead of raising here, where the other
+        ranks would not hear of it.  A refused timeout leaves the context's for that
+        exchange; a refused root leaves None."""
+        args = _ObjectArgs()
+        try:
+            args.timeout = self._call_timeout(timeout, what)
+        except InvalidArgument as exc:
+            args.refusal = _reason(exc, what)
+        if root is not _ABSENT:
+            try:
+                args.root = self._check_root(root, what)
+            except InvalidArgument as exc:
+                args.refusal = args.refusal or _reason(exc, what)
+        if op is not _ABSENT:
+            try:
+                args.fn = _object_op(op, what)
+                args.terms = "op %s" % _op_name(op)
+            except InvalidArgument as exc:
+                args.refusal = args.refusal or _reason(exc, what)
+        return args
 
     def broadcast_object(self, obj=None, root=0, timeout=None):
         """Return root's ``obj`` on every rank (pickle protocol 5, buffers out of band)."""
-        root = self._check_root(root, "broadcast_object")
         with self._inside("broadcast_object"):
-            refusal = None
-            if self._rank == root:
+            args = self._object_args("broadcast_object", timeout, root)
+            root, timeout, refusal = args.root, args.timeout, None
+            if self._rank == root and not args.refusal:
                 try:
                     buffers = []
                     main = unpickle.dumps(obj, buffer_callback=buffers.append)
@@ -918,13 +941,11 @@ class Context(CallPath):
                     sizes = np.zeros(0, np.int64)
             else:
                 sizes = np.zeros(0, np.int64)
-            text = _encoded(refusal)
+            text = args.refusal or _encoded(refusal)
             # An allgather, not a broadcast from root: every rank checks that all name
             # the same root (a broadcast's root does not wait for the others).
-            head = self._agreed([sizes.size, len(text)], "broadcast_object", root, "",
-                                timeout)[root]
-            if head[1]:
-                self._refused("broadcast_object", text, int(head[1]), root, timeout)
+            head = self._agreed_or_refused([sizes.size, len(text)], text, "broadcast_object",
+                                           args)[root]
             if self._rank != root:
                 sizes = np.zeros(int(head[0]), np.int64)
             self.broadcast(sizes, root, timeout=timeout)
@@ -939,50 +960,63 @@ class Context(CallPath):
     def allgather_object(self, obj, timeout=None):
         """Return the list of every rank's ``obj`` in rank order (pickle)."""
         with self._inside("allgather_object"):
-            return self._allgather_objects(obj, timeout, "allgather_object", "")
+            return self._allgather_objects(
+                obj, self._object_args("allgather_object", timeout), "allgather_object")
 
-    def _allgather_objects(self, obj, timeout, what, terms):
-        """allgather_object's steps, for the user's call ``what``; ``terms``: what every
-        rank must pass alike besides (allreduce_object's op), checked with the sizes."""
-        data, text = _pickled(obj)
-        table = self._agreed([data.size, len(text)], what, None, terms, timeout)
-        if table[:, 1].any():
-            self._refused_anywhere(what, text, table[:, 1], timeout)
-        sizes = table[:, 0]
+    def _allgather_objects(self, obj, args, what):
+        """allgather_object's steps, for the user's call ``what`` with its checked ``args``
+        (``args.terms``: what every rank must pass alike besides, allreduce_object's op,
+        checked with the sizes)."""
+        data, text = _pickled(obj) if not args.refusal else (np.zeros(0, np.uint8),
+                                                               args.refusal)
+        sizes = self._agreed_or_refused([data.size, len(text)], text, what, args)[:, 0]
         out = np.empty(int(sizes.sum()), np.uint8)
-        self.allgatherv(data, out, sizes.tolist(), timeout=timeout)
+        self.allgatherv(data, out, sizes.tolist(), timeout=args.timeout)
         return self._unpickled_blocks(out, sizes)
 
     def gather_object(self, obj, root=0, timeout=None):
         """Return the list of every rank's ``obj`` on root, None elsewhere (pickle)."""
-        root = self._check_root(root, "gather_object")
         with self._inside("gather_object"):
-            return self._gather_objects(obj, root, timeout, "gather_object", "")
+            return self._gather_objects(
+                obj, self._object_args("gather_object", timeout, root), "gather_object")
 
-    def _gather_objects(self, obj, root, timeout, what, terms):
-        """gather_object's steps (``what``, ``terms``: as ``_allgather_objects``'s)."""
-        data, text = _pickled(obj)
-        table = self._agreed([data.size, len(text)], what, root, terms, timeout)
-        if table[:, 1].any():
-            self._refused_anywhere(what, text, table[:, 1], timeout)
-        sizes = table[:, 0]
+    def _gather_objects(self, obj, args, what):
+        """gather_object's steps (``args``, ``what``: as ``_allgather_objects``'s)."""
+        data, text = _pickled(obj) if not args.refusal else (np.zeros(0, np.uint8),
+                                                               args.refusal)
+        sizes = self._agreed_or_refused([data.size, len(text)], text, what, args)[:, 0]
+        root = args.root
         out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
-        self.gatherv(data, out, sizes.tolist(), root, timeout=timeout)
+        self.gatherv(data, out, sizes.tolist(), root, timeout=args.timeout)
         return self._unpickled_blocks(out, sizes) if self._rank == root else None
 
-    def _agreed(self, row, what, root, terms, timeout):
+    def _agreed_or_refused(self, row, text, what, args):
+        """``_agreed`` on ``row`` (whose second entry is the length of ``text``, this rank's
+        refusal, b"" where none), raising every rank's refusal on every rank where any rank
+        refused: the ranks then need not agree on the rest (a refused root is none)."""
+        table = self._agreed(row, what, args.root, args.terms, args.timeout,
+                             refused=row[1] > 0)
+        if table[:, 1].any():
+            self._refused_anywhere(what, text, table[:, 1], args.timeout)
+        return table
+
+    def _agreed(self, row, what, root, terms, timeout, refused=False):
         """Allgather this rank's ``row`` of int64s with a checksum of what the ranks must
         do alike (the user's call ``what``; ``root``, None where there is none; ``terms``);
         return the table, one row per rank, or raise MismatchError on every rank, naming
         what each did, where the checksums differ.  An object collective's values are
         reduced (or kept) by each rank itself: ranks that disagree on the call, root or op
         would otherwise each go on with an answer of its own, and no later call would
-        notice."""
+        notice.  A rank that ``refused`` its arguments says so in the checksum's place:
+        where one did, the table returns unchecked, for the caller to raise the refusal."""
         said = ("root %d" % root if root is not None else "") + \
             (", " if root is not None and terms else "") + terms
         mine = _encoded("%s\0%s" % (what, said))
-        table = self.allgather(np.array(list(row) + [zlib.crc32(mine)], np.int64),
+        table = self.allgather(np.array(list(row) + [-1 if refused else zlib.crc32(mine)],
+                                        np.int64),
                                timeout=timeout).reshape(self._size, len(row) + 1)
+        if (table[:, -1] < 0).any():
+            return table[:, :-1]
         if (table[:, -1] != table[0, -1]).any():
             lengths = self.allgather(np.array([len(mine)], np.int64),
                                      timeout=timeout).reshape(-1)
@@ -1001,10 +1035,11 @@ class Context(CallPath):
 
     def scatter_object(self, objs=None, root=0, timeout=None):
         """Return ``objs[rank]`` of root's list on every rank (pickle)."""
-        root = self._check_root(root, "scatter_object")
         with self._inside("scatter_object"):
+            args = self._object_args("scatter_object", timeout, root)
+            root, timeout = args.root, args.timeout
             refusal, data, sizes = None, None, np.zeros(self._size, np.int64)
-            if self._rank == root:
+            if self._rank == root and not args.refusal:
                 try:
                     objs = list(objs)
                     if len(objs) != self._size:
@@ -1016,12 +1051,10 @@ class Context(CallPath):
                 except Exception as exc:      # raised on every rank below
                     refusal = (str(exc) if isinstance(exc, InvalidArgument) else
                                "%s: %s" % (type(exc).__name__, exc)) or type(exc).__name__
-            text = _encoded(refusal)
+            text = args.refusal or _encoded(refusal)
             # An allgather, not a broadcast: every rank checks that all name one root and
             # make one call (its row as long as the other object collectives' rows).
-            head = self._agreed([0, len(text)], "scatter_object", root, "", timeout)[root]
-            if head[1]:
-                self._refused("scatter_object", text, int(head[1]), root, timeout)
+            self._agreed_or_refused([0, len(text)], text, "scatter_object", args)
             self.broadcast(sizes, root, timeout=timeout)
             mine = np.empty(int(sizes[self._rank]), np.uint8)
             self.scatterv(data, sizes.tolist(), mine, root, timeout=timeout)
@@ -1047,17 +1080,6 @@ class Context(CallPath):
             out.append(self._unpickled(data[offset:offset + int(n)], rank))
             offset += int(n)
         return out
-
-    def _refused(self, what, text, length, root, timeout):
-        """Root refused its arguments (``length`` bytes of reason, ``text`` on root): every
-        rank receives the reason and raises it."""
-        out = np.frombuffer(text, np.uint8).copy() if self._rank == root else \
-            np.empty(length, np.uint8)
-        self.broadcast(out, root, timeout=timeout)
-        refusal = InvalidArgument("%s: root %d refused its arguments: %s"
-                                  % (what, root, bytes(out).decode("utf-8", "replace")))
-        refusal.caused_elsewhere = self._rank != root
-        raise refusal
 
     def _refused_anywhere(self, what, text, lengths, timeout):
         """Some ranks refused their arguments (reason ``lengths[r]`` bytes long, ``text``
@@ -1403,6 +1425,32 @@ def _pickled(obj):
 
 def _encoded(reason):
     return b"" if reason is None else reason.encode("utf-8", "replace")
+
+
+def _reason(exc, what):
+    """An InvalidArgument's message without the call's name, encoded: a refusal's reason."""
+    text = str(exc)
+    return _encoded(text[len(what) + 2:] if text.startswith(what + ": ") else text)
+
+
+class _ObjectArgs:
+    """An object collective's arguments as ``Context._object_args`` checked them."""
+
+    __slots__ = ("timeout", "root", "fn", "terms", "refusal")
+
+    def __init__(self):
+        self.timeout, self.root, self.fn, self.terms, self.refusal = None, None, None, "", b""
+
+
+def _combined(fn, values, what):
+    """``values`` (every rank's, in rank order) combined with ``fn``; what it raises, an
+    InvalidArgument naming ``what`` (every rank combines the same values, so every rank
+    raises it, and the context stays usable)."""
+    try:
+        return functools.reduce(fn, values)
+    except Exception as exc:
+        raise InvalidArgument("%s: the op failed on the ranks' values: %s: %s" % (
+            what, type(exc).__name__, exc)) from exc
 
 
 def _unbytes(data, sizes):

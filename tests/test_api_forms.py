@@ -20,6 +20,14 @@ def trio():
     g.close()
 
 
+@pytest.fixture
+def own_trio():
+    """Three ranks of a test's own, for tests that need a context no earlier test touched."""
+    g = ThreadGroup(3, timeout=30)
+    yield g
+    g.close()
+
+
 # -- out-of-place and value forms ----------------------------------------------
 
 def test_allreduce_out_of_place_leaves_the_send_buffer_alone(trio):
@@ -304,8 +312,8 @@ def test_reduce_scatter_keeps_the_shape_of_a_block(trio):
 
 
 @pytest.mark.parametrize("objs, words", [
-    (lambda ctx: [1, 2], "root 0 refused its arguments: root passed 2 objects for 3 ranks"),
-    (lambda ctx: [1, threading.Lock(), 3], "root 0 refused its arguments: TypeError"),
+    (lambda ctx: [1, 2], "rank 0 refused its arguments: root passed 2 objects for 3 ranks"),
+    (lambda ctx: [1, threading.Lock(), 3], "rank 0 refused its arguments: TypeError"),
 ])
 def test_scatter_object_refused_on_root_fails_every_rank_naming_the_call(trio, objs, words):
     def body(ctx):
@@ -325,7 +333,7 @@ def test_an_object_one_rank_cannot_pickle_fails_every_rank(trio):
                                                          "TypeError: cannot pickle") as info:
                 call(threading.Lock() if ctx.rank == 1 else ctx.rank)
             assert info.value.caused_elsewhere is (ctx.rank != 1)
-        with pytest.raises(pc.InvalidArgument, match="broadcast_object: root 2 refused"):
+        with pytest.raises(pc.InvalidArgument, match="broadcast_object: rank 2 refused"):
             ctx.broadcast_object(threading.Lock() if ctx.rank == 2 else None, root=2)
         return ctx.allgather_object(ctx.rank)
 
@@ -459,3 +467,57 @@ def test_number_forms_and_objects_do_not_pickle_numbers(monkeypatch):
         with pytest.raises(pc.InvalidArgument, match="does not fit in an int64; use "
                                                      "allreduce_object"):
             ctx.allreduce(2 ** 70)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda ctx, bad: ctx.broadcast_object("x", root=7 if bad else 0),
+     "broadcast_object: rank 1 refused its arguments: root 7 is not a rank"),
+    (lambda ctx, bad: ctx.gather_object("x", root=-1 if bad else 0),
+     "gather_object: rank 1 refused its arguments: root -1 is not a rank"),
+    (lambda ctx, bad: ctx.scatter_object(["x"] * 3 if ctx.rank == 0 else None,
+                                         root=3 if bad else 0),
+     "scatter_object: rank 1 refused its arguments: root 3 is not a rank"),
+    (lambda ctx, bad: ctx.reduce_object(1, root=None if bad else 0),
+     "reduce_object: rank 1 refused its arguments: root None is not a rank"),
+    (lambda ctx, bad: ctx.allreduce_object(1, op=pc.AVG if bad else pc.SUM),
+     "allreduce_object: rank 1 refused its arguments: op .*AVG.* has no meaning"),
+    (lambda ctx, bad: ctx.reduce_object(1, op=None if bad else pc.SUM),
+     "reduce_object: rank 1 refused its arguments: .*op"),
+    (lambda ctx, bad: ctx.allgather_object(1, timeout=-1 if bad else None),
+     "allgather_object: rank 1 refused its arguments: timeout must be a positive"),
+    (lambda ctx, bad: ctx.broadcast_object(1, timeout="soon" if bad else 30),
+     "broadcast_object: rank 1 refused its arguments: .*timeout"),
+])
+def test_a_root_op_or_timeout_one_rank_refuses_fails_every_rank_alike(own_trio, call, words):
+    """One rank's root, op or timeout out of place travels in the first exchange: every
+    rank raises its InvalidArgument and the next object collective is in step (the refusing
+    rank raised alone, and the others' call met its next one: wrong data, or ranks out of
+    step for good)."""
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match=words) as info:
+            call(ctx, ctx.rank == 1)
+        assert info.value.caused_elsewhere is (ctx.rank != 1)
+        return ctx.allgather_object("after %d" % ctx.rank)
+
+    assert own_trio.run(body) == [["after 0", "after 1", "after 2"]] * 3
+
+
+def test_an_op_that_fails_on_the_values_raises_invalid_argument_on_every_rank(own_trio):
+    def fails(a, b):
+        raise KeyError("no")
+
+    def body(ctx):
+        with pytest.raises(pc.InvalidArgument, match="allreduce_object: the op failed on the "
+                                                     "ranks' values: TypeError: unsupported"):
+            ctx.allreduce_object({"k": ctx.rank})
+        with pytest.raises(pc.InvalidArgument, match="KeyError") as info:
+            ctx.allreduce_object(1, op=fails)
+        assert isinstance(info.value.__cause__, KeyError)
+        if ctx.rank == 0:
+            with pytest.raises(pc.InvalidArgument, match="reduce_object: the op failed"):
+                ctx.reduce_object({"k": 1})
+        else:
+            assert ctx.reduce_object({"k": 1}) is None
+        return ctx.allreduce_object(ctx.rank)
+
+    assert own_trio.run(body) == [3] * 3
