@@ -220,7 +220,7 @@ class Context(CallPath):
             recvbuf, op = op, ReduceOp.SUM
             if not isinstance(algorithm, str):
                 op, algorithm = algorithm, "auto"
-        if _is_number(buf):
+        if _is_number(buf, "allreduce"):
             _no_recvbuf_for_a_number(recvbuf, "allreduce")
             return self._number("allreduce", buf, async_op, lambda a, **kw: self.allreduce(
                 a, op, algorithm, **kw), timeout, op)
@@ -247,7 +247,7 @@ class Context(CallPath):
         # reduce() in every form (pycollect/_ext/_call.pyx answers the commonest itself)
         root = self._check_root(root, "reduce")
         op = self._check_op(op, "reduce")
-        if _is_number(buf):
+        if _is_number(buf, "reduce"):
             _no_recvbuf_for_a_number(recvbuf, "reduce")
             return self._number("reduce", buf, async_op, lambda a, **kw: self.reduce(
                 a, root, op, algorithm, **kw), timeout, op, self._rank == root)
@@ -1557,9 +1557,15 @@ def _is_buffer(obj):
     not a NumPy scalar, which has an ``__array_interface__`` too (``op=np.int64(3)``)."""
     if isinstance(obj, np.generic):
         return False
-    return isinstance(obj, (np.ndarray, memoryview, bytearray)) or is_tensor(obj) or any(
-        hasattr(obj, a) for a in ("__array_interface__", "__cuda_array_interface__",
-                                  "__dlpack__"))
+    if isinstance(obj, (np.ndarray, memoryview, bytearray)) or is_tensor(obj) or any(
+            hasattr(obj, a) for a in ("__array_interface__", "__cuda_array_interface__",
+                                      "__dlpack__")):
+        return True
+    try:                        # anything else with the buffer protocol (array.array, ctypes)
+        memoryview(obj).release()
+    except TypeError:
+        return False
+    return True
 
 
 def _no_recvbuf_for_a_number(recvbuf, what):
@@ -1570,8 +1576,14 @@ def _no_recvbuf_for_a_number(recvbuf, what):
                               "to have recvbuf filled, or no recvbuf" % what)
 
 
-def _is_number(obj):
-    return isinstance(obj, (int, float, complex, np.number)) and not isinstance(obj, bool)
+def _is_number(obj, what):
+    """Whether ``obj`` is a number (its collective returns the reduced number); a bool is
+    refused: Python's sum counts bools while a bool array's is a logical or."""
+    if isinstance(obj, (bool, np.bool_)):
+        raise InvalidArgument("%s: a bool is not taken as a number (Python's sum of bools "
+                              "counts them, a bool array's is a logical or): pass int(...), "
+                              "a one-element bool array, or use %s_object" % (what, what))
+    return isinstance(obj, (int, float, complex, np.number))
 
 
 def _number_array(value, what):
@@ -1596,9 +1608,10 @@ def _int_number(value, what, op, result_here):
     """The array for an integer ``value``, a Python int or a NumPy int64, and the function
     that reads the result from it.  SUM: two limbs, so the sum is exact however large (a
     NumPy int64 gets it wrapped, as NumPy's sum would be).  PRODUCT: the value and a
-    witness, 2**bit_length(|value|) as an int64; the witnesses' product stays positive only
-    while the bit lengths add up to at most 62, so that the product of the values fits, and
-    otherwise every rank that gets a Python int's result raises instead of returning a
+    witness, the least power of two 2**k >= |value| as an int64 (1 for 0 and 1; a poison,
+    -2**63, past 2**62); the witnesses' product stays positive only while the exponents add
+    up to at most 62, so that the product of the values, at most 2**62 in magnitude, fits,
+    and otherwise every rank that gets a Python int's result raises instead of returning a
     wrapped number.  Other ops cannot leave the inputs' range.  Both kinds travel alike, so
     ranks may pass one each (``ctx.allreduce(0)`` beside ``ctx.allreduce(arr.sum())``)."""
     wrap = isinstance(value, np.integer)
@@ -1611,7 +1624,7 @@ def _int_number(value, what, op, result_here):
             total = (int(arr[0]) << _LIMB_BITS) + int(arr[1])
             return np.int64((total + (1 << 63)) % (1 << 64) - (1 << 63)) if wrap else total
     elif op == ReduceOp.PRODUCT:
-        bits = abs(value).bit_length()
+        bits = (abs(value) - 1).bit_length() if abs(value) > 1 else 0
         arr = np.array([value, (1 << bits) if bits < 63 else -(1 << 63)], np.int64)
 
         def pick():
@@ -1619,7 +1632,8 @@ def _int_number(value, what, op, result_here):
                 return arr[0]
             if result_here and arr[1] <= 0:
                 raise Error("%s: the PRODUCT of the ranks' Python ints may not fit in an "
-                            "int64 (their bit lengths add up to more than 62); use "
+                            "int64 (their magnitudes, each rounded up to a power of two, "
+                            "multiply past 2**62); use "
                             "%s_object for Python's unbounded ints" % (what, what))
             return int(arr[0])
     else:

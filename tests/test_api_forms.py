@@ -61,6 +61,40 @@ def test_the_mpi4py_order_beside_an_algorithm_and_ops_as_numpy_ints(trio):
         assert recv == waited == [6.0] * 4 and value == 2 and a == [5, 5]
 
 
+def test_the_mpi4py_order_takes_any_buffer_as_the_recvbuf(trio):
+    """``allreduce(send, recv)`` with an array.array or a ctypes array as ``recv`` (it was
+    taken for the op: InvalidArgument, unknown reduction op)."""
+    import array
+    import ctypes
+
+    def body(ctx):
+        send = array.array("d", [ctx.rank + 1.0, 2.0])
+        recv = array.array("d", [0.0, 0.0])
+        ctx.allreduce(send, recv)
+        crecv = (ctypes.c_double * 2)()
+        ctx.allreduce(send, crecv, pc.MAX)
+        return list(recv), list(crecv), list(send)
+
+    for rank, (recv, crecv, send) in enumerate(trio.run(body)):
+        assert recv == [6.0, 6.0] and crecv == [3.0, 2.0] and send == [rank + 1.0, 2.0]
+
+
+def test_a_bool_is_refused_as_a_number(trio):
+    """Python's sum of bools counts them; a bool array's is a logical or: a bool number is
+    refused, naming what to pass (it met the buffer checks: 'read-only', or 'does not
+    support the buffer protocol')."""
+    def body(ctx):
+        for value in (True, np.bool_(True)):
+            for call in (lambda: ctx.allreduce(value), lambda: ctx.reduce(value, 0),
+                         lambda: ctx.allreduce(value, op=pc.MAX, async_op=True)):
+                with pytest.raises(pc.InvalidArgument, match="a bool is not taken as a "
+                                                             "number.*pass int"):
+                    call()
+        return ctx.allreduce(int(True)), ctx.allreduce(np.ones(1, np.bool_), op=pc.MAX)[0]
+
+    assert trio.run(body) == [(3, True)] * 3
+
+
 def test_a_number_with_a_recvbuf_is_refused(trio):
     """A number reduces to the number returned; a recvbuf beside it was left unwritten."""
     def body(ctx):
@@ -142,6 +176,12 @@ def test_python_ints_sum_exactly_and_a_product_that_may_wrap_is_refused(trio):
     assert isinstance(out[0], pc.Error) and "reduce: " + words in str(out[0]), out
     # Every rank took part: the context goes on.
     assert trio.run(lambda ctx: ctx.allreduce(ctx.rank, op=pc.PRODUCT)) == [0, 0, 0]
+    # Products that fit are exact, however close to the edge (a factor of 1 cost a bit, and
+    # magnitudes below a power of two were rounded up past it: these were refused).
+    for values in ([2**61, 1, 1], [2**31, 2**31 - 1, 1], [2**62, 1, -1], [-2**20, 2**21, 2**21]):
+        want = values[0] * values[1] * values[2]
+        assert trio.run(lambda ctx: ctx.allreduce(values[ctx.rank], op=pc.PRODUCT)) == \
+            [want] * 3, values
     # A NumPy int64 travels as a Python int does, so ranks may pass one each; it keeps
     # NumPy's arithmetic (2**62 three times wraps, as np.int64's sum would).
     for op in (pc.SUM, pc.PRODUCT, pc.MAX):
