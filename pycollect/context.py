@@ -1146,7 +1146,7 @@ class Context(CallPath):
         # turn comes (the group is closed); the parent's goes on.
         if not self._handed_over and (self._busy or (runner is not None and not
                                                      self._runner_shared and runner.pending())):
-            self._transport.abort()       # work in flight or queued fails fast
+            self._transport.abort(closing=True)   # work in flight or queued fails fast
         if runner is not None and not self._runner_shared:
             runner.stop(self._timeout)
         if self._recorder is not None:

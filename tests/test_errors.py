@@ -309,6 +309,32 @@ def test_timeout_names_the_missing_rank():
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_close_from_another_thread_names_close_not_abort(transport):
+    """A blocked collective and async handles that close() from another thread ends say the
+    context was closed (they said abort() was called, which the program never did); an
+    abort() still says abort()."""
+    g = ThreadGroup(2, timeout=30, transport=transport)
+    try:
+        ctx = g.contexts[0]
+        works = [ctx.allreduce(np.ones(4), async_op=True) for _ in range(2)]
+        threading.Timer(0.3, ctx.close).start()
+        with pytest.raises(pc.Aborted, match=r"the context was closed \(close\(\) from "
+                                             r"another thread\)"):
+            works[0].wait(timeout=10)
+        with pytest.raises(pc.Error):
+            works[1].wait(timeout=10)
+    finally:
+        g.close()
+    g = ThreadGroup(2, timeout=30, transport=transport)
+    try:
+        threading.Timer(0.3, g.contexts[1].abort).start()
+        with pytest.raises(pc.Aborted, match=r"abort\(\) was called"):
+            g.contexts[1].barrier(timeout=10)
+    finally:
+        g.close()
+
+
 def test_abort_from_another_thread_ends_a_blocked_collective():
     g = ThreadGroup(2, timeout=60)
     try:

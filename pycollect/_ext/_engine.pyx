@@ -109,6 +109,8 @@ cdef enum:
     CARRY_MAX_BYTES = 64 << 20
     REFUSED_KEPT = 8            # the collectives this rank refused that it remembers, to
                                 # drop their peers' messages
+    ABORT_CALLED = 1            # abort_flag's values: abort() was called ...
+    ABORT_CLOSING = 2           # ... or close(), from another thread, mid-operation
 
 cdef struct AddrBody:
     # What a message by address streams after its header: the sender's buffer, and where
@@ -406,21 +408,22 @@ cdef class Engine(Transport):
                 Transport.set_error(self, ERR_INTERNAL, -1, "", 0, "the transport is closed")
             self._close_fds()
 
-    def abort(self):
-        """End the operation in progress (from any thread) with ERR_ABORTED."""
-        self._raise_flag(&self.abort_flag)
+    def abort(self, bint closing=False):
+        """End the operation in progress (from any thread) with ERR_ABORTED; ``closing``:
+        the context is being closed (the error says so, not that abort() was called)."""
+        self._raise_flag(&self.abort_flag, ABORT_CLOSING if closing else ABORT_CALLED)
 
     def kick(self):
         """Have the bounded wait for a point-to-point head in progress (a batch's slice:
         ``probe_until`` with a time limit), or the next one, return at once as if its time
         were up, from any thread: its driver then takes what was queued meanwhile."""
-        self._raise_flag(&self.kick_flag)
+        self._raise_flag(&self.kick_flag, 1)
 
-    cdef void _raise_flag(self, int* flag) noexcept nogil:
-        """Set ``flag`` (abort's, kick's), then wake a thread asleep in poll() on the
-        wake eventfd, so that it looks at the flag now."""
+    cdef void _raise_flag(self, int* flag, int value) noexcept nogil:
+        """Set ``flag`` (abort's, kick's) to ``value``, then wake a thread asleep in poll()
+        on the wake eventfd, so that it looks at the flag now."""
         cdef uint64_t one = 1
-        pc_atomic_store(flag, 1)
+        pc_atomic_store(flag, value)
         if self.wake_fd >= 0:
             c_write(self.wake_fd, &one, 8)
 
@@ -434,7 +437,7 @@ cdef class Engine(Transport):
         if self.failed:
             return -1
         if pc_atomic_load(&self.abort_flag):
-            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            return self._aborted()
         self.timeout_s = timeout_s
         self.deadline_ns = DEADLINE_LAZY       # read the clock only if the operation waits
         # Sends of the previous operation still in flight (a large message the
@@ -660,7 +663,7 @@ cdef class Engine(Transport):
         if self.failed:
             return -1
         if pc_atomic_load(&self.abort_flag):
-            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            return self._aborted()
         for p in range(self.size):
             pr = &self.pairs[p]
             if (pr.send_head >= 0 or pr.ack_head >= 0) and self._do_send(p) < 0:
@@ -754,7 +757,7 @@ cdef class Engine(Transport):
         if self.failed:
             return -1
         if pc_atomic_load(&self.abort_flag):
-            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            return self._aborted()
         if self.stashing and self._read_aside() < 0:
             return -1
         if 0 <= waiting_for < self.size and waiting_for != self.rank:
@@ -779,7 +782,7 @@ cdef class Engine(Transport):
         if self._block(pc_now_ns(), until_ns, until_ns != 0) < 0:
             return -1
         if pc_atomic_load(&self.abort_flag):
-            return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+            return self._aborted()
         return 0
 
     cdef int peer_left(self, int peer) noexcept nogil:
@@ -1873,6 +1876,13 @@ cdef class Engine(Transport):
             if p != self.rank:
                 self.pairs[p].ch.ops.disarm(self.pairs[p].ch)
 
+    cdef int _aborted(self) noexcept nogil:
+        """Fail the operation for the abort_flag found raised, saying who raised it."""
+        return self.set_error(ERR_ABORTED, -1, "", 0,
+                              "the context was closed (close() from another thread)"
+                              if pc_atomic_load(&self.abort_flag) == ABORT_CLOSING
+                              else "abort() was called")
+
     cdef int _signalled(self) noexcept nogil:
         """On the main thread, run Python's signal handlers; a raising one ends the op."""
         if PyThread_get_thread_ident() != self.main_thread:
@@ -1900,7 +1910,7 @@ cdef class Engine(Transport):
         spin_end = 0        # read from the clock once a pass leaves something to do
         while True:
             if pc_atomic_load(&self.abort_flag):
-                return self.set_error(ERR_ABORTED, -1, "", 0, "abort() was called")
+                return self._aborted()
             progressed = 0
             for p in range(self.size):
                 pr = &self.pairs[p]

@@ -268,9 +268,10 @@ cdef class GroupTransport(Transport):
         """The parent's take_abort(): an abort() of the shared connections not yet raised."""
         return self.parent.take_abort()
 
-    def abort(self):
-        """Abort the shared connections (the parent and every group on them)."""
-        self.parent.abort()
+    def abort(self, closing=False):
+        """Abort the shared connections (the parent and every group on them); ``closing``:
+        as the engine's."""
+        self.parent.abort(closing)
 
     def close(self):
         """A group owns no sockets: closing it only ends its own use."""
