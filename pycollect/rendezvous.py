@@ -31,7 +31,7 @@ from . import exit_report, settings
 from .context import Context
 from .errors import InvalidArgument
 from .join import join_run, leave_run
-from .plugins.registry import get_transport, open_store, transport_options
+from .plugins.registry import get_transport, open_store, open_transport, transport_options
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, redact
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
@@ -244,9 +244,9 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
         # Not the store's URL: ranks may spell one store differently
         # (localhost, 127.0.0.1); the run id is random and shared by all.
         context_id = "%s/%s" % (name, run)
-        t = factory(rank, size, PrefixStore(run, scoped),
-                    timeout=max(deadline.remaining(), 0.001), interface=interface,
-                    context_id=context_id, **options)
+        t = open_transport(transport, factory, rank, size, PrefixStore(run, scoped),
+                           timeout=max(deadline.remaining(), 0.001), interface=interface,
+                           context_id=context_id, **options)
         if size > 1:
             try:
                 leave_run(scoped, run, rank, deadline, log)
