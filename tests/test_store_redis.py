@@ -19,7 +19,8 @@ from conftest import ipv6_loopback_works
 
 hiredis = pytest.importorskip("hiredis", reason="the redis store needs hiredis: "
                                                 "pip install 'pycollect[redis]'")
-from pycollect.plugins.stores.redis_store import RedisStore, parse_redis_url  # noqa: E402
+from pycollect.plugins.stores.redis_store import (MAX_KEY_TTL_S, RedisStore,  # noqa: E402
+                                                  parse_redis_url)
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -166,10 +167,39 @@ def test_url_forms_parse():
 
 @pytest.mark.parametrize("url", ["redis://", "redis://h:0x/", "redis://h:1/db2",
                                  "redis://h:1/?mode=x", "redis://h:1/?ttl=-1",
-                                 "redis://h:1/#frag"])
+                                 "redis://h:1/#frag", "redis://h:0", "redis://h:0/1",
+                                 "redis://h:1/\u00b2", "redis://h:1/\uff11",
+                                 "redis://h:1/?ttl=1e30", "redis://h:1/?ttl=nan"])
 def test_bad_urls_are_invalid_arguments(url):
     with pytest.raises(pc.InvalidArgument):
         parse_redis_url(url)
+
+
+def test_an_out_of_range_ttl_is_refused_up_front_and_the_largest_one_works(server):
+    with pytest.raises(pc.InvalidArgument, match="ttl must be .* to %d" % MAX_KEY_TTL_S):
+        open_store(server.url(query="?ttl=1e30"), timeout=5)
+    with pytest.raises(pc.InvalidArgument, match="key_ttl"):
+        RedisStore("127.0.0.1", server.port, timeout=5, key_ttl=MAX_KEY_TTL_S + 1)
+    with open_store(server.url(query=f"?ttl={MAX_KEY_TTL_S}"), timeout=5) as store:
+        store.set("a", b"1")                  # Redis accepts the expiry
+        assert store.add("n", 1) == 1
+        assert server.command("PTTL", "a") > 0 and server.command("PTTL", "n") > 0
+
+
+def test_a_user_without_a_password_is_refused():
+    with pytest.raises(pc.InvalidArgument, match="user 'alice' needs a password"):
+        open_store("redis://alice@127.0.0.1:1", timeout=1)
+
+
+@pytest.mark.parametrize("password", ["hunter2/secret", "s3c:r@t/x", "a?b#c", "x:y/z@w"])
+def test_a_password_with_unescaped_marks_never_shows(password):
+    url = f"redis://:{password}@127.0.0.1:1/?prefix=job"
+    assert pc.plugins.store.redact(url) == "redis://:***@127.0.0.1:1/?prefix=job"
+    with pytest.raises(pc.Error) as refused:
+        open_store(url, timeout=0.2)
+    pieces = [piece for piece in password.replace("?", "/").replace("#", "/").replace(
+        ":", "/").replace("@", "/").split("/") if len(piece) > 1]
+    assert not [piece for piece in pieces if piece in str(refused.value)], str(refused.value)
 
 
 @pytest.mark.parametrize("url", [

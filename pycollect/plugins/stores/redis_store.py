@@ -13,7 +13,6 @@ is refused with a ``StoreError``, whether ``INFO cluster`` reports it or a
 
 import contextlib
 import logging
-import math
 import socket
 import threading
 import time
@@ -34,6 +33,9 @@ logger = logging.getLogger("pycollect.store")
 DEFAULT_PORT = 6379
 # Keys expire this long after their last write unless ttl=0 says otherwise.
 DEFAULT_KEY_TTL_S = 24 * 3600.0
+# Redis refuses an expiry whose absolute time, in ms since 1970, exceeds 2**63 - 1 ("invalid
+# expire time"); this bound (about 146 million years) leaves room for any clock.
+MAX_KEY_TTL_S = 2 ** 62 // 1000
 # get and wait poll: the sleep between polls doubles up to the cap.
 POLL_FIRST_S = 0.001
 POLL_CAP_S = 0.025
@@ -62,11 +64,7 @@ class _Refused(Exception):
 def redis_url(host, port, db=0, *, username=None, password=None):
     """``redis://HOST:PORT/DB`` for messages: an IPv6 host in brackets, any password hidden."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    who = ""
-    if password is not None:
-        who = f"{quote(username or '', safe='')}:***@"
-    elif username:
-        who = f"{quote(username, safe='')}@"
+    who = "" if password is None else f"{quote(username or '', safe='')}:***@"
     return f"redis://{who}{where}/{db}"
 
 
@@ -90,9 +88,13 @@ class RedisStore(Store):
         if isinstance(db, bool) or not isinstance(db, int) or db < 0:
             raise InvalidArgument(f"a Redis database must be an int >= 0, got {db!r}")
         if isinstance(key_ttl, bool) or not isinstance(key_ttl, (int, float)) \
-                or not math.isfinite(key_ttl) or key_ttl < 0:
-            raise InvalidArgument(f"key_ttl must be a number of seconds >= 0 (0: keys never "
-                                  f"expire), got {key_ttl!r}")
+                or not 0 <= key_ttl <= MAX_KEY_TTL_S:
+            raise InvalidArgument(f"key_ttl must be a number of seconds from 0 (keys never "
+                                  f"expire) to {MAX_KEY_TTL_S}, got {key_ttl!r}")
+        if username is not None and password is None:
+            # Redis 6 ACLs: AUTH USER PASSWORD; a user alone would be dropped without a word.
+            raise InvalidArgument(f"Redis user {username!r} needs a password: "
+                                  f"redis://USER:PASSWORD@HOST (a user with nopass takes any)")
         self.host, self.port, self.db = host, port, db
         self.username, self._password = username, password
         self.key_ttl = float(key_ttl)
@@ -345,9 +347,9 @@ def _parse_ttl(shown, query):
         ttl = float(query[0][1])
     except ValueError:
         ttl = -1.0
-    if not math.isfinite(ttl) or ttl < 0:
+    if not 0 <= ttl <= MAX_KEY_TTL_S:       # nan too
         raise InvalidArgument(f"redis store URL {shown!r}: ttl must be a number of seconds "
-                              f">= 0 (0: keys never expire)")
+                              f"from 0 (keys never expire) to {MAX_KEY_TTL_S}")
     return ttl
 
 
@@ -361,22 +363,26 @@ def parse_redis_url(url):
         raise InvalidArgument(f"redis store URL {shown!r} takes no fragment")
     if not parts.hostname:
         raise InvalidArgument(f"redis store URL {shown!r} names no host: "
-                              f"redis://[:password@]host:port[/db]")
+                              f"redis://[[user]:password@]host:port[/db] (percent-encode a '/', "
+                              f"'?', '#' or '@' in the password: %2F, %3F, %23, %40)")
     try:
-        port = parts.port or DEFAULT_PORT
+        port = parts.port
     except ValueError:
-        raise InvalidArgument(f"redis store URL {shown!r} has an invalid port") from None
+        port = 0
+    if port == 0:
+        raise InvalidArgument(f"redis store URL {shown!r} has an invalid port: give one from "
+                              f"1 to 65535, or none for {DEFAULT_PORT}")
     path = parts.path.strip("/")
-    if path and not path.isdigit():
+    if path and not (path.isascii() and path.isdigit()):
         raise InvalidArgument(f"redis store URL {shown!r}: the path must be a database number, "
                               f"as in redis://host:6379/2")
     password = None if parts.password is None else unquote(parts.password)
     username = unquote(parts.username) if parts.username else None
-    return {"host": parts.hostname, "port": port, "db": int(path or 0), "password": password,
+    return {"host": parts.hostname, "port": port or DEFAULT_PORT, "db": int(path or 0), "password": password,
             "username": username,
             "key_ttl": _parse_ttl(shown, parse_qsl(parts.query, keep_blank_values=True))}
 
 
 def open_redis_store(url, *, timeout=None, rank=None, size=None):
-    """Open ``redis://[[user]:password@]host[:port][/db][?ttl=SECONDS]``."""
+    """Open ``redis://[[user:]password@]host[:port][/db][?ttl=SECONDS]``."""
     return RedisStore(timeout=timeout, **parse_redis_url(url))
