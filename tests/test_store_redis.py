@@ -3,6 +3,7 @@
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -414,4 +415,53 @@ def test_an_ipv6_url_in_brackets_reaches_the_server_and_the_ranks_listen_on_ipv6
         with RedisStore("::1", redis.port, timeout=5) as store:
             assert choose_address(None, store) == ("::1", "route to store host ::1")
     finally:
+        redis.stop()
+
+
+def test_a_brief_restart_is_ridden_out_by_short_polls_until_the_stores_timeout(tmp_path):
+    redis = RedisServer(tmp_path)
+    try:
+        with RedisStore("127.0.0.1", redis.port, timeout=10) as poller:
+            redis.stop()
+            restarter = threading.Timer(0.5, redis.start)
+            restarter.start()
+            started, timeouts = time.monotonic(), 0
+            while True:     # as init's join polls: short slices, each one's Timeout retried
+                assert time.monotonic() - started < 8, "the restart was not ridden out"
+                try:
+                    poller.get("key", timeout=0.05)
+                    break
+                except pc.Timeout:
+                    timeouts += 1
+                    if restarter.finished.is_set() and not restarter.is_alive():
+                        with contextlib.suppress(OSError, AssertionError):
+                            redis.command("SET", "key", b"v")
+            restarter.join()
+            assert timeouts > 1
+        # Silent for the store's timeout: the polls end in a StoreError saying how long.
+        with RedisStore("127.0.0.1", redis.port, timeout=1) as poller:
+            redis.stop()
+            started = time.monotonic()
+            with pytest.raises(pc.StoreError, match="cannot reach Redis.*tried for"):
+                while time.monotonic() - started < 5:
+                    with contextlib.suppress(pc.Timeout):
+                        poller.get("key", timeout=0.05)
+            assert 0.9 < time.monotonic() - started < 2
+    finally:
+        redis.stop()
+
+
+def test_a_hung_server_fails_operations_at_their_deadline(tmp_path):
+    redis = RedisServer(tmp_path)
+    store = RedisStore("127.0.0.1", redis.port, timeout=1)
+    try:
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        for operation in (lambda: store.get("key", timeout=1), lambda: store.set("key", b"v")):
+            started = time.monotonic()
+            with pytest.raises(pc.StoreError, match=r"tried for (0\.9|1|1\.1) s"):
+                operation()
+            assert time.monotonic() - started < 1.5
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+        store.close()
         redis.stop()

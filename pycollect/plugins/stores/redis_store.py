@@ -42,8 +42,10 @@ POLL_CAP_S = 0.025
 # Reconnect attempts: the sleep between them doubles up to the cap.
 RETRY_FIRST_S = 0.01
 RETRY_CAP_S = 0.5
-# Replies may arrive this long after a command's deadline before the connection is dropped.
-IO_GRACE_S = 5.0
+# A reply may arrive this long after a command's deadline (a poll that starts as its deadline
+# runs out still gets an answer) before the connection is dropped: the most an operation
+# overruns its deadline by.
+IO_FLOOR_S = 0.05
 # The most time close() spends deleting the handle's keys.
 CLOSE_BUDGET_S = 5.0
 DELETE_BATCH = 512
@@ -104,6 +106,7 @@ class RedisStore(Store):
         self._reader = None
         self._written_lock = threading.Lock()
         self._written = set()
+        self._down_since = None         # when the server stopped answering, while it does not
         self._execute([], Deadline(self.timeout))     # connect now: a bad URL fails here
 
     # ---- connection -------------------------------------------------------------------
@@ -167,7 +170,7 @@ class RedisStore(Store):
     def _exchange(self, commands, deadline):
         """Send ``commands`` in one write and read one reply each (io lock held)."""
         sock, reader = self._sock, self._reader
-        sock.settimeout(deadline.remaining() + IO_GRACE_S)
+        sock.settimeout(max(deadline.remaining(), IO_FLOOR_S))
         try:
             sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
             replies = []
@@ -188,7 +191,7 @@ class RedisStore(Store):
 
     def _execute(self, commands, deadline, *, idempotent=True, closing=False):
         """Run ``commands`` as one pipeline; reconnect and retry until ``deadline``."""
-        attempts, last = 0, None
+        attempts, last, started = 0, None, time.monotonic()
         for delay in backoff_delays(RETRY_FIRST_S, RETRY_CAP_S):
             if self._closed and not closing:
                 raise self.closed_error()
@@ -205,9 +208,12 @@ class RedisStore(Store):
                     self._connect(deadline)
                 sent = True
                 replies = self._exchange(commands, deadline)
+                self._down_since = None
                 return [self._check_reply(reply) for reply in replies]
             except _Retry as err:
                 last = err
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
                 if sent and not idempotent:
                     raise StoreError(
                         f"lost the connection to Redis at {self.url} after sending "
@@ -216,10 +222,22 @@ class RedisStore(Store):
             finally:
                 self._io_lock.release()
             if deadline.expired():
-                raise StoreError(f"cannot reach Redis at {self.url}: tried for "
-                                 f"{deadline.timeout:g} s ({attempts} attempts); last error: "
-                                 f"{last}")
+                raise self._unreachable(started, attempts, last, deadline, closing)
             time.sleep(min(delay, deadline.remaining()))
+
+    def _unreachable(self, started, attempts, last, deadline, closing):
+        """The error of a command whose deadline passed while Redis did not answer: a
+        ``Timeout`` while the server has been silent for less than the store's timeout and
+        the command's deadline was shorter (a poll of ``init``'s join, which polls again:
+        a brief restart is ridden out), else a ``StoreError``."""
+        now = time.monotonic()
+        tried = f"tried for {now - started:.2g} s ({attempts} attempts); last error: {last}"
+        down = now - (self._down_since or started)
+        if closing or deadline.timeout >= self.timeout or down >= self.timeout:
+            return StoreError(f"cannot reach Redis at {self.url}: {tried}")
+        return Timeout(f"timed out after {deadline.timeout:g} s: Redis at {self.url} has not "
+                       f"answered for {down:.2g} s (a command fails with StoreError once that "
+                       f"reaches the store's timeout, {self.timeout:g} s); {tried}")
 
     def _check_reply(self, reply):
         """Return ``reply``, or raise for an error reply that ends the command."""
