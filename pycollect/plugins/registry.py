@@ -179,7 +179,9 @@ def open_transport(name, factory, rank, size, store, **options):
     from .._ext._transport import Transport     # the compiled layer: imported when first used
     transport = _call_plugin("transport", name, "connect", None,
                              lambda: factory(rank, size, store, **options))
-    if not isinstance(transport, Transport):
+    # A wrapper that can be closed passes here (the Context refuses it then, and init closes
+    # it); anything else could not even be closed.
+    if not isinstance(transport, Transport) and not callable(getattr(transport, "close", None)):
         raise PluginError(f"transport plugin {name!r} returned a {type(transport).__name__}, "
                           f"not a pycollect Transport")
     return transport
