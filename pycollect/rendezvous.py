@@ -31,7 +31,7 @@ from . import exit_report, settings
 from .context import Context
 from .errors import InvalidArgument
 from .join import join_run, leave_run
-from .plugins.registry import get_transport, open_store, transport_options
+from .plugins.registry import get_transport, open_store, open_transport, transport_options
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, redact
 
 __all__ = ["init", "DEFAULT_TIMEOUT", "LAUNCHERS"]
@@ -51,7 +51,8 @@ MPI_LAUNCHERS = ("Open MPI", "MPICH")
 TORCH_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 # Contexts opened through one store are numbered per rank, in creation order,
-# so every rank of a group derives the same namespace without talking.
+# so every rank of a group derives the same namespace without talking.  An init that fails
+# gives its number back: a retry meets a peer whose first init is this one's retry.
 _context_counter = {}
 _counter_lock = threading.Lock()
 
@@ -190,6 +191,14 @@ def _job(rank, size, store):
     return rank, size, store
 
 
+def _give_back_number(key, number):
+    """Undo ``init``'s count of context ``number`` through ``key`` after it failed, unless a
+    later init took the next number meanwhile (then the numbers stay as they are)."""
+    with _counter_lock:
+        if _context_counter.get(key) == number + 1:
+            _context_counter[key] = number
+
+
 def init(rank=None, size=None, store=None, transport=None, timeout=None, interface=None,
          *, segment_bytes=None, tls_cert=None, tls_key=None, tls_ca=None):
     """Join a group of ``size`` ranks as ``rank``, rendezvousing through ``store``.
@@ -233,20 +242,20 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     options = transport_options(transport, factory, given)
     owns_store = not isinstance(store, Store)
     base = open_store(store, timeout=timeout, rank=rank, size=size)
+    key = (getattr(base, "url", None) or id(base), rank)
+    with _counter_lock:
+        number = _context_counter.get(key, 0)
+        _context_counter[key] = number + 1
     try:
-        key = (getattr(base, "url", None) or id(base), rank)
-        with _counter_lock:
-            number = _context_counter.get(key, 0)
-            _context_counter[key] = number + 1
         name = "pycollect/ctx%d" % number
         scoped = PrefixStore(name, base)
         run = join_run(scoped, rank, size, deadline) if size > 1 else "single"
         # Not the store's URL: ranks may spell one store differently
         # (localhost, 127.0.0.1); the run id is random and shared by all.
         context_id = "%s/%s" % (name, run)
-        t = factory(rank, size, PrefixStore(run, scoped),
-                    timeout=max(deadline.remaining(), 0.001), interface=interface,
-                    context_id=context_id, **options)
+        t = open_transport(transport, factory, rank, size, PrefixStore(run, scoped),
+                           timeout=max(deadline.remaining(), 0.001), interface=interface,
+                           context_id=context_id, **options)
         if size > 1:
             try:
                 leave_run(scoped, run, rank, deadline, log)
@@ -254,6 +263,7 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
                 t.close()
                 raise
     except BaseException:
+        _give_back_number(key, number)
         if owns_store:
             base.close()
         raise

@@ -1,6 +1,7 @@
 """The plugin registry: built-ins via entry points, URL dispatch, prefixes, broken plugins."""
 
 import importlib.metadata
+import time
 
 import pytest
 
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.timeout(30)
 def fake_entry_points(monkeypatch):
     """Replace the registry's entry-point source with the given {group: [EntryPoint]}."""
     def install(by_group):
-        monkeypatch.setattr(registry, "_entry_points", lambda group: by_group.get(group, []))
+        monkeypatch.setattr(registry, "_entry_points",
+                            lambda group: (by_group.get(group, []), {}))
         registry.refresh()
     yield install
     monkeypatch.undo()
@@ -36,6 +38,13 @@ class _LoadedEntryPoint:
 
     def load(self):
         return self.plugin
+
+
+class _ExitingEntryPoint(_LoadedEntryPoint):
+    """An entry point whose module calls sys.exit() when imported."""
+
+    def load(self):
+        raise SystemExit("plugin module exits at import")
 
 
 def test_builtins_are_listed_from_the_pycollect_distribution():
@@ -171,3 +180,74 @@ def test_a_third_party_store_is_opened_with_the_callers_arguments(fake_entry_poi
     with open_store("mem://host/db?prefix=job", timeout=4, rank=1, size=2) as store:
         assert isinstance(store, PrefixStore) and store.timeout == 4
     assert calls == [("mem://host/db", 4, 1, 2)]
+
+
+def test_a_malformed_entry_points_file_costs_only_its_distribution(tmp_path, monkeypatch):
+    info = tmp_path / "unrelated_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: unrelated-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nbroken-line-without-equals\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    try:
+        assert available()["stores"]["file"] == "pycollect"
+        with open_store(f"file://{tmp_path}/store") as store:
+            assert isinstance(store, FileStore)
+        with pc.init(rank=0, size=1, timeout=5, store="hash://malformed-entry-points") as ctx:
+            assert ctx.size == 1
+        with pytest.raises(pc.PluginError, match="no store plugin named 'nosuch'.*skipped "
+                                                 "unrelated-pkg.*could not be read"):
+            open_store("nosuch://x")
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+
+
+def test_store_names_with_capitals_open_under_any_case(fake_entry_points):
+    fake_entry_points({registry.STORE_GROUP: [
+        _LoadedEntryPoint("MemUpper", lambda url, **options: HashStore())]})
+    assert available()["stores"] == {"memupper": "fake-plugins"}
+    for url in ("memupper://x", "MemUpper://x", "MEMUPPER://x"):
+        with open_store(url) as store:
+            assert isinstance(store, HashStore)
+
+
+def test_a_plugin_calling_sys_exit_is_a_plugin_error(fake_entry_points):
+    def exit_now(url, **options):
+        raise SystemExit(7)
+
+    fake_entry_points({registry.STORE_GROUP: [_LoadedEntryPoint("quits", exit_now),
+                                              _ExitingEntryPoint("exits", None)],
+                       registry.TRANSPORT_GROUP: [_ExitingEntryPoint("exits", None)]})
+    with pytest.raises(pc.PluginError, match="store plugin 'quits' failed to open.*SystemExit"):
+        open_store("quits://x")
+    with pytest.raises(pc.PluginError, match="store plugin 'exits'.*failed to import.*SystemExit"):
+        open_store("exits://x")
+    with pytest.raises(pc.PluginError, match="transport plugin 'exits'.*SystemExit"):
+        pc.init(rank=0, size=1, timeout=5, transport="exits")
+
+
+def _raising_transport(rank, size, store, **options):
+    raise ValueError("transport exploded")
+
+
+@pytest.mark.parametrize("factory, message", [
+    (42, "transport plugin 'odd' is a int, not a callable"),
+    (_raising_transport, "transport plugin 'odd' failed to connect: ValueError: transport "
+                         "exploded"),
+    (lambda rank, size, store, **options: object(),
+     "transport plugin 'odd' returned a object, not a pycollect Transport")])
+def test_a_misbehaving_transport_plugin_is_a_plugin_error_naming_it(fake_entry_points, factory,
+                                                                     message):
+    fake_entry_points({registry.TRANSPORT_GROUP: [_LoadedEntryPoint("odd", factory)]})
+    with pytest.raises(pc.PluginError) as caught:
+        pc.init(rank=0, size=1, timeout=5, transport="odd", store=HashStore())
+    assert message in str(caught.value)
+
+
+def test_a_non_callable_transport_is_refused_before_the_rendezvous(fake_entry_points):
+    fake_entry_points({registry.TRANSPORT_GROUP: [_LoadedEntryPoint("odd", 42)]})
+    started = time.monotonic()
+    with pytest.raises(pc.PluginError, match="not a callable"):
+        pc.init(rank=0, size=2, timeout=10, transport="odd", store="hash://refused-early")
+    assert time.monotonic() - started < 5       # rank 1 never comes: no join was waited on

@@ -3,6 +3,7 @@
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -19,7 +20,8 @@ from conftest import ipv6_loopback_works
 
 hiredis = pytest.importorskip("hiredis", reason="the redis store needs hiredis: "
                                                 "pip install 'pycollect[redis]'")
-from pycollect.plugins.stores.redis_store import RedisStore, parse_redis_url  # noqa: E402
+from pycollect.plugins.stores.redis_store import (MAX_KEY_TTL_S, RedisStore,  # noqa: E402
+                                                  parse_redis_url)
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -166,10 +168,39 @@ def test_url_forms_parse():
 
 @pytest.mark.parametrize("url", ["redis://", "redis://h:0x/", "redis://h:1/db2",
                                  "redis://h:1/?mode=x", "redis://h:1/?ttl=-1",
-                                 "redis://h:1/#frag"])
+                                 "redis://h:1/#frag", "redis://h:0", "redis://h:0/1",
+                                 "redis://h:1/\u00b2", "redis://h:1/\uff11",
+                                 "redis://h:1/?ttl=1e30", "redis://h:1/?ttl=nan"])
 def test_bad_urls_are_invalid_arguments(url):
     with pytest.raises(pc.InvalidArgument):
         parse_redis_url(url)
+
+
+def test_an_out_of_range_ttl_is_refused_up_front_and_the_largest_one_works(server):
+    with pytest.raises(pc.InvalidArgument, match="ttl must be .* to %d" % MAX_KEY_TTL_S):
+        open_store(server.url(query="?ttl=1e30"), timeout=5)
+    with pytest.raises(pc.InvalidArgument, match="key_ttl"):
+        RedisStore("127.0.0.1", server.port, timeout=5, key_ttl=MAX_KEY_TTL_S + 1)
+    with open_store(server.url(query=f"?ttl={MAX_KEY_TTL_S}"), timeout=5) as store:
+        store.set("a", b"1")                  # Redis accepts the expiry
+        assert store.add("n", 1) == 1
+        assert server.command("PTTL", "a") > 0 and server.command("PTTL", "n") > 0
+
+
+def test_a_user_without_a_password_is_refused():
+    with pytest.raises(pc.InvalidArgument, match="user 'alice' needs a password"):
+        open_store("redis://alice@127.0.0.1:1", timeout=1)
+
+
+@pytest.mark.parametrize("password", ["hunter2/secret", "s3c:r@t/x", "a?b#c", "x:y/z@w"])
+def test_a_password_with_unescaped_marks_never_shows(password):
+    url = f"redis://:{password}@127.0.0.1:1/?prefix=job"
+    assert pc.plugins.store.redact(url) == "redis://:***@127.0.0.1:1/?prefix=job"
+    with pytest.raises(pc.Error) as refused:
+        open_store(url, timeout=0.2)
+    pieces = [piece for piece in password.replace("?", "/").replace("#", "/").replace(
+        ":", "/").replace("@", "/").split("/") if len(piece) > 1]
+    assert not [piece for piece in pieces if piece in str(refused.value)], str(refused.value)
 
 
 @pytest.mark.parametrize("url", [
@@ -384,4 +415,53 @@ def test_an_ipv6_url_in_brackets_reaches_the_server_and_the_ranks_listen_on_ipv6
         with RedisStore("::1", redis.port, timeout=5) as store:
             assert choose_address(None, store) == ("::1", "route to store host ::1")
     finally:
+        redis.stop()
+
+
+def test_a_brief_restart_is_ridden_out_by_short_polls_until_the_stores_timeout(tmp_path):
+    redis = RedisServer(tmp_path)
+    try:
+        with RedisStore("127.0.0.1", redis.port, timeout=10) as poller:
+            redis.stop()
+            restarter = threading.Timer(0.5, redis.start)
+            restarter.start()
+            started, timeouts = time.monotonic(), 0
+            while True:     # as init's join polls: short slices, each one's Timeout retried
+                assert time.monotonic() - started < 8, "the restart was not ridden out"
+                try:
+                    poller.get("key", timeout=0.05)
+                    break
+                except pc.Timeout:
+                    timeouts += 1
+                    if restarter.finished.is_set() and not restarter.is_alive():
+                        with contextlib.suppress(OSError, AssertionError):
+                            redis.command("SET", "key", b"v")
+            restarter.join()
+            assert timeouts > 1
+        # Silent for the store's timeout: the polls end in a StoreError saying how long.
+        with RedisStore("127.0.0.1", redis.port, timeout=1) as poller:
+            redis.stop()
+            started = time.monotonic()
+            with pytest.raises(pc.StoreError, match="cannot reach Redis.*tried for"):
+                while time.monotonic() - started < 5:
+                    with contextlib.suppress(pc.Timeout):
+                        poller.get("key", timeout=0.05)
+            assert 0.9 < time.monotonic() - started < 2
+    finally:
+        redis.stop()
+
+
+def test_a_hung_server_fails_operations_at_their_deadline(tmp_path):
+    redis = RedisServer(tmp_path)
+    store = RedisStore("127.0.0.1", redis.port, timeout=1)
+    try:
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        for operation in (lambda: store.get("key", timeout=1), lambda: store.set("key", b"v")):
+            started = time.monotonic()
+            with pytest.raises(pc.StoreError, match=r"tried for (0\.9|1|1\.1) s"):
+                operation()
+            assert time.monotonic() - started < 1.5
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+        store.close()
         redis.stop()

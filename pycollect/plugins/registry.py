@@ -7,10 +7,15 @@ built-ins take the same road, through pycollect's own entry points.
 
 Entry-point names are letters, digits, ``_``, ``.`` and ``-``, so a plugin name with ``+`` in it is registered with
 ``-`` in its place and found under either spelling: transport ``tcp+tls`` is the entry
-point ``tcp-tls``.
+point ``tcp-tls``.  Names are found whatever their case (URL schemes are case-insensitive):
+entry point ``MyStore`` opens ``mystore://`` and ``MYSTORE://``, and is listed as ``mystore``.
+
+Each installed distribution's entry points are read on their own: one whose
+``entry_points.txt`` cannot be parsed is skipped, and named where a lookup fails.
 """
 
 import importlib.metadata
+import re
 import threading
 from urllib.parse import parse_qsl, urlencode, urlunsplit
 
@@ -18,7 +23,7 @@ from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url, redact, redact_text
 
 __all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "check_store_url", "get_store_opener",
-           "get_transport", "open_store", "refresh", "transport_options", "with_prefix"]
+           "get_transport", "open_store", "open_transport", "refresh", "transport_options", "with_prefix"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"
@@ -26,8 +31,31 @@ PREFIX_QUERY = "prefix"
 
 
 def _entry_points(group):
-    """The installed entry points of ``group`` (tests replace this source)."""
-    return importlib.metadata.entry_points().select(group=group)
+    """The installed entry points of ``group``, and ``{distribution: why}`` for the
+    distributions whose entry points could not be read (tests replace this source).
+
+    Each distribution is read on its own, the first of one name on the path winning (as
+    ``importlib.metadata.entry_points`` does): one malformed ``entry_points.txt`` costs
+    only its own distribution's plugins."""
+    found, unreadable, seen = [], {}, set()
+    for dist in importlib.metadata.distributions():
+        try:
+            name = dist.metadata["Name"] or "an unnamed distribution"
+            normalized = re.sub(r"[-_.]+", "-", name).lower()
+            if normalized in seen:
+                continue
+            seen.add(normalized)
+            found.extend(dist.entry_points.select(group=group))
+        except Exception as err:    # malformed metadata of a package pycollect knows nothing of
+            where = getattr(dist, "_path", None)
+            label = f"{name} ({where})" if where else name
+            unreadable[label] = f"{type(err).__name__}: {err}"
+    return found, unreadable
+
+
+def _key(name):
+    """The name a plugin is found under: lower case, ``+`` spelt ``-``."""
+    return name.lower().replace("+", "-")
 
 
 def _distribution_name(entry_point):
@@ -44,16 +72,19 @@ class _PluginGroup:
         self._lock = threading.Lock()
         self._entries = None
         self._conflicts = None
+        self._unreadable = {}
         self._loaded = {}
 
     def _read(self):
         with self._lock:
             if self._entries is None:
                 entries, conflicts = {}, {}
-                for entry_point in _entry_points(self.group):
-                    first = entries.setdefault(entry_point.name, entry_point)
+                found, self._unreadable = _entry_points(self.group)
+                for entry_point in found:
+                    key = _key(entry_point.name)
+                    first = entries.setdefault(key, entry_point)
                     if first.value != entry_point.value:
-                        conflicts.setdefault(entry_point.name, [first]).append(entry_point)
+                        conflicts.setdefault(key, [first]).append(entry_point)
                 self._entries, self._conflicts = entries, conflicts
             return self._entries, self._conflicts
 
@@ -64,16 +95,17 @@ class _PluginGroup:
 
     def load(self, name):
         """The plugin object registered as ``name``, imported on first use."""
+        name = _key(name)
         with self._lock:
             if name in self._loaded:
                 return self._loaded[name]
         entries, conflicts = self._read()
         if name not in entries:
-            name = name.replace("+", "-")
-        if name not in entries:
             known = ", ".join(sorted(entries)) or "none"
+            skipped = "".join(f"; skipped {dist}, whose entry points could not be read ({why})"
+                              for dist, why in sorted(self._unreadable.items()))
             raise PluginError(f"no {self.kind} plugin named {name!r} (entry-point group "
-                              f"{self.group}); available: {known}")
+                              f"{self.group}); available: {known}{skipped}")
         if name in conflicts:
             sources = "; ".join(f"{entry.value} from {_distribution_name(entry)}"
                                 for entry in conflicts[name])
@@ -82,7 +114,7 @@ class _PluginGroup:
         entry_point = entries[name]
         try:
             plugin = entry_point.load()
-        except Exception as err:
+        except (Exception, SystemExit) as err:     # a plugin's sys.exit() must not end the job
             dist = _distribution_name(entry_point)
             raise PluginError(
                 f"{self.kind} plugin {name!r} (entry point '{entry_point.name} = "
@@ -115,10 +147,44 @@ def available():
 
 
 def get_transport(name):
-    """The transport plugin object registered as ``name``."""
+    """The transport plugin registered as ``name``: a callable factory (checked now, before
+    any rendezvous)."""
     if not isinstance(name, str) or not name:
         raise InvalidArgument(f"a transport name must be a non-empty str, got {name!r}")
-    return _transports.load(name)
+    return _callable(_transports.load(name), "transport", name)
+
+
+def _callable(plugin, kind, name):
+    if not callable(plugin):
+        raise PluginError(f"{kind} plugin {name!r} is a {type(plugin).__name__}, not a callable")
+    return plugin
+
+
+def _call_plugin(kind, name, what, url, call):
+    """``call()``'s result; an error of a plugin that is not a pycollect Error (SystemExit
+    included) becomes a PluginError naming it (``url``'s password redacted)."""
+    try:
+        return call()
+    except Error:
+        raise
+    except (Exception, SystemExit) as err:
+        raise PluginError(f"{kind} plugin {name!r} failed to {what}: "
+                          + redact_text(f"{type(err).__name__}: {err}", url)) from err
+
+
+def open_transport(name, factory, rank, size, store, **options):
+    """``factory(rank, size, store, **options)``, the factory of transport plugin ``name``:
+    a Transport, else a PluginError naming the plugin (for an error of the factory that is
+    not a pycollect Error, and for a result that is not a Transport)."""
+    from .._ext._transport import Transport     # the compiled layer: imported when first used
+    transport = _call_plugin("transport", name, "connect", None,
+                             lambda: factory(rank, size, store, **options))
+    # A wrapper that can be closed passes here (the Context refuses it then, and init closes
+    # it); anything else could not even be closed.
+    if not isinstance(transport, Transport) and not callable(getattr(transport, "close", None)):
+        raise PluginError(f"transport plugin {name!r} returned a {type(transport).__name__}, "
+                          f"not a pycollect Transport")
+    return transport
 
 
 def get_store_opener(scheme):
@@ -204,15 +270,9 @@ def open_store(spec, *, timeout=None, rank=None, size=None):
     if isinstance(spec, Store):
         return spec
     opener, scheme, url, prefix = _checked(spec, False)
-    if not callable(opener):
-        raise PluginError(f"store plugin {scheme!r} is a {type(opener).__name__}, not a callable")
-    try:
-        store = opener(url, timeout=timeout, rank=rank, size=size)
-    except Error:
-        raise
-    except Exception as err:
-        raise PluginError(f"store plugin {scheme!r} failed to open {redact(url)!r}: "
-                          + redact_text(f"{type(err).__name__}: {err}", url)) from err
+    opener = _callable(opener, "store", scheme)
+    store = _call_plugin("store", scheme, f"open {redact(url)!r}", url,
+                         lambda: opener(url, timeout=timeout, rank=rank, size=size))
     if not isinstance(store, Store):
         raise PluginError(f"store plugin {scheme!r} returned a {type(store).__name__}, "
                           f"not a pycollect Store")

@@ -11,9 +11,8 @@ import abc
 import datetime
 import numbers
 import operator
-import re
 import time
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from .. import settings
 from ..errors import InvalidArgument, StoreError, Timeout
@@ -36,7 +35,6 @@ DEFAULT_TIMEOUT = settings.SETTINGS["PYCOLLECT_TIMEOUT"].default
 # A Timeout message lists at most this many missing keys, then a count.
 MISSING_KEYS_SHOWN = 8
 # A password in a URL that urlsplit cannot read: what lies between "//user:" and "@".
-_PASSWORD = re.compile(r"(//[^/?#@:]*:)[^/?#@]*@")
 
 
 def _seconds(timeout, what):
@@ -148,32 +146,39 @@ def parse_url(url):
         raise InvalidArgument(f"malformed store URL {redact(url)!r}: {err}") from None
 
 
+def _password_span(url):
+    """Where ``url``'s password is: ``(start, end)``, else None.  Whatever stands between
+    ``//USER:`` and the last ``@`` counts, whatever ``urlsplit`` makes of it: an unescaped
+    ``/``, ``?``, ``#``, ``:`` or ``@`` in a password must not show the rest of it."""
+    if not isinstance(url, str):
+        return None
+    begin = url.find("//")
+    end = url.rfind("@")
+    if begin < 0 or end < begin:
+        return None
+    colon = url.find(":", begin + 2, end)
+    if colon < 0 or any(mark in url[begin + 2:colon] for mark in "/?#"):
+        return None         # no password, or a colon after the authority (a path's)
+    return colon + 1, end
+
+
 def redact(url):
-    """``url`` with any password replaced by ``***``, for logs and messages (a URL that
-    does not parse has whatever stands between ``//user:`` and ``@`` replaced)."""
+    """``url`` with any password replaced by ``***``, for logs and messages."""
     if not isinstance(url, str):
         return getattr(url, "url", repr(url))
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-    except ValueError:
-        return _PASSWORD.sub(r"\1***@", url)
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc="%s:***@%s" % (user, host)))
+    span = _password_span(url)
+    return url if span is None else url[:span[0]] + "***" + url[span[1]:]
 
 
 def redact_text(text, url):
     """``text`` (an error's message, say) with the password of ``url``, as written in it
     or percent-decoded, replaced by ``***``."""
-    try:
-        password = urlsplit(url).password if isinstance(url, str) else None
-    except ValueError:
-        password = None
-    for secret in (password, unquote(password or "")):
-        if secret:
-            text = text.replace(secret, "***")
+    span = _password_span(url)
+    if span is not None:
+        password = url[span[0]:span[1]]
+        for secret in sorted({password, unquote(password)}, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, "***")
     return text
 
 

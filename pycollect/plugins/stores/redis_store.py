@@ -13,7 +13,6 @@ is refused with a ``StoreError``, whether ``INFO cluster`` reports it or a
 
 import contextlib
 import logging
-import math
 import socket
 import threading
 import time
@@ -34,14 +33,19 @@ logger = logging.getLogger("pycollect.store")
 DEFAULT_PORT = 6379
 # Keys expire this long after their last write unless ttl=0 says otherwise.
 DEFAULT_KEY_TTL_S = 24 * 3600.0
+# Redis refuses an expiry whose absolute time, in ms since 1970, exceeds 2**63 - 1 ("invalid
+# expire time"); this bound (about 146 million years) leaves room for any clock.
+MAX_KEY_TTL_S = 2 ** 62 // 1000
 # get and wait poll: the sleep between polls doubles up to the cap.
 POLL_FIRST_S = 0.001
 POLL_CAP_S = 0.025
 # Reconnect attempts: the sleep between them doubles up to the cap.
 RETRY_FIRST_S = 0.01
 RETRY_CAP_S = 0.5
-# Replies may arrive this long after a command's deadline before the connection is dropped.
-IO_GRACE_S = 5.0
+# A reply may arrive this long after a command's deadline (a poll that starts as its deadline
+# runs out still gets an answer) before the connection is dropped: the most an operation
+# overruns its deadline by.
+IO_FLOOR_S = 0.05
 # The most time close() spends deleting the handle's keys.
 CLOSE_BUDGET_S = 5.0
 DELETE_BATCH = 512
@@ -62,11 +66,7 @@ class _Refused(Exception):
 def redis_url(host, port, db=0, *, username=None, password=None):
     """``redis://HOST:PORT/DB`` for messages: an IPv6 host in brackets, any password hidden."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    who = ""
-    if password is not None:
-        who = f"{quote(username or '', safe='')}:***@"
-    elif username:
-        who = f"{quote(username, safe='')}@"
+    who = "" if password is None else f"{quote(username or '', safe='')}:***@"
     return f"redis://{who}{where}/{db}"
 
 
@@ -90,9 +90,13 @@ class RedisStore(Store):
         if isinstance(db, bool) or not isinstance(db, int) or db < 0:
             raise InvalidArgument(f"a Redis database must be an int >= 0, got {db!r}")
         if isinstance(key_ttl, bool) or not isinstance(key_ttl, (int, float)) \
-                or not math.isfinite(key_ttl) or key_ttl < 0:
-            raise InvalidArgument(f"key_ttl must be a number of seconds >= 0 (0: keys never "
-                                  f"expire), got {key_ttl!r}")
+                or not 0 <= key_ttl <= MAX_KEY_TTL_S:
+            raise InvalidArgument(f"key_ttl must be a number of seconds from 0 (keys never "
+                                  f"expire) to {MAX_KEY_TTL_S}, got {key_ttl!r}")
+        if username is not None and password is None:
+            # Redis 6 ACLs: AUTH USER PASSWORD; a user alone would be dropped without a word.
+            raise InvalidArgument(f"Redis user {username!r} needs a password: "
+                                  f"redis://USER:PASSWORD@HOST (a user with nopass takes any)")
         self.host, self.port, self.db = host, port, db
         self.username, self._password = username, password
         self.key_ttl = float(key_ttl)
@@ -102,6 +106,7 @@ class RedisStore(Store):
         self._reader = None
         self._written_lock = threading.Lock()
         self._written = set()
+        self._down_since = None         # when the server stopped answering, while it does not
         self._execute([], Deadline(self.timeout))     # connect now: a bad URL fails here
 
     # ---- connection -------------------------------------------------------------------
@@ -165,7 +170,7 @@ class RedisStore(Store):
     def _exchange(self, commands, deadline):
         """Send ``commands`` in one write and read one reply each (io lock held)."""
         sock, reader = self._sock, self._reader
-        sock.settimeout(deadline.remaining() + IO_GRACE_S)
+        sock.settimeout(max(deadline.remaining(), IO_FLOOR_S))
         try:
             sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
             replies = []
@@ -186,7 +191,7 @@ class RedisStore(Store):
 
     def _execute(self, commands, deadline, *, idempotent=True, closing=False):
         """Run ``commands`` as one pipeline; reconnect and retry until ``deadline``."""
-        attempts, last = 0, None
+        attempts, last, started = 0, None, time.monotonic()
         for delay in backoff_delays(RETRY_FIRST_S, RETRY_CAP_S):
             if self._closed and not closing:
                 raise self.closed_error()
@@ -203,9 +208,12 @@ class RedisStore(Store):
                     self._connect(deadline)
                 sent = True
                 replies = self._exchange(commands, deadline)
+                self._down_since = None
                 return [self._check_reply(reply) for reply in replies]
             except _Retry as err:
                 last = err
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
                 if sent and not idempotent:
                     raise StoreError(
                         f"lost the connection to Redis at {self.url} after sending "
@@ -214,10 +222,22 @@ class RedisStore(Store):
             finally:
                 self._io_lock.release()
             if deadline.expired():
-                raise StoreError(f"cannot reach Redis at {self.url}: tried for "
-                                 f"{deadline.timeout:g} s ({attempts} attempts); last error: "
-                                 f"{last}")
+                raise self._unreachable(started, attempts, last, deadline, closing)
             time.sleep(min(delay, deadline.remaining()))
+
+    def _unreachable(self, started, attempts, last, deadline, closing):
+        """The error of a command whose deadline passed while Redis did not answer: a
+        ``Timeout`` while the server has been silent for less than the store's timeout and
+        the command's deadline was shorter (a poll of ``init``'s join, which polls again:
+        a brief restart is ridden out), else a ``StoreError``."""
+        now = time.monotonic()
+        tried = f"tried for {now - started:.2g} s ({attempts} attempts); last error: {last}"
+        down = now - (self._down_since or started)
+        if closing or deadline.timeout >= self.timeout or down >= self.timeout:
+            return StoreError(f"cannot reach Redis at {self.url}: {tried}")
+        return Timeout(f"timed out after {deadline.timeout:g} s: Redis at {self.url} has not "
+                       f"answered for {down:.2g} s (a command fails with StoreError once that "
+                       f"reaches the store's timeout, {self.timeout:g} s); {tried}")
 
     def _check_reply(self, reply):
         """Return ``reply``, or raise for an error reply that ends the command."""
@@ -345,9 +365,9 @@ def _parse_ttl(shown, query):
         ttl = float(query[0][1])
     except ValueError:
         ttl = -1.0
-    if not math.isfinite(ttl) or ttl < 0:
+    if not 0 <= ttl <= MAX_KEY_TTL_S:       # nan too
         raise InvalidArgument(f"redis store URL {shown!r}: ttl must be a number of seconds "
-                              f">= 0 (0: keys never expire)")
+                              f"from 0 (keys never expire) to {MAX_KEY_TTL_S}")
     return ttl
 
 
@@ -361,22 +381,26 @@ def parse_redis_url(url):
         raise InvalidArgument(f"redis store URL {shown!r} takes no fragment")
     if not parts.hostname:
         raise InvalidArgument(f"redis store URL {shown!r} names no host: "
-                              f"redis://[:password@]host:port[/db]")
+                              f"redis://[[user]:password@]host:port[/db] (percent-encode a '/', "
+                              f"'?', '#' or '@' in the password: %2F, %3F, %23, %40)")
     try:
-        port = parts.port or DEFAULT_PORT
+        port = parts.port
     except ValueError:
-        raise InvalidArgument(f"redis store URL {shown!r} has an invalid port") from None
+        port = 0
+    if port == 0:
+        raise InvalidArgument(f"redis store URL {shown!r} has an invalid port: give one from "
+                              f"1 to 65535, or none for {DEFAULT_PORT}")
     path = parts.path.strip("/")
-    if path and not path.isdigit():
+    if path and not (path.isascii() and path.isdigit()):
         raise InvalidArgument(f"redis store URL {shown!r}: the path must be a database number, "
                               f"as in redis://host:6379/2")
     password = None if parts.password is None else unquote(parts.password)
     username = unquote(parts.username) if parts.username else None
-    return {"host": parts.hostname, "port": port, "db": int(path or 0), "password": password,
+    return {"host": parts.hostname, "port": port or DEFAULT_PORT, "db": int(path or 0), "password": password,
             "username": username,
             "key_ttl": _parse_ttl(shown, parse_qsl(parts.query, keep_blank_values=True))}
 
 
 def open_redis_store(url, *, timeout=None, rank=None, size=None):
-    """Open ``redis://[[user]:password@]host[:port][/db][?ttl=SECONDS]``."""
+    """Open ``redis://[[user:]password@]host[:port][/db][?ttl=SECONDS]``."""
     return RedisStore(timeout=timeout, **parse_redis_url(url))
