@@ -65,7 +65,7 @@ def test_allreduce_any_shape(group, shape):
 
 
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling", "bcube",
-                                       "bcube:3", "ring", "ring_chunked", "direct"])
+                                       "bcube:2", "bcube:3", "ring", "ring_chunked", "direct"])
 def test_allreduce_floats_bitwise_identical_on_every_rank(group, algorithm):
     """Every rank computes each element with the same operands in the same order."""
     def body(ctx):
@@ -164,5 +164,30 @@ def test_auto_follows_the_measured_crossovers(size, transport, cases):
         works = g.run(lambda c: c.allreduce(np.ones(nbytes // 4, np.float32), async_op=True))
         for w in works:
             assert w.wait(timeout=60)[0] == size and w.algorithm == name
+    finally:
+        g.close()
+
+
+@pytest.mark.parametrize("size, algorithm", [(4, "bcube:2"), (7, "bcube:2"), (8, "bcube:2"),
+                                             (9, "bcube:3")])
+def test_bcube_in_several_steps(size, algorithm):
+    """bcube with more than one digit (world size >= base**2, with ranks folded in at 7):
+    each step reduces and shares a part that does not start at 0 (the matrix's bases ran
+    one step only, so an offset lost inside the steps went unseen)."""
+    g = ThreadGroup(size, timeout=30)
+    try:
+        def body(ctx):
+            out = []
+            for n in (1, 5, 4 * size + 3, 1000):
+                buf = np.arange(n, dtype=np.int64) * (ctx.rank + 1)
+                work = ctx.allreduce(buf, algorithm=algorithm, async_op=True)
+                work.wait(timeout=30)
+                out.append((work.algorithm, buf))
+            return out
+        total = size * (size + 1) // 2
+        for per_rank in g.run(body, timeout=120):
+            for ran, buf in per_rank:
+                assert ran == "bcube"
+                assert np.array_equal(buf, np.arange(buf.size, dtype=np.int64) * total)
     finally:
         g.close()

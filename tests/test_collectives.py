@@ -195,8 +195,9 @@ def test_v_collectives_with_uneven_counts(group, dtype):
     counts = _vcounts(size, 2)
     offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
     total = int(offs[-1])
-    # alltoallv: rank s sends (s + d) % 4 elements to rank d
-    a2a = [[(s + d) % 4 for d in range(size)] for s in range(size)]
+    # alltoallv: rank s sends (2s + d) % 5 elements to rank d (not what d sends s: a rank's
+    # send and receive counts differ, so their displacements do)
+    a2a = [[(2 * s + d) % 5 for d in range(size)] for s in range(size)]
 
     def body(ctx):
         r = ctx.rank

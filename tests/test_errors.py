@@ -335,6 +335,29 @@ def test_close_from_another_thread_names_close_not_abort(transport):
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling"])
+def test_a_peer_that_closes_mid_collective_fails_the_others_at_once(transport, algorithm):
+    """Rank 2 closes its context where ranks 0 and 1 wait on its part of an allreduce: they
+    raise PeerError naming rank 2 at once (its end of stream, read by the posted receive),
+    not Timeout at their deadline."""
+    g = ThreadGroup(3, timeout=20, transport=transport)
+    try:
+        def body(ctx):
+            if ctx.rank == 2:
+                time.sleep(0.3)
+                ctx.close()
+                return None
+            start = time.monotonic()
+            with pytest.raises(pc.PeerError, match="rank 2"):     # its end, or relayed
+                ctx.allreduce(np.ones(1 << 16, np.float32), algorithm=algorithm)
+            return time.monotonic() - start
+        took = g.run(body, timeout=60)
+        assert max(took[:2]) < 5, took
+    finally:
+        g.close()
+
+
 def test_abort_from_another_thread_ends_a_blocked_collective():
     g = ThreadGroup(2, timeout=60)
     try:

@@ -869,6 +869,32 @@ def test_a_message_that_does_not_fit_its_receive_is_a_mismatch():
         g.close()
 
 
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_message_of_another_dtype_and_the_same_size_is_a_mismatch(transport):
+    """float64 x 4 into int64 x 4 (32 bytes each): refused by dtype, from the mailbox (tag
+    1, parked behind tag 2) and straight off the wire (tag 3), never reinterpreted."""
+    g = ThreadGroup(2, timeout=20, transport=transport)
+    try:
+        def body(ctx):
+            if ctx.rank == 0:
+                for tag in (1, 2, 3):
+                    ctx.send(np.ones(4), 1, tag=tag)
+                return None
+            ctx.recv(np.zeros(4), 0, tag=2)
+            with pytest.raises(pc.MismatchError, match="tag 1 .float64, 32 bytes. does not "
+                                                      "fit this receive .int64, 32 bytes"):
+                ctx.recv(np.zeros(4, np.int64), 0, tag=1)
+            got = np.zeros(4, np.int64)
+            with pytest.raises(pc.MismatchError, match=r"send/recv\(int64 x 4, tag 3\) "
+                                                      r"disagrees .*\(float64 x 4, tag 3\)"):
+                ctx.recv(got, 0, tag=3)
+            assert not got.any()
+            return None
+        g.run(body)
+    finally:
+        g.close()
+
+
 def test_a_receive_that_times_out_names_what_came_instead():
     g = ThreadGroup(2, timeout=20)
     try:

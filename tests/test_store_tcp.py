@@ -135,13 +135,23 @@ def test_clients_without_the_right_token_are_refused(client_auth):
             assert store.get("still") == b"serving"
 
 
-def test_unauthenticated_raw_requests_are_dropped():
-    with TCPStoreServer(auth=b"right") as server, \
-            socket.create_connection((server.host, server.port), timeout=5) as raw:
-        _raw_request(raw, Op.SET, b"key", b"value")
-        status, payload = _raw_reply(raw)
-        assert status == Status.ERROR and b"authentication" in payload
-        assert _closed_by_peer(raw)
+@pytest.mark.parametrize("op", [op for op in Op if op != Op.AUTH])
+def test_unauthenticated_raw_requests_are_dropped(op):
+    """Every request but AUTH, before it: refused, the connection closed, nothing read or
+    changed (a GET must not leak a value, an ADD must not move a counter)."""
+    with TCPStoreServer(auth=b"right") as server:
+        with TCPStore(server.host, server.port, timeout=5, auth=b"right") as store:
+            store.set("key", b"secret")
+            store.add("count", 5)
+        with socket.create_connection((server.host, server.port), timeout=5) as raw:
+            value = struct.pack("!q", 1) if op == Op.ADD else b"value"
+            _raw_request(raw, op, b"count" if op == Op.ADD else b"key", value)
+            status, payload = _raw_reply(raw)
+            assert status == Status.ERROR and b"authentication" in payload
+            assert b"secret" not in payload and b"pycollect-tcp-store" not in payload
+            assert _closed_by_peer(raw)
+        with TCPStore(server.host, server.port, timeout=5, auth=b"right") as store:
+            assert store.get("key") == b"secret" and store.add("count", 0) == 5
 
 
 @pytest.mark.parametrize("key_length, value_length", [
