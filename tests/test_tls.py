@@ -416,6 +416,33 @@ def test_a_file_that_is_not_pem_is_named(pki, tmp_path):
         _init_alone(tls_cert=cert, tls_key=key, tls_ca=str(junk))
 
 
+def test_a_fifo_or_device_is_refused_before_it_is_opened(pki, tmp_path):
+    """Opening a FIFO with no writer blocks (past every deadline): refused unopened, in a
+    process of its own so that a hang ends with the test's own timeout."""
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)
+    cert, key = pki["certs"][0]
+    script = textwrap.dedent("""
+        import sys, pycollect as pc
+        try:
+            pc.init(rank=0, size=2, store="hash://fifo", timeout=2, transport="tcp+tls",
+                    tls_cert=sys.argv[1], tls_key=sys.argv[2], tls_ca=sys.argv[3])
+        except pc.InvalidArgument as exc:
+            print(exc)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, cert, key, str(fifo)], env=env,
+                              capture_output=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("init blocked on a FIFO as tls_ca")
+    assert proc.stdout.decode().strip() == (
+        "tls_ca '%s' is not a regular file (a FIFO, device, socket or directory): it must be "
+        "a PEM file" % fifo), proc.stderr.decode()
+    with pytest.raises(pc.InvalidArgument, match="tls_cert '/dev/null' is not a regular file"):
+        _init_alone(tls_cert="/dev/null", tls_key=key, tls_ca=pki["ca"].ca_file)
+
+
 def test_settings_come_from_the_environment_and_arguments_win(pki, monkeypatch, tmp_path):
     cert, key = pki["certs"][0]
     missing = str(tmp_path / "gone.pem")

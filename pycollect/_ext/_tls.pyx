@@ -25,6 +25,7 @@ cdef extern from "_sys.h" nogil:
 
 import ipaddress
 import os
+import stat
 
 from pycollect.errors import InvalidArgument
 
@@ -147,6 +148,12 @@ cdef class TlsConfig:
                                       % (name, path))
             path = os.fspath(path)
             try:
+                # Before anything opens it: opening a FIFO without a writer (or reading a
+                # device) would block past every deadline.
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    raise InvalidArgument("%s %r is not a regular file (a FIFO, device, "
+                                          "socket or directory): it must be a PEM file"
+                                          % (name, path))
                 with open(path, "rb"):
                     pass
             except OSError as exc:
