@@ -443,6 +443,31 @@ def test_a_fifo_or_device_is_refused_before_it_is_opened(pki, tmp_path):
         _init_alone(tls_cert="/dev/null", tls_key=key, tls_ca=pki["ca"].ca_file)
 
 
+def test_a_path_that_is_not_utf8_loads(pki, tmp_path):
+    """A path is the file system's bytes: one that is not UTF-8 (decoded with surrogate
+    escapes) is handed to OpenSSL as those bytes."""
+    odd = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"cert\xff"))
+    try:
+        os.mkdir(odd)
+    except (OSError, UnicodeEncodeError) as exc:
+        pytest.skip("this file system takes no such name: %s" % exc)
+    files = []
+    for path in pki["certs"][0] + (pki["ca"].ca_file,):
+        files.append(os.path.join(odd, os.path.basename(path)))
+        with open(path, "rb") as src, open(files[-1], "wb") as dst:
+            dst.write(src.read())
+    store = _store()
+    settings = [dict(_tls(pki, 0), tls_cert=files[0], tls_key=files[1], tls_ca=files[2]),
+                _tls(pki, 1)]
+    contexts = run_ranks(2, lambda r: pc.init(rank=r, size=2, store=store, timeout=20,
+                                              **settings[r]))
+    try:
+        assert run_ranks(2, lambda r: contexts[r].allreduce(np.ones(3)).tolist()) == [[2.0] * 3] * 2
+    finally:
+        for ctx in contexts:
+            ctx.close()
+
+
 def test_settings_come_from_the_environment_and_arguments_win(pki, monkeypatch, tmp_path):
     cert, key = pki["certs"][0]
     missing = str(tmp_path / "gone.pem")
