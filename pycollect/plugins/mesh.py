@@ -51,6 +51,10 @@ ACK_MAGIC = b"PCA1"
 VERSION = 1
 SOCKET_BUFFER_BYTES = 4 << 20
 STRANGER_GRACE_S = 5.0
+# How long a dropped connection is drained, its sending side shut, before it is closed:
+# closing with the caller's bytes unread resets it, and the reset discards what was sent
+# last (the TLS alert that says why the caller was refused).
+DRAIN_S = 0.3
 # How long a rank that refuses the address table waits for every rank to have read it.
 REFUSAL_LINGER_S = 5.0
 
@@ -121,12 +125,14 @@ class Mesh:
                         self._accept(listener)
                     elif kind == "connect":
                         self._on_connect(key.fileobj, state, addrs)
+                    elif kind == "draining":
+                        self._drain(key.fileobj)
                     else:
                         self._on_incoming(key.fileobj, state)
                 self._expire_strangers()
         finally:
             for key in list(self.sel.get_map().values()):
-                if key.data[0] == "incoming":
+                if key.data[0] in ("incoming", "draining"):
                     key.fileobj.close()
             self.sel.close()
         return self.socks
@@ -264,6 +270,27 @@ class Mesh:
         self.dropped.append("%s (%s)" % (format_addr(state["addr"][0], state["addr"][1]), why))
         log.warning("rank %d: dropped a connection from %s: %s", self.rank,
                     format_addr(state["addr"][0], state["addr"][1]), why)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(sock)
+            return
+        # Closed once the caller closes, or after DRAIN_S (never past the deadline).
+        state["drain_until"] = time.monotonic() + min(DRAIN_S, max(self.remaining(), 0))
+        self.sel.modify(sock, selectors.EVENT_READ, ("draining", state))
+
+    def _drain(self, sock):
+        """Read and discard what a dropped connection sends; close it at its end."""
+        try:
+            if sock.recv(65536):
+                return      # one read per wakeup: a flood cannot hold the loop
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._close(sock)
+
+    def _close(self, sock):
         self.sel.unregister(sock)
         sock.close()
 
@@ -327,6 +354,8 @@ class Mesh:
             kind, state = key.data
             if kind == "incoming" and now - state["since"] > STRANGER_GRACE_S:
                 self._drop(key.fileobj, state, "no hello within %g s" % STRANGER_GRACE_S)
+            elif kind == "draining" and now > state["drain_until"]:
+                self._close(key.fileobj)
 
 
 class Joined:
