@@ -30,7 +30,9 @@ diagnoses, on every rank, with the real cause:
   it says that rank 0 never published one, and quotes the dead run's failure;
 * a rank started twice: rank 0 counts more join answers than ranks under its
   own, fresh run id (each process answers once per run) and publishes the
-  failure; two processes started as rank 0: the first sees the run id it
+  failure.  It counts again once the transport stands, before it confirms the
+  run to every rank (which waits for that): the second of two processes
+  started at once may join just after rank 0 last counted while joining; two processes started as rank 0: the first sees the run id it
   published replaced by another one and fails both runs (the second, which
   found a run in the store when it started, waits two join slices for that
   before it answers anyone);
@@ -163,14 +165,7 @@ class _Join:
                         self.fail([run], "the ranks were started with different sizes: rank 0 "
                                   "with size %d, rank %d (%s) with size %d"
                                   % (size, peer, who, their_size))
-            # Each process answers once per run, so more answers than ranks means a
-            # rank was started twice (only this fresh run's counters are read).
-            if scoped.add("%s/joins" % run, 0) > len(answers):
-                twice = [r for r in answers if scoped.add("%s/joins/%d" % (run, r), 0) > 1]
-                if twice:
-                    self.fail([run], "rank %d was started twice: two processes joined as "
-                              "rank %d (one is %s)" % (twice[0], twice[0],
-                                                       _parse_join(answers[twice[0]])[2]))
+            if self.joined_twice(run, answers):
                 # Ranks beyond this size, started with a larger one, answer here (the count
                 # read only where one made it: add would leave the key in the store).
                 outsiders = "%s/outsiders" % run
@@ -214,6 +209,46 @@ class _Join:
         for peer, raw in answers.items():
             scoped.set("%s/ack/%d" % (run, peer), _parse_join(raw)[0].encode())
         return run
+
+    def joined_twice(self, run, ranks):
+        """Fail the run where a rank of ``ranks`` (those answered) joined it twice; say whether
+        more processes joined it than ``ranks`` hold (the rest are outsiders).  Each process
+        answers once per run, so more answers than ranks means a rank was started twice
+        (only this fresh run's counters are read)."""
+        scoped = self.scoped
+        if scoped.add("%s/joins" % run, 0) <= len(ranks):
+            return False
+        twice = [r for r in ranks if scoped.add("%s/joins/%d" % (run, r), 0) > 1]
+        if twice:
+            who = _parse_join(scoped_get_or_empty(scoped, "%s/join/%d" % (run, twice[0]),
+                                                  self.left()))[2]
+            self.fail([run], "rank %d was started twice: two processes joined as rank %d "
+                      "(one is %s)" % (twice[0], twice[0], who))
+        return True
+
+    def confirm(self, run):
+        """Rank 0, once the transport stands: fail the run where a rank joined it twice
+        after the answers were in (the second process's join came after rank 0 last
+        counted), else tell every rank the run is confirmed."""
+        size = _parse_run(scoped_get_or_empty(self.scoped, "run", self.left()))[1]
+        if size is None:
+            return
+        self.joined_twice(run, range(1, size))
+        for peer in range(1, size):
+            self.scoped.set("%s/confirmed/%d" % (run, peer), b"")
+
+    def await_confirmation(self, run):
+        """Ranks 1..: wait until rank 0 confirms the run or someone fails it."""
+        key = "%s/confirmed/%d" % (run, self.rank)
+        for slice_s in backoff_delays(JOIN_SLICE_FIRST_S, JOIN_SLICE_CAP_S):
+            self.check_failed(run)
+            try:
+                self.scoped.wait([key], timeout=min(slice_s, self.left()))
+                return
+            except Timeout:
+                if self.deadline.expired():
+                    self.timed_out("rank 0 never confirmed the run once the transport stood "
+                                   "(is rank 0 stopped?)")
 
     def check_run_is(self, run):
         """Fail both runs when another process published a run as rank 0 after this one."""
@@ -341,12 +376,15 @@ def join_run(scoped, rank, size, deadline):
 
 
 def leave_run(scoped, run, rank, deadline, log):
-    """Delete this rank's join keys once the transport stands (every rank is past joining).
+    """Confirm the run, then delete this rank's join keys (every rank is past joining).
 
-    Each rank first checks that nobody published a failure of the run meanwhile,
-    and rank 0 that the run is still its own: a second process started as rank 0
-    while this one connected fails both (naming the cause).  The rest is best
-    effort: a store that rank 0 hosted may already be gone with rank 0.
+    Rank 0 checks that the run is still its own (a second process started as
+    rank 0 while this one connected fails both) and counts the joins once more:
+    a process that joined as a rank after rank 0 last counted, while the ranks
+    connected, is a rank started twice, and fails the run.  Else it confirms
+    the run to every rank, which waits for that (or the run's failure, naming
+    the cause).  A store that rank 0 hosted may be gone with rank 0 meanwhile:
+    the rest is best effort.
     """
     join = _Join(scoped, rank, 0, deadline)
     try:
@@ -355,8 +393,15 @@ def leave_run(scoped, run, rank, deadline, log):
         log.debug("rank %d: could not read the run's failure key: %s", rank, exc)
     if rank == 0:
         join.check_run_is(run)
+        join.confirm(run)
+    else:
+        try:
+            join.await_confirmation(run)
+        except StoreError as exc:
+            log.debug("rank %d: could not read rank 0's confirmation: %s", rank, exc)
     keys = (["run", "%s/joins" % run] if rank == 0 else
-            ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank), "%s/joins/%d" % (run, rank)])
+            ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank), "%s/joins/%d" % (run, rank),
+             "%s/confirmed/%d" % (run, rank)])
     try:
         for key in keys:
             scoped.delete(key)

@@ -2,10 +2,12 @@
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -15,6 +17,8 @@ pytest.importorskip("pycollect._ext._tls", reason="built only where OpenSSL's he
 import pycollect as pc                                          # noqa: E402
 from group import outcomes, run_ranks                           # noqa: E402
 from pycollect.context import ALLREDUCE_ALGORITHMS             # noqa: E402
+from pycollect.plugins.mesh import Mesh                        # noqa: E402
+from pycollect.plugins.transports.tls import TlsHook, load_tls  # noqa: E402
 from tls_certs import MISSING, Authority                        # noqa: E402
 
 if MISSING:
@@ -326,6 +330,38 @@ def test_the_acceptor_checks_the_name_too(pki, caplog):
     assert "its TLS certificate (/CN=elsewhere1) names neither 127.0.0.1" in caplog.text
 
 
+def test_a_refused_rank_reads_the_reason_every_time(pki):
+    """The acceptor that refuses a certificate has the caller's hello record unread: it shuts
+    its side and drains before it closes, so the caller reads the alert, not a reset.  Ten
+    refused callers against one acceptor's mesh (the race lost about one time in three),
+    then a valid one completes it."""
+    token, context = os.urandom(32), os.urandom(32)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    addrs = [{"host": "127.0.0.1", "port": sock.getsockname()[1],
+              "tls": {"name": socket.gethostname()}} for sock in listeners]
+    hooks = [TlsHook(load_tls(*pki["certs"][r], pki["ca"].ca_file)) for r in range(2)]
+    stranger = TlsHook(load_tls(*pki["other"].issue("stranger"), pki["ca"].ca_file))
+    deadline = time.monotonic() + 30
+    acceptor = ThreadPoolExecutor(1).submit(
+        Mesh(0, 2, token, context, deadline, tls=hooks[0]).run, listeners[0], addrs)
+    try:
+        reasons = []
+        for _ in range(10):
+            with pytest.raises(pc.PeerError) as refused:
+                Mesh(1, 2, token, context, deadline, tls=stranger).run(listeners[1], addrs)
+            reasons.append(str(refused.value))
+        socks = Mesh(1, 2, token, context, deadline, tls=hooks[1]).run(listeners[1], addrs)
+        socks += acceptor.result(timeout=30)
+    finally:
+        for sock in listeners:
+            sock.close()
+    for sock in socks:
+        if sock is not None:
+            sock.close()
+    assert all(reason.endswith("dropped the connection: tlsv1 alert unknown ca")
+               for reason in reasons), reasons
+
+
 @pytest.mark.parametrize("plain_rank", [0, 1])
 def test_a_plaintext_rank_fails_cleanly(pki, plain_rank):
     settings = [_tls(pki, 0), _tls(pki, 1)]
@@ -414,6 +450,58 @@ def test_a_file_that_is_not_pem_is_named(pki, tmp_path):
         _init_alone(tls_cert=cert, tls_key=str(junk), tls_ca=pki["ca"].ca_file)
     with pytest.raises(pc.InvalidArgument, match="tls_ca '%s' holds no PEM CA" % junk):
         _init_alone(tls_cert=cert, tls_key=key, tls_ca=str(junk))
+
+
+def test_a_fifo_or_device_is_refused_before_it_is_opened(pki, tmp_path):
+    """Opening a FIFO with no writer blocks (past every deadline): refused unopened, in a
+    process of its own so that a hang ends with the test's own timeout."""
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)
+    cert, key = pki["certs"][0]
+    script = textwrap.dedent("""
+        import sys, pycollect as pc
+        try:
+            pc.init(rank=0, size=2, store="hash://fifo", timeout=2, transport="tcp+tls",
+                    tls_cert=sys.argv[1], tls_key=sys.argv[2], tls_ca=sys.argv[3])
+        except pc.InvalidArgument as exc:
+            print(exc)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, cert, key, str(fifo)], env=env,
+                              capture_output=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("init blocked on a FIFO as tls_ca")
+    assert proc.stdout.decode().strip() == (
+        "tls_ca '%s' is not a regular file (a FIFO, device, socket or directory): it must be "
+        "a PEM file" % fifo), proc.stderr.decode()
+    with pytest.raises(pc.InvalidArgument, match="tls_cert '/dev/null' is not a regular file"):
+        _init_alone(tls_cert="/dev/null", tls_key=key, tls_ca=pki["ca"].ca_file)
+
+
+def test_a_path_that_is_not_utf8_loads(pki, tmp_path):
+    """A path is the file system's bytes: one that is not UTF-8 (decoded with surrogate
+    escapes) is handed to OpenSSL as those bytes."""
+    odd = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"cert\xff"))
+    try:
+        os.mkdir(odd)
+    except (OSError, UnicodeEncodeError) as exc:
+        pytest.skip("this file system takes no such name: %s" % exc)
+    files = []
+    for path in pki["certs"][0] + (pki["ca"].ca_file,):
+        files.append(os.path.join(odd, os.path.basename(path)))
+        with open(path, "rb") as src, open(files[-1], "wb") as dst:
+            dst.write(src.read())
+    store = _store()
+    settings = [dict(_tls(pki, 0), tls_cert=files[0], tls_key=files[1], tls_ca=files[2]),
+                _tls(pki, 1)]
+    contexts = run_ranks(2, lambda r: pc.init(rank=r, size=2, store=store, timeout=20,
+                                              **settings[r]))
+    try:
+        assert run_ranks(2, lambda r: contexts[r].allreduce(np.ones(3)).tolist()) == [[2.0] * 3] * 2
+    finally:
+        for ctx in contexts:
+            ctx.close()
 
 
 def test_settings_come_from_the_environment_and_arguments_win(pki, monkeypatch, tmp_path):

@@ -25,6 +25,7 @@ cdef extern from "_sys.h" nogil:
 
 import ipaddress
 import os
+import stat
 
 from pycollect.errors import InvalidArgument
 
@@ -147,6 +148,12 @@ cdef class TlsConfig:
                                       % (name, path))
             path = os.fspath(path)
             try:
+                # Before anything opens it: opening a FIFO without a writer (or reading a
+                # device) would block past every deadline.
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    raise InvalidArgument("%s %r is not a regular file (a FIFO, device, "
+                                          "socket or directory): it must be a PEM file"
+                                          % (name, path))
                 with open(path, "rb"):
                     pass
             except OSError as exc:
@@ -154,6 +161,8 @@ cdef class TlsConfig:
                     from None
             paths.append(path)
         self.cert, self.key, self.ca = paths
+        # OpenSSL takes bytes: the file system's own (a path need not be UTF-8).
+        cert_path, key_path, ca_path = (os.fsencode(path) for path in paths)
         ERR_clear_error()
         self.ctx = SSL_CTX_new(TLS_method())
         if self.ctx == NULL:
@@ -165,10 +174,10 @@ cdef class TlsConfig:
         SSL_CTX_set_mode(self.ctx, SSL_MODE_ENABLE_PARTIAL_WRITE
                          | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER)
         SSL_CTX_set_verify(self.ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL)
-        if SSL_CTX_use_certificate_chain_file(self.ctx, self.cert.encode()) != 1:
+        if SSL_CTX_use_certificate_chain_file(self.ctx, cert_path) != 1:
             raise InvalidArgument("%s %r is not a PEM certificate (chain): %s"
                                   % (names[0], self.cert, _openssl_reasons()))
-        if SSL_CTX_use_PrivateKey_file(self.ctx, self.key.encode(), SSL_FILETYPE_PEM) != 1 \
+        if SSL_CTX_use_PrivateKey_file(self.ctx, key_path, SSL_FILETYPE_PEM) != 1 \
                 or SSL_CTX_check_private_key(self.ctx) != 1:
             why = _openssl_reasons()
             if "mismatch" in why:
@@ -176,7 +185,7 @@ cdef class TlsConfig:
                                       % (names[1], self.key, names[0], self.cert, why))
             raise InvalidArgument("%s %r is not an unencrypted PEM private key: %s"
                                   % (names[1], self.key, why))
-        if SSL_CTX_load_verify_locations(self.ctx, self.ca.encode(), NULL) != 1:
+        if SSL_CTX_load_verify_locations(self.ctx, ca_path, NULL) != 1:
             raise InvalidArgument("%s %r holds no PEM CA certificate: %s"
                                   % (names[2], self.ca, _openssl_reasons()))
 

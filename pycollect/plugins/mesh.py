@@ -50,7 +50,13 @@ ACK = struct.Struct("<4si")
 ACK_MAGIC = b"PCA1"
 VERSION = 1
 SOCKET_BUFFER_BYTES = 4 << 20
+# An incoming connection without a complete hello this long after its accept is dropped (a
+# stranger holds no socket for long); a rank that stalled that long connects again.
 STRANGER_GRACE_S = 5.0
+# How long a dropped connection is drained, its sending side shut, before it is closed:
+# closing with the caller's bytes unread resets it, and the reset discards what was sent
+# last (the TLS alert that says why the caller was refused).
+DRAIN_S = 0.3
 # How long a rank that refuses the address table waits for every rank to have read it.
 REFUSAL_LINGER_S = 5.0
 
@@ -121,12 +127,14 @@ class Mesh:
                         self._accept(listener)
                     elif kind == "connect":
                         self._on_connect(key.fileobj, state, addrs)
+                    elif kind == "draining":
+                        self._drain(key.fileobj)
                     else:
                         self._on_incoming(key.fileobj, state)
                 self._expire_strangers()
         finally:
             for key in list(self.sel.get_map().values()):
-                if key.data[0] == "incoming":
+                if key.data[0] in ("incoming", "draining"):
                     key.fileobj.close()
             self.sel.close()
         return self.socks
@@ -143,7 +151,8 @@ class Mesh:
             raise PeerError("rank %d: cannot connect to rank %d at %s: %s"
                             % (self.rank, peer, format_addr(host, port), os.strerror(err)))
         state = state or {"peer": peer, "tries": 0}
-        state.update(stage="connecting", buf=b"", sent=0)
+        state.update(stage="connecting", buf=b"", sent=0, since=time.monotonic())
+        state.pop("stream", None)
         self.sel.register(sock, selectors.EVENT_WRITE, ("connect", state))
 
     def _on_connect(self, sock, state, addrs):
@@ -168,7 +177,16 @@ class Mesh:
             if not self._connect_tls(sock, state, addrs):
                 return
         if state["stage"] in ("connecting", "tls"):
-            self._send_small(sock, state.get("stream"), self.hello(peer), addrs, peer)
+            try:
+                self._send_small(sock, state.get("stream"), self.hello(peer), addrs, peer)
+            except (OSError, PeerError) as exc:
+                if self._connect_again(sock, state, addrs, exc):
+                    return
+                if isinstance(exc, PeerError):
+                    raise
+                raise PeerError("rank %d: cannot send the hello to rank %d at %s: %s" % (
+                    self.rank, peer, format_addr(addrs[peer]["host"], addrs[peer]["port"]),
+                    exc)) from None
             state["stage"] = "ack"
             self.sel.modify(sock, selectors.EVENT_READ, ("connect", state))
             return
@@ -179,10 +197,15 @@ class Mesh:
         except (BlockingIOError, InterruptedError):
             return
         except self.tls_error as exc:
+            if self._connect_again(sock, state, addrs, exc):
+                return
             raise self._refused(peer, addrs, exc)
         except OSError as exc:
             data = b""
             state["error"] = exc
+        if not data and self._connect_again(sock, state, addrs, state.get("error")
+                                            or "closed"):
+            return
         if not data and state.get("stream") is not None:
             raise self._refused(peer, addrs, "it closed the connection after the hello (does "
                                 "this rank's certificate name its address or host name?)")
@@ -202,6 +225,24 @@ class Mesh:
             self.sel.unregister(sock)
             self.socks[peer] = sock
 
+    def _connect_again(self, sock, state, addrs, why):
+        """Connect to the peer again, and say True, where it dropped this connection before
+        its ack as a stranger's: after this rank took over ``STRANGER_GRACE_S`` since the
+        connect (a stall: a stopped process, swapping, a debugger) and within the deadline.
+        A refusal that comes sooner is the peer's answer, which the caller raises."""
+        peer = state["peer"]
+        took = time.monotonic() - state["since"]
+        if took <= STRANGER_GRACE_S or self.remaining() <= 0:
+            return False
+        log.warning("rank %d: rank %d at %s dropped this rank's connection (%s) %.1f s after "
+                    "the connect, past the %g s it gives a hello; connecting again", self.rank,
+                    peer, format_addr(addrs[peer]["host"], addrs[peer]["port"]), why, took,
+                    STRANGER_GRACE_S)
+        self.sel.unregister(sock)
+        sock.close()
+        self._start_connect(peer, addrs[peer], state)
+        return True
+
     def _connect_tls(self, sock, state, addrs):
         """Drive the client side of the TLS handshake; True once done and the peer checked."""
         peer = state["peer"]
@@ -209,6 +250,8 @@ class Mesh:
         try:
             wants = state["stream"].handshake()
         except self.tls_error as exc:
+            if self._connect_again(sock, state, addrs, exc):
+                return False
             raise PeerError("rank %d: TLS handshake with rank %d at %s failed: %s%s" % (
                 self.rank, peer, where, exc, "" if addrs[peer].get("tls") else
                 " (that rank runs without TLS)"))
@@ -264,6 +307,27 @@ class Mesh:
         self.dropped.append("%s (%s)" % (format_addr(state["addr"][0], state["addr"][1]), why))
         log.warning("rank %d: dropped a connection from %s: %s", self.rank,
                     format_addr(state["addr"][0], state["addr"][1]), why)
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(sock)
+            return
+        # Closed once the caller closes, or after DRAIN_S (never past the deadline).
+        state["drain_until"] = time.monotonic() + min(DRAIN_S, max(self.remaining(), 0))
+        self.sel.modify(sock, selectors.EVENT_READ, ("draining", state))
+
+    def _drain(self, sock):
+        """Read and discard what a dropped connection sends; close it at its end."""
+        try:
+            if sock.recv(65536):
+                return      # one read per wakeup: a flood cannot hold the loop
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass
+        self._close(sock)
+
+    def _close(self, sock):
         self.sel.unregister(sock)
         sock.close()
 
@@ -327,6 +391,8 @@ class Mesh:
             kind, state = key.data
             if kind == "incoming" and now - state["since"] > STRANGER_GRACE_S:
                 self._drop(key.fileobj, state, "no hello within %g s" % STRANGER_GRACE_S)
+            elif kind == "draining" and now > state["drain_until"]:
+                self._close(key.fileobj)
 
 
 class Joined:
