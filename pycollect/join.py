@@ -32,8 +32,9 @@ diagnoses, on every rank, with the real cause:
   own, fresh run id (each process answers once per run) and publishes the
   failure.  It counts again once the transport stands, before it confirms the
   run to every rank (which waits for that): the second of two processes
-  started at once may join just after rank 0 last counted while joining; two processes started as rank 0: the first sees the run id it
-  published replaced by another one and fails both runs (the second, which
+  started at once may join just after rank 0 last counted while joining;
+  two processes started as rank 0: the first sees the run id it published
+  replaced by another one and fails both runs (the second, which
   found a run in the store when it started, waits two join slices for that
   before it answers anyone);
 * a rank that never comes: at the deadline each rank lists which ranks

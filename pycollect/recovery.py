@@ -3,9 +3,9 @@
 
 ``survivors`` runs on every rank that goes on, over the context's own connections:
 
-1. The pairs come back: ``recover()`` (the engine's, pycollect/_ext/_engine.pyx) sends a reset frame on
-   every pair to a rank not excluded and not known gone, and discards what arrives
-   before the peer's reset frame.  A peer that closed, one whose pair broke
+1. The pairs come back: ``recover()`` (the engine's, pycollect/_ext/_engine.pyx) sends a
+   reset frame on every pair to a rank not excluded and not known gone, and discards what
+   arrives before the peer's reset frame.  A peer that closed, one whose pair broke
    mid-message, and one whose reset frame does not come in time (a stopped
    process) is unreachable from here.
 2. Every rank sends its report (its vote, and the ranks it cannot reach) to every rank

@@ -297,6 +297,23 @@ def test_a_restarted_server_is_reached_within_the_deadline(tmp_path):
         redis.stop()
 
 
+def test_close_does_not_wait_for_a_server_that_is_gone(tmp_path, caplog):
+    """Redis killed mid-job: close() tries the stale connection and one reconnect, warns
+    that the keys it wrote were not deleted (they expire by their ttl), and returns at once
+    (it retried for its whole 5 s budget)."""
+    redis = RedisServer(tmp_path)
+    try:
+        store = RedisStore("127.0.0.1", redis.port, timeout=10)
+        store.set("key", b"v")
+    finally:
+        redis.stop()
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="pycollect.store"):
+        store.close()
+    assert time.monotonic() - started < 1.5
+    assert "could not delete 1 key(s)" in caplog.text and "expire within" in caplog.text
+
+
 def test_an_unreachable_server_is_a_store_error_within_the_deadline():
     port = _free_port()
     started = time.monotonic()

@@ -23,7 +23,8 @@ from ..errors import Error, InvalidArgument, PluginError
 from .store import PrefixStore, Store, parse_url, redact, redact_text
 
 __all__ = ["STORE_GROUP", "TRANSPORT_GROUP", "available", "check_store_url", "get_store_opener",
-           "get_transport", "open_store", "open_transport", "refresh", "transport_options", "with_prefix"]
+           "get_transport", "open_store", "open_transport", "refresh", "transport_options",
+           "with_prefix"]
 
 STORE_GROUP = "pycollect.stores"
 TRANSPORT_GROUP = "pycollect.transports"

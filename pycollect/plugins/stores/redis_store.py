@@ -46,8 +46,11 @@ RETRY_CAP_S = 0.5
 # runs out still gets an answer) before the connection is dropped: the most an operation
 # overruns its deadline by.
 IO_FLOOR_S = 0.05
-# The most time close() spends deleting the handle's keys.
+# The most time close() spends deleting the handle's keys, while Redis answers; a server
+# that does not (the connection lost, and one reconnect refused or timed out) is not waited
+# for: the keys expire by their ttl.
 CLOSE_BUDGET_S = 5.0
+CLOSE_ATTEMPTS = 2
 DELETE_BATCH = 512
 RECV_CHUNK_BYTES = 256 * 1024
 # Error replies that only a Redis Cluster node gives.
@@ -190,7 +193,8 @@ class RedisStore(Store):
             raise _Retry(f"{type(err).__name__}: {err}") from err
 
     def _execute(self, commands, deadline, *, idempotent=True, closing=False):
-        """Run ``commands`` as one pipeline; reconnect and retry until ``deadline``."""
+        """Run ``commands`` as one pipeline; reconnect and retry until ``deadline`` (for
+        ``closing``, at most CLOSE_ATTEMPTS times)."""
         attempts, last, started = 0, None, time.monotonic()
         for delay in backoff_delays(RETRY_FIRST_S, RETRY_CAP_S):
             if self._closed and not closing:
@@ -221,7 +225,7 @@ class RedisStore(Store):
                         f"so it is not retried): {err}") from None
             finally:
                 self._io_lock.release()
-            if deadline.expired():
+            if deadline.expired() or (closing and attempts >= CLOSE_ATTEMPTS):
                 raise self._unreachable(started, attempts, last, deadline, closing)
             time.sleep(min(delay, deadline.remaining()))
 
@@ -396,7 +400,8 @@ def parse_redis_url(url):
                               f"as in redis://host:6379/2")
     password = None if parts.password is None else unquote(parts.password)
     username = unquote(parts.username) if parts.username else None
-    return {"host": parts.hostname, "port": port or DEFAULT_PORT, "db": int(path or 0), "password": password,
+    return {"host": parts.hostname, "port": port or DEFAULT_PORT, "db": int(path or 0),
+            "password": password,
             "username": username,
             "key_ttl": _parse_ttl(shown, parse_qsl(parts.query, keep_blank_values=True))}
 
