@@ -1444,8 +1444,9 @@ class _ObjectArgs:
 
 def _combined(fn, values, what):
     """``values`` (every rank's, in rank order) combined with ``fn``; what it raises, an
-    InvalidArgument naming ``what`` (every rank combines the same values, so every rank
-    raises it, and the context stays usable)."""
+    InvalidArgument naming ``what`` (every rank that combines them combines the same values,
+    so each of them raises it: every rank for allreduce_object, root for reduce_object; the
+    context stays usable)."""
     try:
         return functools.reduce(fn, values)
     except Exception as exc:

@@ -53,7 +53,7 @@ import time
 from .errors import Error, MismatchError, StoreError, Timeout
 from .plugins.store import backoff_delays
 
-__all__ = ["join_run", "leave_run", "JOIN_SLICE_FIRST_S", "JOIN_SLICE_CAP_S"]
+__all__ = ["join_run", "leave_run", "abandon_run", "JOIN_SLICE_FIRST_S", "JOIN_SLICE_CAP_S"]
 
 # How long a joining rank waits for its nonce to come back before it looks at
 # the run again (doubling from the first to the cap); rank 0 looks at the
@@ -231,11 +231,8 @@ class _Join:
         """Rank 0, once the transport stands: fail the run where a rank joined it twice
         after the answers were in (the second process's join came after rank 0 last
         counted), else tell every rank the run is confirmed."""
-        size = _parse_run(scoped_get_or_empty(self.scoped, "run", self.left()))[1]
-        if size is None:
-            return
-        self.joined_twice(run, range(1, size))
-        for peer in range(1, size):
+        self.joined_twice(run, range(1, self.size))
+        for peer in range(1, self.size):
             self.scoped.set("%s/confirmed/%d" % (run, peer), b"")
 
     def await_confirmation(self, run):
@@ -376,7 +373,7 @@ def join_run(scoped, rank, size, deadline):
     return join.host() if rank == 0 else join.guest()
 
 
-def leave_run(scoped, run, rank, deadline, log):
+def leave_run(scoped, run, rank, size, deadline, log):
     """Confirm the run, then delete this rank's join keys (every rank is past joining).
 
     Rank 0 checks that the run is still its own (a second process started as
@@ -384,22 +381,24 @@ def leave_run(scoped, run, rank, deadline, log):
     a process that joined as a rank after rank 0 last counted, while the ranks
     connected, is a rank started twice, and fails the run.  Else it confirms
     the run to every rank, which waits for that (or the run's failure, naming
-    the cause).  A store that rank 0 hosted may be gone with rank 0 meanwhile:
-    the rest is best effort.
+    the cause).  A store that rank 0 hosted may be gone with rank 0 meanwhile
+    (it confirmed and left): where a rank's store calls fail, it leaves the keys
+    (each such call may wait out the store's timeout).
     """
-    join = _Join(scoped, rank, 0, deadline)
+    join = _Join(scoped, rank, size, deadline)
     try:
         join.check_failed(run)
-    except StoreError as exc:
-        log.debug("rank %d: could not read the run's failure key: %s", rank, exc)
-    if rank == 0:
-        join.check_run_is(run)
-        join.confirm(run)
-    else:
-        try:
+        if rank == 0:
+            join.check_run_is(run)
+            join.confirm(run)
+        else:
             join.await_confirmation(run)
-        except StoreError as exc:
-            log.debug("rank %d: could not read rank 0's confirmation: %s", rank, exc)
+    except StoreError as exc:
+        if rank == 0:
+            raise
+        log.debug("rank %d: could not read rank 0's confirmation (the store is gone with "
+                  "rank 0?): %s", rank, exc)
+        return
     keys = (["run", "%s/joins" % run] if rank == 0 else
             ["%s/join/%d" % (run, rank), "%s/ack/%d" % (run, rank), "%s/joins/%d" % (run, rank),
              "%s/confirmed/%d" % (run, rank)])
@@ -408,3 +407,24 @@ def leave_run(scoped, run, rank, deadline, log):
             scoped.delete(key)
     except Error as exc:
         log.debug("rank %d: could not delete join keys %s: %s", rank, keys, exc)
+
+
+def abandon_run(scoped, run, rank, exc, log):
+    """Rank 0 failed after joining ``run`` (its transport, or confirming): publish that, so
+    that the ranks waiting for the confirmation raise it at once instead of at their
+    deadline, and linger while they read it (this process may host the store).  Best effort:
+    the store may be what failed."""
+    if rank != 0:
+        return
+    message = "rank 0 failed after the ranks joined: %s: %s" % (type(exc).__name__, exc)
+    try:
+        if scoped.check(["%s/failed" % run]):
+            return          # published already (a rank started twice), and read
+        count = scoped.add("%s/joins" % run, 0)
+        scoped.set("%s/failed" % run, ("%s %d %s" % (
+            "Timeout" if isinstance(exc, Timeout) else "MismatchError", count,
+            message)).encode())
+    except Error as err:
+        log.debug("rank 0: could not publish its failure of run %s: %s", run, err)
+        return
+    time.sleep(FAILURE_LINGER_S)

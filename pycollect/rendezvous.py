@@ -30,7 +30,7 @@ import threading
 from . import exit_report, settings
 from .context import Context
 from .errors import InvalidArgument
-from .join import join_run, leave_run
+from .join import abandon_run, join_run, leave_run
 from .plugins.registry import get_transport, open_store, open_transport, transport_options
 from .plugins.store import DEFAULT_TIMEOUT, Deadline, PrefixStore, Store, redact
 
@@ -52,7 +52,8 @@ TORCH_AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 # Contexts opened through one store are numbered per rank, in creation order,
 # so every rank of a group derives the same namespace without talking.  An init that fails
-# gives its number back: a retry meets a peer whose first init is this one's retry.
+# while joining gives its number back: a retry meets a peer whose first init is this one's
+# retry.
 _context_counter = {}
 _counter_lock = threading.Lock()
 
@@ -192,8 +193,10 @@ def _job(rank, size, store):
 
 
 def _give_back_number(key, number):
-    """Undo ``init``'s count of context ``number`` through ``key`` after it failed, unless a
-    later init took the next number meanwhile (then the numbers stay as they are)."""
+    """Undo ``init``'s count of context ``number`` through ``key`` after it failed while
+    joining (no rank can have a context of that number with this one), unless a later init
+    took the next number meanwhile (then the numbers stay as they are).  An init that fails
+    after the join keeps its number: its peers may have gone on with theirs."""
     with _counter_lock:
         if _context_counter.get(key) == number + 1:
             _context_counter[key] = number
@@ -246,6 +249,7 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
     with _counter_lock:
         number = _context_counter.get(key, 0)
         _context_counter[key] = number + 1
+    run = None
     try:
         name = "pycollect/ctx%d" % number
         scoped = PrefixStore(name, base)
@@ -258,12 +262,16 @@ def init(rank=None, size=None, store=None, transport=None, timeout=None, interfa
                            context_id=context_id, **options)
         if size > 1:
             try:
-                leave_run(scoped, run, rank, deadline, log)
+                leave_run(scoped, run, rank, size, deadline, log)
             except BaseException:
                 t.close()
                 raise
-    except BaseException:
-        _give_back_number(key, number)
+    except BaseException as exc:
+        if run is None:
+            _give_back_number(key, number)
+        elif size > 1 and isinstance(exc, Exception) and \
+                not getattr(exc, "caused_elsewhere", False):
+            abandon_run(scoped, run, rank, exc, log)
         if owns_store:
             base.close()
         raise
