@@ -203,6 +203,20 @@ def test_a_password_with_unescaped_marks_never_shows(password):
     assert not [piece for piece in pieces if piece in str(refused.value)], str(refused.value)
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("redis://host:6379/0?prefix=a@b", "redis://host:6379/0?prefix=a@b"),
+    ("redis://[::1]:6379/0?prefix=a@b#c@d", "redis://[::1]:6379/0?prefix=a@b#c@d"),
+    ("redis://:s3cret@host:6379/0?prefix=a@b", "redis://:***@host:6379/0?prefix=a@b"),
+    ("redis://u:s3cret@host:1?prefix=a@b", "redis://u:***@host:1?prefix=a@b"),
+    ("redis://:s3c@ret?x@host:6379/0?prefix=a@b", "redis://:***@host:6379/0?prefix=a@b"),
+    ("redis://:s3c/ret#x@host:6379/0?prefix=a@b", "redis://:***@host:6379/0?prefix=a@b")])
+def test_an_at_sign_in_the_query_is_not_taken_for_a_passwords_end(url, shown):
+    """redact() showed redis://host:***@b: the port and database hidden, the password not
+    found (or found too long)."""
+    assert pc.plugins.store.redact(url) == shown
+    assert pc.plugins.store.redact_text(f"at {url}: no", url) == f"at {shown}: no"
+
+
 @pytest.mark.parametrize("url", [
     "redis://:s3cret@h:1/db2", "redis://u:s3cret@h:1/?ttl=-1", "redis://:s3cret@h:1/?mode=x",
     "redis://:s3cret@h:0x/", "redis://:s3cret@h:1/#frag", "redis://:s3cret@[h:1",
