@@ -492,7 +492,69 @@ def test_a_hung_server_fails_operations_at_their_deadline(tmp_path):
             with pytest.raises(pc.StoreError, match=r"tried for (0\.9|1|1\.1) s"):
                 operation()
             assert time.monotonic() - started < 1.5
+        # A poll that starts as its deadline runs out waits for the 1 s floor, no longer.
+        started = time.monotonic()
+        with pytest.raises(pc.StoreError, match="cannot reach Redis"):
+            store.get("key", timeout=0.05)
+        assert 0.9 < time.monotonic() - started < 1.5
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
         store.close()
         redis.stop()
+
+
+class _DelayingProxy:
+    """A loopback TCP proxy to ``port`` that holds every reply ``delay`` seconds."""
+
+    def __init__(self, port, delay):
+        self.port_to, self.delay, self.connections = port, delay, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(10)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        with contextlib.suppress(OSError):
+            while True:     # bounded: accept times out, close ends it
+                client, _ = self.listener.accept()
+                self.connections += 1
+                upstream = socket.create_connection(("127.0.0.1", self.port_to), timeout=10)
+                for source, sink, delay in ((client, upstream, 0), (upstream, client, self.delay)):
+                    threading.Thread(target=self._pipe, args=(source, sink, delay),
+                                     daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, sink, delay):
+        with contextlib.suppress(OSError):
+            source.settimeout(10)
+            while data := source.recv(65536):   # bounded by the socket timeout
+                time.sleep(delay)
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+
+
+def test_slow_replies_end_a_wait_in_a_timeout_naming_the_key(server):
+    """Replies 80 ms late: a get or wait whose last poll starts as its deadline runs out
+    still gets its answer and raises Timeout naming the key, on the same connection (the
+    poll had 50 ms, and the store dropped the connection and raised "cannot reach Redis")."""
+    proxy = _DelayingProxy(server.port, 0.08)
+    try:
+        with RedisStore("127.0.0.1", proxy.port, timeout=1) as store:
+            store.set("here", b"v")
+            for wait in (lambda: store.get("missing"), lambda: store.wait(["here", "missing"]),
+                         lambda: store.get("missing", timeout=0.05)):
+                started = time.monotonic()
+                with pytest.raises(pc.Timeout, match="waiting for key 'missing' in store"):
+                    wait()
+                assert time.monotonic() - started < 1.5
+            assert store.get("here") == b"v"
+        assert proxy.connections == 1
+    finally:
+        proxy.close()

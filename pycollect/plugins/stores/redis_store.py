@@ -42,10 +42,13 @@ POLL_CAP_S = 0.025
 # Reconnect attempts: the sleep between them doubles up to the cap.
 RETRY_FIRST_S = 0.01
 RETRY_CAP_S = 0.5
-# A reply may arrive this long after a command's deadline (a poll that starts as its deadline
-# runs out still gets an answer) before the connection is dropped: the most an operation
-# overruns its deadline by.
-IO_FLOOR_S = 0.05
+# Each attempt (connect, handshake, command) gets at least this long, however little of its
+# deadline is left: the last poll of a get or wait starts with about 0 s left, and a Redis a
+# few round trips of 100 ms away (another zone, a BGSAVE fork, many ranks polling) must
+# still answer it, so that the wait ends in the Timeout naming its keys, not in a dropped
+# connection.  A server that does not answer within it is taken for hung: the connection is
+# dropped.  So an operation on a hung server fails at most this long after its deadline.
+IO_FLOOR_S = 1.0
 # The most time close() spends deleting the handle's keys, while Redis answers; a server
 # that does not (the connection lost, and one reconnect refused or timed out) is not waited
 # for: the keys expire by their ttl.
@@ -114,11 +117,11 @@ class RedisStore(Store):
 
     # ---- connection -------------------------------------------------------------------
 
-    def _connect(self, deadline):
+    def _connect(self, attempt):
         """Open the socket and run AUTH, SELECT and the cluster check (io lock held)."""
         try:
             sock = socket.create_connection((self.host, self.port),
-                                            timeout=max(deadline.remaining(), 0.01))
+                                            timeout=_socket_timeout(attempt))
         except OSError as err:
             raise _Retry(f"cannot connect: {err}") from err
         try:
@@ -132,7 +135,7 @@ class RedisStore(Store):
             if self.db:
                 handshake.append(("SELECT", self.db))
             handshake.append(("INFO", "cluster"))
-            replies = self._exchange(handshake, deadline)
+            replies = self._exchange(handshake, attempt)
         except BaseException:
             self._disconnect()
             raise
@@ -170,10 +173,10 @@ class RedisStore(Store):
                           f"store needs a standalone server (or a single primary): point "
                           f"PYCOLLECT_STORE at one, or use tcp:// or file://")
 
-    def _exchange(self, commands, deadline):
+    def _exchange(self, commands, attempt):
         """Send ``commands`` in one write and read one reply each (io lock held)."""
         sock, reader = self._sock, self._reader
-        sock.settimeout(max(deadline.remaining(), IO_FLOOR_S))
+        sock.settimeout(_socket_timeout(attempt))
         try:
             sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
             replies = []
@@ -205,13 +208,14 @@ class RedisStore(Store):
                 raise Timeout(f"timed out after {deadline.timeout:g} s waiting for this "
                               f"handle's connection to Redis at {self.url} (another thread "
                               f"holds it)")
+            attempt = Deadline(max(deadline.remaining(), IO_FLOOR_S))
             try:
                 if self._sock is None:
                     if self._closed and not closing:
                         raise self.closed_error()
-                    self._connect(deadline)
+                    self._connect(attempt)
                 sent = True
-                replies = self._exchange(commands, deadline)
+                replies = self._exchange(commands, attempt)
                 self._down_since = None
                 return [self._check_reply(reply) for reply in replies]
             except _Retry as err:
@@ -355,6 +359,11 @@ class RedisStore(Store):
                 # A thread is stuck in a reply: wake it; it sees the store closed.
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _socket_timeout(attempt):
+    """What is left of ``attempt``, never 0 (which would make the socket non-blocking)."""
+    return max(attempt.remaining(), 0.001)
 
 
 def _parse_ttl(shown, query):
