@@ -49,6 +49,13 @@ RETRY_CAP_S = 0.5
 # connection.  A server that does not answer within it is taken for hung: the connection is
 # dropped.  So an operation on a hung server fails at most this long after its deadline.
 IO_FLOOR_S = 1.0
+# A command whose deadline passes while Redis does not answer raises StoreError once Redis
+# has been silent this long, or half the store's timeout if that is shorter (Timeout before:
+# init's join polls again).  init's deadline is the store's timeout, so a tolerance shorter
+# than it lets init report the outage rather than the rank it was waiting for; a fixed few
+# seconds, not a share of a long timeout, keeps the last stretch of init in which Redis can
+# fail with only a Timeout short, and still rides out a restart of the server.
+OUTAGE_TOLERANCE_S = 5.0
 # The most time close() spends deleting the handle's keys, while Redis answers; a server
 # that does not (the connection lost, and one reconnect refused or timed out) is not waited
 # for: the keys expire by their ttl.
@@ -233,19 +240,24 @@ class RedisStore(Store):
                 raise self._unreachable(started, attempts, last, deadline, closing)
             time.sleep(min(delay, deadline.remaining()))
 
+    def _outage_tolerance(self):
+        """How long Redis may be silent before a command raises StoreError at its deadline."""
+        return min(OUTAGE_TOLERANCE_S, self.timeout / 2)
+
     def _unreachable(self, started, attempts, last, deadline, closing):
         """The error of a command whose deadline passed while Redis did not answer: a
-        ``Timeout`` while the server has been silent for less than the store's timeout and
-        the command's deadline was shorter (a poll of ``init``'s join, which polls again:
-        a brief restart is ridden out), else a ``StoreError``."""
+        ``StoreError`` once the server has been silent for ``_outage_tolerance()`` (or for a
+        command given the store's whole timeout, or ``close``), else a ``Timeout`` (a poll of
+        ``init``'s join, which polls again: a brief restart is ridden out)."""
         now = time.monotonic()
-        tried = f"tried for {now - started:.2g} s ({attempts} attempts); last error: {last}"
         down = now - (self._down_since or started)
-        if closing or deadline.timeout >= self.timeout or down >= self.timeout:
+        tried = (f"silent for {down:.2g} s; tried for {now - started:.2g} s ({attempts} "
+                 f"attempts); last error: {last}")
+        if closing or deadline.timeout >= self.timeout or down >= self._outage_tolerance():
             return StoreError(f"cannot reach Redis at {self.url}: {tried}")
         return Timeout(f"timed out after {deadline.timeout:g} s: Redis at {self.url} has not "
-                       f"answered for {down:.2g} s (a command fails with StoreError once that "
-                       f"reaches the store's timeout, {self.timeout:g} s); {tried}")
+                       f"answered (a command fails with StoreError once Redis has been silent "
+                       f"for {self._outage_tolerance():g} s); {tried}")
 
     def _check_reply(self, reply):
         """Return ``reply``, or raise for an error reply that ends the command."""
