@@ -203,6 +203,43 @@ def test_a_malformed_entry_points_file_costs_only_its_distribution(tmp_path, mon
         registry.refresh()
 
 
+def _dist_info(root, name, metadata, entry_points=""):
+    """``root/NAME.dist-info`` with the given METADATA (bytes) and entry_points.txt."""
+    info = root / f"{name}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_bytes(metadata)
+    (info / "entry_points.txt").write_text(entry_points)
+    return info
+
+
+def test_unreadable_metadata_names_its_path_and_unnamed_distributions_count_apart(
+        tmp_path, monkeypatch):
+    """A distribution whose METADATA is not UTF-8 is skipped and named by its path (it
+    raised UnboundLocalError, or took the name of the distribution read before it); two
+    distributions without a Name are both read (only the first one was)."""
+    bad = _dist_info(tmp_path, "bad_pkg-0.1", b"Metadata-Version: 2.1\nName: b\xffd\n")
+    for index in (1, 2):
+        _dist_info(tmp_path, f"nameless{index}-0.1", b"Metadata-Version: 2.1\n",
+                   f"[{registry.STORE_GROUP}]\nnameless{index} = builtins:print\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.refresh()
+    try:
+        found, unreadable = registry._entry_points(registry.STORE_GROUP)
+        assert list(unreadable) == [f"the distribution at {bad}"]
+        with pytest.raises(pc.PluginError, match=f"skipped the distribution at {bad}, "
+                                                 f"whose entry points could not be read "
+                                                 f"\\(UnicodeDecodeError"):
+            open_store("nosuch://x")
+        assert {"nameless1", "nameless2", "file"} <= set(available()["stores"])
+        only_bad = [importlib.metadata.PathDistribution(bad)]
+        monkeypatch.setattr(importlib.metadata, "distributions", lambda: iter(only_bad))
+        assert list(registry._entry_points(registry.STORE_GROUP)[1]) == [
+            f"the distribution at {bad}"]
+    finally:
+        monkeypatch.undo()
+        registry.refresh()
+
+
 def test_store_names_with_capitals_open_under_any_case(fake_entry_points):
     fake_entry_points({registry.STORE_GROUP: [
         _LoadedEntryPoint("MemUpper", lambda url, **options: HashStore())]})

@@ -8,7 +8,8 @@ import time
 import pytest
 
 import pycollect as pc
-from pycollect.plugins import TCPStore, TCPStoreServer
+from pycollect.plugins import TCPStore, TCPStoreServer, open_store
+from pycollect.plugins.store import redact, redact_text
 from pycollect.plugins.stores.tcp_store import (MAX_KEY_BYTES, MAX_VALUE_BYTES, REPLY_HEADER,
                                          REQUEST_HEADER, Op, Status, is_local_address,
                                          open_tcp_store, parse_tcp_url)
@@ -57,6 +58,16 @@ def _closed_by_peer(sock):
 def server():
     with TCPStoreServer() as server:
         yield server
+
+
+def test_an_at_sign_in_the_prefix_hides_neither_port_nor_prefix(server):
+    """An "@" after the address is no password's end: redact() showed tcp://HOST:***@2."""
+    with open_store(f"tcp://{server.host}:{server.port}?prefix=job@2", timeout=5) as store:
+        assert redact(store.url) == store.url == f"tcp://{server.host}:{server.port}?prefix=job@2"
+        message = f"cannot reach {store.url}: port {server.port} refused"
+        assert redact_text(message, store.url) == message
+    assert redact("tcp://10.0.0.1:29500/x?prefix=job@2#a@b") == \
+        "tcp://10.0.0.1:29500/x?prefix=job@2#a@b"
 
 
 class TestTCPStore(StoreSuite):

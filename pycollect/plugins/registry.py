@@ -40,17 +40,22 @@ def _entry_points(group):
     only its own distribution's plugins."""
     found, unreadable, seen = [], {}, set()
     for dist in importlib.metadata.distributions():
+        where = getattr(dist, "_path", None)
+        # Named by its path until its metadata is read: metadata that cannot be read (a
+        # METADATA file that is not UTF-8, say) still names the right distribution.
+        name = f"the distribution at {where}" if where else "an unnamed distribution"
         try:
-            name = dist.metadata["Name"] or "an unnamed distribution"
-            normalized = re.sub(r"[-_.]+", "-", name).lower()
-            if normalized in seen:
-                continue
-            seen.add(normalized)
+            declared = dist.metadata.get("Name")
+            if declared:
+                name = f"{declared} ({where})" if where else declared
+                normalized = re.sub(r"[-_.]+", "-", declared).lower()
+                if normalized in seen:
+                    continue
+                seen.add(normalized)
+            # A distribution without a Name is read on its own, never merged with another.
             found.extend(dist.entry_points.select(group=group))
         except Exception as err:    # malformed metadata of a package pycollect knows nothing of
-            where = getattr(dist, "_path", None)
-            label = f"{name} ({where})" if where else name
-            unreadable[label] = f"{type(err).__name__}: {err}"
+            unreadable[name] = f"{type(err).__name__}: {err}"
     return found, unreadable
 
 

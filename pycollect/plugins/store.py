@@ -11,6 +11,7 @@ import abc
 import datetime
 import numbers
 import operator
+import re
 import time
 from urllib.parse import unquote, urlsplit
 
@@ -34,7 +35,6 @@ __all__ = [
 DEFAULT_TIMEOUT = settings.SETTINGS["PYCOLLECT_TIMEOUT"].default
 # A Timeout message lists at most this many missing keys, then a count.
 MISSING_KEYS_SHOWN = 8
-# A password in a URL that urlsplit cannot read: what lies between "//user:" and "@".
 
 
 def _seconds(timeout, what):
@@ -146,20 +146,41 @@ def parse_url(url):
         raise InvalidArgument(f"malformed store URL {redact(url)!r}: {err}") from None
 
 
+# The authority of a URL without userinfo: host (or [IPv6]) and port.
+_HOST_PORT = re.compile(r"(?:\[[^\]]*\]|[^\[\]:@]+):\d*")
+# What follows a password's "@" in a URL this project reads: a host (or [IPv6]), then a
+# port or a database number or both, or nothing else at all, then any query or fragment
+# (where an "@" may stand).  A host followed at once by "?" or "#" is not taken for one:
+# in "redis://:p@ss?x@h:1" the password is "p@ss?x".
+_AFTER_PASSWORD = re.compile(r"(?:\[[^\]/?#@]*\]|[^\[\]/?#@:]+)(?:\Z|(?=[:/])(?::\d*)?(?:/\d*)?"
+                             r"(?:[?#].*)?)", re.DOTALL)
+
+
 def _password_span(url):
-    """Where ``url``'s password is: ``(start, end)``, else None.  Whatever stands between
-    ``//USER:`` and the last ``@`` counts, whatever ``urlsplit`` makes of it: an unescaped
-    ``/``, ``?``, ``#``, ``:`` or ``@`` in a password must not show the rest of it."""
+    """Where ``url``'s password is: ``(start, end)``, else None.  It starts after ``//USER:``.
+    An unescaped ``/``, ``?``, ``#``, ``:`` or ``@`` in it must not show the rest of it, and
+    an ``@`` in a query must not hide the host and port: it ends at the first ``@`` that
+    ``_AFTER_PASSWORD`` follows, else at the last ``@``.  A URL whose text up to its first
+    ``/``, ``?`` or ``#`` is ``host:port``, with every ``@`` after a ``?`` or ``#``, has none
+    (``tcp://h:1?prefix=job@2``).  Only a password that itself reads as that (``1?x``
+    after a user, or ``a@b:1/2?c``) shows its tail."""
     if not isinstance(url, str):
         return None
     begin = url.find("//")
-    end = url.rfind("@")
-    if begin < 0 or end < begin:
+    last = url.rfind("@")
+    if begin < 0 or last < begin:
         return None
-    colon = url.find(":", begin + 2, end)
+    colon = url.find(":", begin + 2, last)
     if colon < 0 or any(mark in url[begin + 2:colon] for mark in "/?#"):
         return None         # no password, or a colon after the authority (a path's)
-    return colon + 1, end
+    head = re.match(r"[^/?#]*", url[begin + 2:]).group()
+    query = re.search(r"[?#]", url[begin + 2:])
+    if _HOST_PORT.fullmatch(head) and query and begin + 2 + query.start() < url.find("@", begin):
+        return None         # every "@" is in the query or fragment
+    for at in range(colon + 1, last):
+        if url[at] == "@" and _AFTER_PASSWORD.fullmatch(url, at + 1):
+            return colon + 1, at
+    return colon + 1, last
 
 
 def redact(url):

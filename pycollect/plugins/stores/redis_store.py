@@ -42,10 +42,20 @@ POLL_CAP_S = 0.025
 # Reconnect attempts: the sleep between them doubles up to the cap.
 RETRY_FIRST_S = 0.01
 RETRY_CAP_S = 0.5
-# A reply may arrive this long after a command's deadline (a poll that starts as its deadline
-# runs out still gets an answer) before the connection is dropped: the most an operation
-# overruns its deadline by.
-IO_FLOOR_S = 0.05
+# Each attempt (connect, handshake, command) gets at least this long, however little of its
+# deadline is left: the last poll of a get or wait starts with about 0 s left, and a Redis a
+# few round trips of 100 ms away (another zone, a BGSAVE fork, many ranks polling) must
+# still answer it, so that the wait ends in the Timeout naming its keys, not in a dropped
+# connection.  A server that does not answer within it is taken for hung: the connection is
+# dropped.  So an operation on a hung server fails at most this long after its deadline.
+IO_FLOOR_S = 1.0
+# A command whose deadline passes while Redis does not answer raises StoreError once Redis
+# has been silent this long, or half the store's timeout if that is shorter (Timeout before:
+# init's join polls again).  init's deadline is the store's timeout, so a tolerance shorter
+# than it lets init report the outage rather than the rank it was waiting for; a fixed few
+# seconds, not a share of a long timeout, keeps the last stretch of init in which Redis can
+# fail with only a Timeout short, and still rides out a restart of the server.
+OUTAGE_TOLERANCE_S = 5.0
 # The most time close() spends deleting the handle's keys, while Redis answers; a server
 # that does not (the connection lost, and one reconnect refused or timed out) is not waited
 # for: the keys expire by their ttl.
@@ -114,11 +124,11 @@ class RedisStore(Store):
 
     # ---- connection -------------------------------------------------------------------
 
-    def _connect(self, deadline):
+    def _connect(self, attempt):
         """Open the socket and run AUTH, SELECT and the cluster check (io lock held)."""
         try:
             sock = socket.create_connection((self.host, self.port),
-                                            timeout=max(deadline.remaining(), 0.01))
+                                            timeout=_socket_timeout(attempt))
         except OSError as err:
             raise _Retry(f"cannot connect: {err}") from err
         try:
@@ -132,7 +142,7 @@ class RedisStore(Store):
             if self.db:
                 handshake.append(("SELECT", self.db))
             handshake.append(("INFO", "cluster"))
-            replies = self._exchange(handshake, deadline)
+            replies = self._exchange(handshake, attempt)
         except BaseException:
             self._disconnect()
             raise
@@ -170,10 +180,10 @@ class RedisStore(Store):
                           f"store needs a standalone server (or a single primary): point "
                           f"PYCOLLECT_STORE at one, or use tcp:// or file://")
 
-    def _exchange(self, commands, deadline):
+    def _exchange(self, commands, attempt):
         """Send ``commands`` in one write and read one reply each (io lock held)."""
         sock, reader = self._sock, self._reader
-        sock.settimeout(max(deadline.remaining(), IO_FLOOR_S))
+        sock.settimeout(_socket_timeout(attempt))
         try:
             sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
             replies = []
@@ -205,13 +215,14 @@ class RedisStore(Store):
                 raise Timeout(f"timed out after {deadline.timeout:g} s waiting for this "
                               f"handle's connection to Redis at {self.url} (another thread "
                               f"holds it)")
+            attempt = Deadline(max(deadline.remaining(), IO_FLOOR_S))
             try:
                 if self._sock is None:
                     if self._closed and not closing:
                         raise self.closed_error()
-                    self._connect(deadline)
+                    self._connect(attempt)
                 sent = True
-                replies = self._exchange(commands, deadline)
+                replies = self._exchange(commands, attempt)
                 self._down_since = None
                 return [self._check_reply(reply) for reply in replies]
             except _Retry as err:
@@ -229,19 +240,24 @@ class RedisStore(Store):
                 raise self._unreachable(started, attempts, last, deadline, closing)
             time.sleep(min(delay, deadline.remaining()))
 
+    def _outage_tolerance(self):
+        """How long Redis may be silent before a command raises StoreError at its deadline."""
+        return min(OUTAGE_TOLERANCE_S, self.timeout / 2)
+
     def _unreachable(self, started, attempts, last, deadline, closing):
         """The error of a command whose deadline passed while Redis did not answer: a
-        ``Timeout`` while the server has been silent for less than the store's timeout and
-        the command's deadline was shorter (a poll of ``init``'s join, which polls again:
-        a brief restart is ridden out), else a ``StoreError``."""
+        ``StoreError`` once the server has been silent for ``_outage_tolerance()`` (or for a
+        command given the store's whole timeout, or ``close``), else a ``Timeout`` (a poll of
+        ``init``'s join, which polls again: a brief restart is ridden out)."""
         now = time.monotonic()
-        tried = f"tried for {now - started:.2g} s ({attempts} attempts); last error: {last}"
         down = now - (self._down_since or started)
-        if closing or deadline.timeout >= self.timeout or down >= self.timeout:
+        tried = (f"silent for {down:.2g} s; tried for {now - started:.2g} s ({attempts} "
+                 f"attempts); last error: {last}")
+        if closing or deadline.timeout >= self.timeout or down >= self._outage_tolerance():
             return StoreError(f"cannot reach Redis at {self.url}: {tried}")
         return Timeout(f"timed out after {deadline.timeout:g} s: Redis at {self.url} has not "
-                       f"answered for {down:.2g} s (a command fails with StoreError once that "
-                       f"reaches the store's timeout, {self.timeout:g} s); {tried}")
+                       f"answered (a command fails with StoreError once Redis has been silent "
+                       f"for {self._outage_tolerance():g} s); {tried}")
 
     def _check_reply(self, reply):
         """Return ``reply``, or raise for an error reply that ends the command."""
@@ -355,6 +371,11 @@ class RedisStore(Store):
                 # A thread is stuck in a reply: wake it; it sees the store closed.
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _socket_timeout(attempt):
+    """What is left of ``attempt``, never 0 (which would make the socket non-blocking)."""
+    return max(attempt.remaining(), 0.001)
 
 
 def _parse_ttl(shown, query):
