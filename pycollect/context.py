@@ -944,10 +944,9 @@ class Context(CallPath):
             text = args.refusal or _encoded(refusal)
             # An allgather, not a broadcast from root: every rank checks that all name
             # the same root (a broadcast's root does not wait for the others).
-            head = self._agreed_or_refused([sizes.size, len(text)], text, "broadcast_object",
-                                           args)[root]
+            count = self._agreed(sizes.size, text, "broadcast_object", args)[root]
             if self._rank != root:
-                sizes = np.zeros(int(head[0]), np.int64)
+                sizes = np.zeros(int(count), np.int64)
             self.broadcast(sizes, root, timeout=timeout)
             if self._rank != root:
                 parts = [np.empty(int(n), np.uint8) for n in sizes[1:]]
@@ -967,9 +966,8 @@ class Context(CallPath):
         """allgather_object's steps, for the user's call ``what`` with its checked ``args``
         (``args.terms``: what every rank must pass alike besides, allreduce_object's op,
         checked with the sizes)."""
-        data, text = _pickled(obj) if not args.refusal else (np.zeros(0, np.uint8),
-                                                               args.refusal)
-        sizes = self._agreed_or_refused([data.size, len(text)], text, what, args)[:, 0]
+        data, text = _pickled(obj, args.refusal)
+        sizes = self._agreed(data.size, text, what, args)
         out = np.empty(int(sizes.sum()), np.uint8)
         self.allgatherv(data, out, sizes.tolist(), timeout=args.timeout)
         return self._unpickled_blocks(out, sizes)
@@ -982,42 +980,32 @@ class Context(CallPath):
 
     def _gather_objects(self, obj, args, what):
         """gather_object's steps (``args``, ``what``: as ``_allgather_objects``'s)."""
-        data, text = _pickled(obj) if not args.refusal else (np.zeros(0, np.uint8),
-                                                               args.refusal)
-        sizes = self._agreed_or_refused([data.size, len(text)], text, what, args)[:, 0]
+        data, text = _pickled(obj, args.refusal)
+        sizes = self._agreed(data.size, text, what, args)
         root = args.root
         out = np.empty(int(sizes.sum()), np.uint8) if self._rank == root else None
         self.gatherv(data, out, sizes.tolist(), root, timeout=args.timeout)
         return self._unpickled_blocks(out, sizes) if self._rank == root else None
 
-    def _agreed_or_refused(self, row, text, what, args):
-        """``_agreed`` on ``row`` (whose second entry is the length of ``text``, this rank's
-        refusal, b"" where none), raising every rank's refusal on every rank where any rank
-        refused: the ranks then need not agree on the rest (a refused root is none)."""
-        table = self._agreed(row, what, args.root, args.terms, args.timeout,
-                             refused=row[1] > 0)
-        if table[:, 1].any():
-            self._refused_anywhere(what, text, table[:, 1], args.timeout)
-        return table
-
-    def _agreed(self, row, what, root, terms, timeout, refused=False):
-        """Allgather this rank's ``row`` of int64s with a checksum of what the ranks must
-        do alike (the user's call ``what``; ``root``, None where there is none; ``terms``);
-        return the table, one row per rank, or raise MismatchError on every rank, naming
-        what each did, where the checksums differ.  An object collective's values are
-        reduced (or kept) by each rank itself: ranks that disagree on the call, root or op
-        would otherwise each go on with an answer of its own, and no later call would
-        notice.  A rank that ``refused`` its arguments says so in the checksum's place:
-        where one did, the table returns unchecked, for the caller to raise the refusal."""
+    def _agreed(self, count, text, what, args):
+        """Allgather this rank's ``count`` and refusal (``text``, b"" where none) with a
+        checksum of what the ranks must do alike (the user's call ``what``; ``args.root``,
+        None where there is none; ``args.terms``); return every rank's count.  Where a rank
+        refused, every rank raises every rank's refusal (the ranks then need not agree on
+        the rest: a refused root is none, and a refusing rank sends no checksum); else,
+        where the checksums differ, every rank raises the same MismatchError, naming what
+        each did.  An object collective's values are reduced (or kept) by each rank itself:
+        ranks that disagree on the call, root or op would otherwise each go on with an
+        answer of its own, and no later call would notice."""
+        root, terms, timeout = args.root, args.terms, args.timeout
         said = ("root %d" % root if root is not None else "") + \
             (", " if root is not None and terms else "") + terms
         mine = _encoded("%s\0%s" % (what, said))
-        table = self.allgather(np.array(list(row) + [-1 if refused else zlib.crc32(mine)],
-                                        np.int64),
-                               timeout=timeout).reshape(self._size, len(row) + 1)
-        if (table[:, -1] < 0).any():
-            return table[:, :-1]
-        if (table[:, -1] != table[0, -1]).any():
+        table = self.allgather(np.array([count, len(text), -1 if text else zlib.crc32(mine)],
+                                        np.int64), timeout=timeout).reshape(self._size, 3)
+        if table[:, 1].any():
+            self._refused_anywhere(what, text, table[:, 1], timeout)
+        if (table[:, 2] != table[0, 2]).any():
             lengths = self.allgather(np.array([len(mine)], np.int64),
                                      timeout=timeout).reshape(-1)
             out = np.empty(int(lengths.sum()), np.uint8)
@@ -1026,12 +1014,12 @@ class Context(CallPath):
             each = [text.partition("\0")[::2] for text in _unbytes(out, lengths)]
             if len({call for call, _ in each}) == 1:
                 raise MismatchError("ranks passed different arguments: %s" % "; ".join(
-                    "rank %d %s" % (r, args or "(nothing)") for r, (_, args) in
+                    "rank %d %s" % (r, said or "(nothing)") for r, (_, said) in
                     enumerate(each)))
             raise MismatchError("ranks made different calls: %s" % "; ".join(
-                "rank %d %s%s" % (r, call, " (%s)" % args if args else "") for r, (call, args)
+                "rank %d %s%s" % (r, call, " (%s)" % said if said else "") for r, (call, said)
                 in enumerate(each)))
-        return table[:, :-1]
+        return table[:, 0]
 
     def scatter_object(self, objs=None, root=0, timeout=None):
         """Return ``objs[rank]`` of root's list on every rank (pickle)."""
@@ -1054,7 +1042,7 @@ class Context(CallPath):
             text = args.refusal or _encoded(refusal)
             # An allgather, not a broadcast: every rank checks that all name one root and
             # make one call (its row as long as the other object collectives' rows).
-            self._agreed_or_refused([0, len(text)], text, "scatter_object", args)
+            self._agreed(0, text, "scatter_object", args)
             self.broadcast(sizes, root, timeout=timeout)
             mine = np.empty(int(sizes[self._rank]), np.uint8)
             self.scatterv(data, sizes.tolist(), mine, root, timeout=timeout)
@@ -1415,8 +1403,11 @@ def _block_of(sendbuf, size, what, squeeze=False):
     return np.empty(arr.size // size, dtype=arr.dtype)
 
 
-def _pickled(obj):
-    """(the pickle of ``obj``, b""), or (nothing, why it does not pickle, encoded)."""
+def _pickled(obj, refusal=b""):
+    """(the pickle of ``obj``, b""), or (nothing, why it does not pickle, encoded); (nothing,
+    ``refusal``) where the caller refused its arguments already."""
+    if refusal:
+        return np.zeros(0, np.uint8), refusal
     try:
         return np.frombuffer(unpickle.dumps(obj), np.uint8), b""
     except Exception as exc:      # raised on every rank, with the reason
