@@ -106,11 +106,16 @@ class _Join:
 
     def fail(self, runs, message, error=MismatchError):
         """Publish ``message`` as the failure of each of ``runs``; raise it here."""
+        self.publish(runs, message, error)
+        self.stop(error, message)
+
+    def publish(self, runs, message, error):
+        """Publish ``message`` as the failure of each of ``runs``, with the run's join count
+        (``check_failed`` takes one published with a lower count for an earlier job's)."""
         for run in runs:
             count = self.scoped.add("%s/joins" % run, 0)
             self.scoped.set("%s/failed" % run,
                             ("%s %d %s" % (error.__name__, count, message)).encode())
-        self.stop(error, message)
 
     def stop(self, error, message, elsewhere=False):
         """Raise ``message`` (``elsewhere``: another rank's published failure); rank 0,
@@ -416,14 +421,12 @@ def abandon_run(scoped, run, rank, exc, log):
     the store may be what failed."""
     if rank != 0:
         return
-    message = "rank 0 failed after the ranks joined: %s: %s" % (type(exc).__name__, exc)
     try:
         if scoped.check(["%s/failed" % run]):
             return          # published already (a rank started twice), and read
-        count = scoped.add("%s/joins" % run, 0)
-        scoped.set("%s/failed" % run, ("%s %d %s" % (
-            "Timeout" if isinstance(exc, Timeout) else "MismatchError", count,
-            message)).encode())
+        _Join(scoped, rank, 0, None).publish(
+            [run], "rank 0 failed after the ranks joined: %s: %s" % (type(exc).__name__, exc),
+            Timeout if isinstance(exc, Timeout) else MismatchError)
     except Error as err:
         log.debug("rank 0: could not publish its failure of run %s: %s", run, err)
         return
